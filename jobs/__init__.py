@@ -1,0 +1,1 @@
+"""Spark code only: the Kafka source, the Delta sink and the jobs that derive tables."""

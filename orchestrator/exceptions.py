@@ -1,0 +1,53 @@
+"""One root exception for kappa, one subclass per area.
+
+Messages name the thing, what was expected, and the setting or command that fixes it.
+Only the CLI turns these into a one-line error and a non-zero exit.
+"""
+
+
+class KappaError(Exception):
+    """Root of every error kappa raises on purpose."""
+
+
+class ConfigError(KappaError):
+    """A configuration file, setting or name is invalid."""
+
+
+class RulesError(ConfigError):
+    """A rules file cannot be loaded or does not validate."""
+
+
+class BrokerError(KappaError):
+    """The Kafka-protocol broker cannot be started, reached or used as asked."""
+
+
+class SourceError(KappaError):
+    """The Kafka source cannot read what it was asked to read."""
+
+
+class SinkError(KappaError):
+    """A Delta table cannot be written as asked."""
+
+
+class RegistryError(KappaError):
+    """The registry database refused or lost an operation."""
+
+
+class NotFoundError(RegistryError):
+    """An unknown pipeline, version or alias."""
+
+
+class ConflictError(RegistryError):
+    """A concurrent operation won: the state changed since it was read."""
+
+
+class LifecycleError(KappaError):
+    """A job cannot be started, stopped or inspected."""
+
+
+class NotReadyError(KappaError):
+    """A version does not meet the preconditions of the operation (promote, flip)."""
+
+
+class AirflowError(KappaError):
+    """The Airflow REST API refused a request or could not be reached."""

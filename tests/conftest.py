@@ -1,0 +1,112 @@
+"""Session-wide fixtures: real services on free loopback ports, stopped by their own PID.
+
+Area-specific fixtures live in the conftest.py of each tests/<kind>/<area>/ folder.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jobs.session import prepare_environment
+
+prepare_environment()
+
+ARTIFACTS = Path(os.environ.get("KAPPA_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """One embedded tansu broker for the whole session. Topics get unique names per test."""
+    from orchestrator.broker import EmbeddedBroker
+
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    b = EmbeddedBroker(log_path=log).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(broker) -> str:
+    return broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """One local[2] SparkSession shared by every in-process Spark test."""
+    from jobs.session import build_session
+
+    local = tmp_path_factory.mktemp("spark-local")
+    session = build_session("kappa-tests", local_dir=str(local))
+    try:
+        yield session
+    finally:
+        for q in session.streams.active:
+            q.stop()
+        session.stop()
+
+
+@pytest.fixture
+def unique():
+    """A short unique suffix for topic, table and pipeline names."""
+    return uuid.uuid4().hex[:10]
+
+
+def _postgres_admin_url() -> str:
+    return os.environ.get("KAPPA_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url():
+    """URL of the machine's PostgreSQL (127.0.0.1:5432, trust auth). Fails, never skips, if absent."""
+    import sqlalchemy as sa
+
+    url = _postgres_admin_url()
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as c:
+            c.execute(sa.text("select 1"))
+    except Exception as e:
+        pytest.fail(f"PostgreSQL is expected at {url} (set KAPPA_TEST_POSTGRES_URL to another): {e}")
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture
+def postgres_url(postgres_server_url):
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    import sqlalchemy as sa
+
+    name = "kappa_test_" + uuid.uuid4().hex[:12]
+    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    base = postgres_server_url.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with admin.connect() as c:
+            c.execute(sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name})
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def registry_url(request, tmp_path):
+    """Each registry test runs on both databases."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    return request.getfixturevalue("postgres_url")
