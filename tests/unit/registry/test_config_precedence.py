@@ -1,0 +1,260 @@
+"""Settings: CLI flag > environment variable > config file > default, resolved in one function."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from orchestrator.config import (CLI_FLAGS, DEFAULT_PIPELINES_FILE, ENV_VARS, Settings, alias_pointer_path,
+                                 resolve_settings, version_paths)
+from orchestrator.exceptions import ConfigError
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_follow_cwd(tmp_path):
+    s = resolve_settings(env={}, cwd=tmp_path)
+    home = tmp_path / ".kappa"
+    assert s.home == home
+    assert s.warehouse == home / "warehouse"
+    assert s.state_dir == home / "state"
+    assert s.registry_url == f"sqlite:///{home / 'registry.db'}"
+    assert s.bootstrap_servers is None
+    assert s.kafka_config == {}
+    assert s.group_prefix == "kappa"
+    assert s.pipelines_file == DEFAULT_PIPELINES_FILE
+    assert s.spark_master == "local[2]"
+    assert all(s.source_of(f) == "default" for f in ENV_VARS)
+    assert s.config_file is None
+
+
+@pytest.mark.parametrize("field,file_value,env_value,cli_value,expected", [
+    ("spark_master", "spark://file:7077", "spark://env:7077", "spark://cli:7077", None),
+    ("group_prefix", "fromfile", "fromenv", "fromcli", None),
+    ("bootstrap_servers", "file:9092", "env:9092", "cli:9092", None),
+    ("registry_url", "sqlite:////f/r.db", "sqlite:////e/r.db", "sqlite:////c/r.db", None),
+    ("warehouse", "/file/wh", "/env/wh", "/cli/wh", Path),
+    ("state_dir", "/file/st", "/env/st", "/cli/st", Path),
+    ("pipelines_file", "/file/p.toml", "/env/p.toml", "/cli/p.toml", Path),
+])
+def test_each_layer_wins_over_the_next(tmp_path, field, file_value, env_value, cli_value, expected):
+    cfg = write_config(tmp_path / "kappa.toml", f'{field} = "{file_value}"\n')
+    conv = expected or (lambda v: v)
+    var, flag = ENV_VARS[field], CLI_FLAGS[field]
+
+    only_file = resolve_settings(cfg, env={}, cwd=tmp_path)
+    assert getattr(only_file, field) == conv(file_value)
+    assert only_file.source_of(field) == f"config file {cfg}"
+
+    env_over_file = resolve_settings(cfg, env={var: env_value}, cwd=tmp_path)
+    assert getattr(env_over_file, field) == conv(env_value)
+    assert env_over_file.source_of(field) == var
+
+    cli_over_env = resolve_settings(cfg, env={var: env_value}, cwd=tmp_path, **{field: cli_value})
+    assert getattr(cli_over_env, field) == conv(cli_value)
+    assert cli_over_env.source_of(field) == flag
+
+
+def test_none_cli_value_and_empty_env_count_as_unset(tmp_path):
+    cfg = write_config(tmp_path / "kappa.toml", 'spark_master = "spark://file:7077"\n')
+    s = resolve_settings(cfg, env={"KAPPA_SPARK_MASTER": ""}, cwd=tmp_path, spark_master=None)
+    assert s.spark_master == "spark://file:7077"
+
+
+def test_home_moves_derived_paths_unless_they_are_set(tmp_path):
+    s = resolve_settings(env={"KAPPA_HOME": str(tmp_path / "h"), "KAPPA_WAREHOUSE": "/data/wh"}, cwd=tmp_path)
+    assert s.home == tmp_path / "h"
+    assert s.state_dir == tmp_path / "h" / "state"
+    assert s.registry_url == f"sqlite:///{tmp_path / 'h' / 'registry.db'}"
+    assert s.warehouse == Path("/data/wh")
+
+
+def test_config_file_found_in_home(tmp_path):
+    home = tmp_path / "h"
+    write_config(home / "kappa.toml", 'group_prefix = "acme.kappa"\n')
+    s = resolve_settings(env={"KAPPA_HOME": str(home)}, cwd=tmp_path)
+    assert s.group_prefix == "acme.kappa"
+    assert s.config_file == home / "kappa.toml"
+    s2 = resolve_settings(env={}, cwd=tmp_path, home=str(home))
+    assert s2.group_prefix == "acme.kappa"
+
+
+def test_config_file_from_kappa_config_env(tmp_path):
+    cfg = write_config(tmp_path / "etc" / "k.toml", 'spark_master = "local[1]"\n')
+    s = resolve_settings(env={"KAPPA_CONFIG": str(cfg)}, cwd=tmp_path)
+    assert s.spark_master == "local[1]"
+
+
+def test_relative_paths(tmp_path):
+    cfg = write_config(tmp_path / "etc" / "kappa.toml", 'warehouse = "wh"\nstate_dir = "../st"\n')
+    s = resolve_settings(cfg, env={"KAPPA_PIPELINES": "p.toml"}, cwd=tmp_path / "work", home="h")
+    assert s.warehouse == tmp_path / "etc" / "wh"
+    assert s.state_dir == tmp_path / "st"
+    assert s.pipelines_file == tmp_path / "work" / "p.toml"
+    assert s.home == tmp_path / "work" / "h"
+
+
+def test_kafka_config_merges_key_by_key_and_masks_secrets(tmp_path):
+    cfg = write_config(tmp_path / "kappa.toml", """
+[kafka_config]
+"security.protocol" = "SASL_SSL"
+"sasl.mechanism" = "PLAIN"
+"sasl.username" = "file-user"
+"sasl.password" = "file-secret"
+"enable.ssl.certificate.verification" = true
+""")
+    env = {"KAPPA_KAFKA_CONFIG": json.dumps({"sasl.username": "env-user", "sasl.password": "env-secret"})}
+    s = resolve_settings(cfg, env=env, cwd=tmp_path, kafka_config={"sasl.password": "cli-secret"})
+    assert isinstance(s.kafka_config["sasl.password"], SecretStr)
+    assert s.kafka_client_config() == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "env-user",
+        "sasl.password": "cli-secret", "enable.ssl.certificate.verification": "true"}
+    assert "cli-secret" not in repr(s)
+    assert "cli-secret" not in json.dumps(s.to_dict())
+    assert json.loads(s.kafka_config_json())["sasl.password"] == "cli-secret"
+    assert s.source_of("kafka_config") == f"config file {cfg} + KAPPA_KAFKA_CONFIG + --kafka-config"
+
+
+def test_kafka_client_config_adds_bootstrap(tmp_path):
+    s = resolve_settings(env={"KAPPA_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+                              "KAPPA_KAFKA_CONFIG": '{"ssl.key.password": "k"}'}, cwd=tmp_path)
+    assert s.kafka_client_config(**{"group.id": "g"}) == {
+        "bootstrap.servers": "127.0.0.1:9092", "ssl.key.password": "k", "group.id": "g"}
+
+
+def test_registry_password_is_masked(tmp_path):
+    s = resolve_settings(env={"KAPPA_REGISTRY_URL": "postgresql+psycopg2://kappa:s3cret@db:5432/kappa"},
+                         cwd=tmp_path)
+    assert s.registry_url.endswith("kappa:s3cret@db:5432/kappa")
+    assert "s3cret" not in repr(s)
+    assert s.to_dict()["registry_url"] == "postgresql+psycopg2://kappa:***@db:5432/kappa"
+
+
+def test_settings_is_frozen(tmp_path):
+    s = Settings(home=tmp_path)
+    with pytest.raises(ValidationError):
+        s.spark_master = "local[4]"  # type: ignore[misc]
+
+
+def test_version_paths_follow_the_contract(tmp_path):
+    s = Settings(home=tmp_path, group_prefix="acme")
+    p = version_paths(s, "standardize", 3)
+    assert p.table == tmp_path / "warehouse" / "standardize" / "v3"
+    assert p.rejects == tmp_path / "warehouse" / "standardize" / "v3__rejects"
+    assert p.checkpoint == tmp_path / "state" / "standardize" / "v3" / "checkpoint"
+    assert p.run_dir == tmp_path / "state" / "standardize" / "v3" / "run"
+    assert p.group_id == "acme.standardize.v3"
+    assert p.app_id == "kappa.standardize.v3"
+    assert s.version_paths("standardize", 3) == p
+    assert p.to_dict()["table"] == str(tmp_path / "warehouse" / "standardize" / "v3")
+    assert alias_pointer_path(s, "member_profiles_std") == tmp_path / "warehouse" / "_aliases" / "member_profiles_std.json"
+
+
+def test_version_paths_refuse_bad_names(tmp_path):
+    s = Settings(home=tmp_path)
+    with pytest.raises(ConfigError, match=r"invalid pipeline name '\.\./etc'"):
+        version_paths(s, "../etc", 1)
+    with pytest.raises(ConfigError, match="invalid version 0: must be a positive integer"):
+        version_paths(s, "standardize", 0)
+    with pytest.raises(ConfigError, match=r"invalid alias name 'a/b'"):
+        alias_pointer_path(s, "a/b")
+
+
+# -- errors name the setting, where it came from and how to fix it -----------------------------
+
+def test_bad_env_value_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        resolve_settings(env={"KAPPA_REGISTRY_URL": "mysql://u:pw@h/db"}, cwd=tmp_path)
+    assert str(e.value) == (
+        "invalid setting registry_url='mysql://u:***@h/db' (from KAPPA_REGISTRY_URL): the registry runs on "
+        "SQLite or PostgreSQL, not mysql; expected sqlite:///<path> or "
+        "postgresql+psycopg2://<user>[:<password>]@<host>:<port>/<db>; fix or unset the environment variable "
+        "KAPPA_REGISTRY_URL")
+
+
+def test_bad_cli_value_names_the_flag(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        resolve_settings(env={}, cwd=tmp_path, group_prefix="my group")
+    assert str(e.value) == (
+        "invalid setting group_prefix='my group' (from --group-prefix): must be 1 to 100 characters from "
+        "A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit; fix the --group-prefix flag")
+
+
+def test_bad_file_value_names_the_file(tmp_path):
+    cfg = write_config(tmp_path / "kappa.toml", 'spark_master = "local [2]"\n')
+    with pytest.raises(ConfigError) as e:
+        resolve_settings(cfg, env={}, cwd=tmp_path)
+    assert str(e.value) == (
+        f"invalid setting spark_master='local [2]' (from config file {cfg}): expected a Spark master URL "
+        f"such as local[2] or spark://127.0.0.1:7077; fix 'spark_master' in the {cfg}")
+
+
+def test_bad_kafka_config_json(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        resolve_settings(env={"KAPPA_KAFKA_CONFIG": "{not json"}, cwd=tmp_path)
+    assert str(e.value) == (
+        "invalid setting kafka_config (from KAPPA_KAFKA_CONFIG): not valid JSON (Expecting property name "
+        "enclosed in double quotes at line 1 column 2); expected an object such as "
+        '{"security.protocol": "SASL_SSL"}; fix or unset the environment variable KAPPA_KAFKA_CONFIG')
+    with pytest.raises(ConfigError, match=r"kafka_config \(from --kafka-config\): expected a JSON object, got list"):
+        resolve_settings(env={}, cwd=tmp_path, kafka_config="[1]")
+
+
+def test_unknown_key_in_config_file(tmp_path):
+    cfg = write_config(tmp_path / "kappa.toml", 'warehous = "/x"\n')
+    with pytest.raises(ConfigError) as e:
+        resolve_settings(cfg, env={}, cwd=tmp_path)
+    assert str(e.value) == (
+        f"config file {cfg}: unknown setting 'warehous'; known settings: home, warehouse, state_dir, "
+        f"registry_url, bootstrap_servers, kafka_config, group_prefix, pipelines_file, spark_master")
+
+
+def test_config_file_wrong_type_and_bad_toml(tmp_path):
+    cfg = write_config(tmp_path / "kappa.toml", "group_prefix = 3\n")
+    with pytest.raises(ConfigError, match=r"setting 'group_prefix' must be a string, got int 3"):
+        resolve_settings(cfg, env={}, cwd=tmp_path)
+    write_config(cfg, "group_prefix = \n")
+    with pytest.raises(ConfigError, match=rf"config file {cfg} is not valid TOML: "):
+        resolve_settings(cfg, env={}, cwd=tmp_path)
+
+
+def test_missing_explicit_config_file(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        resolve_settings(tmp_path / "nope.toml", env={}, cwd=tmp_path)
+    assert str(e.value) == f"config file {tmp_path / 'nope.toml'} (from --config) does not exist; " \
+                           f"fix the path or drop --config"
+    with pytest.raises(ConfigError, match=r"\(from KAPPA_CONFIG\) does not exist; fix or unset KAPPA_CONFIG"):
+        resolve_settings(env={"KAPPA_CONFIG": str(tmp_path / "nope.toml")}, cwd=tmp_path)
+
+
+def test_unknown_cli_override(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) sparkmaster; known settings: home, "):
+        resolve_settings(env={}, cwd=tmp_path, sparkmaster="local")
+
+
+def test_reads_os_environ_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("KAPPA_HOME", str(tmp_path / "envhome"))
+    monkeypatch.setenv("KAPPA_SPARK_MASTER", "local[1]")
+    monkeypatch.delenv("KAPPA_CONFIG", raising=False)
+    s = resolve_settings()
+    assert s.home == tmp_path / "envhome"
+    assert s.spark_master == "local[1]"
+
+
+def test_to_env_round_trips(tmp_path):
+    s = resolve_settings(env={"KAPPA_KAFKA_CONFIG": '{"sasl.password": "pw", "linger.ms": 5}'}, cwd=tmp_path,
+                         home=str(tmp_path / "h"), bootstrap_servers="127.0.0.1:9092", group_prefix="acme",
+                         registry_url="postgresql+psycopg2://k:pw@db/k")
+    env = s.to_env()
+    assert env["KAPPA_KAFKA_CONFIG"] == '{"linger.ms": "5", "sasl.password": "pw"}'
+    again = resolve_settings(env=env, cwd=tmp_path / "elsewhere")
+    assert again.model_dump() == s.model_dump()
+    assert again.kafka_client_config() == s.kafka_client_config()
+    assert "KAPPA_BOOTSTRAP_SERVERS" not in Settings(home=tmp_path).to_env()

@@ -1,0 +1,231 @@
+"""The pipelines file: what is declared, and exact errors naming file, pipeline and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.config import DEFAULT_PIPELINES_FILE
+from orchestrator.exceptions import ConfigError
+from orchestrator.pipelines import (PipelineSpec, check_job_exists, check_pipeline_code, check_ruleset_exists,
+                                    load_pipelines)
+
+BASE = {
+    "job": '"standardize"',
+    "topics": '["member_profiles"]',
+    "key": '"member_id"',
+    "ruleset": '"titles"',
+    "alias": '"member_profiles_std"',
+    "catchup_threshold": "0",
+}
+
+
+def pipelines_file(tmp_path: Path, *tables: tuple[str, dict[str, str | None]], head: str = "") -> Path:
+    """Write a pipelines file; each table is (name, overrides of BASE; None drops a field)."""
+    lines = [head]
+    for name, overrides in tables:
+        lines.append(f"[pipelines.{name}]")
+        fields = {**BASE, **overrides}
+        lines += [f"{k} = {v}" for k, v in fields.items() if v is not None]
+    path = tmp_path / "pipelines.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def load_error(path: Path) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_pipelines(path)
+    return str(e.value)
+
+
+def test_repo_pipelines_file_declares_the_seed_jobs():
+    specs = load_pipelines(DEFAULT_PIPELINES_FILE)
+    assert list(specs) == ["standardize", "pageviews_hourly", "profile_settings_join", "pageview_enrich",
+                           "ad_click_join"]
+    std = specs["standardize"]
+    assert (std.name, std.job, std.topics, std.key, std.ruleset, std.alias) == (
+        "standardize", "standardize", ("member_profiles",), "member_id", "titles", "member_profiles_std")
+    assert (std.catchup_threshold, std.catchup_samples, std.grace_period_seconds, std.keep_versions,
+            std.key_count_tolerance, std.max_reject_rate, std.max_records_per_batch) == (
+        0, 3, 300.0, 3, 0.01, 0.01, 100000)
+    assert {name: (s.job, s.topics) for name, s in specs.items() if name != "standardize"} == {
+        "pageviews_hourly": ("pageviews_hourly", ("page_views",)),
+        "profile_settings_join": ("profile_settings_join", ("member_profiles", "member_settings")),
+        "pageview_enrich": ("pageview_enrich", ("page_views", "member_profiles")),
+        "ad_click_join": ("ad_click_join", ("ad_impressions", "ad_clicks")),
+    }
+    assert all(s.ruleset is None for name, s in specs.items() if name != "standardize")
+    assert len({s.alias for s in specs.values()}) == len(specs)
+    assert specs["pageviews_hourly"].key_columns == ("member_id", "window_start")
+
+
+def test_defaults_and_options(tmp_path):
+    path = pipelines_file(tmp_path, ("p", {"ruleset": None}),
+                          head="")
+    path.write_text(path.read_text() + "[pipelines.p.options]\nwindow = \"1 hour\"\n")
+    spec = load_pipelines(path)["p"]
+    assert spec.ruleset is None and not spec.uses_rules
+    assert (spec.catchup_samples, spec.keep_versions, spec.max_records_per_batch) == (3, 3, 100000)
+    assert spec.options == {"window": "1 hour"}
+    assert spec.to_dict()["key_columns"] == ["member_id"]
+
+
+def test_spec_is_frozen(tmp_path):
+    spec = load_pipelines(pipelines_file(tmp_path, ("p", {})))["p"]
+    with pytest.raises(ValidationError):
+        spec.catchup_threshold = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("catchup_threshold", "-1",
+     "field 'catchup_threshold': Input should be greater than or equal to 0 (got -1)"),
+    ("catchup_threshold", '"10"', "field 'catchup_threshold': Input should be a valid integer (got '10')"),
+    ("catchup_threshold", "true", "field 'catchup_threshold': Input should be a valid integer (got True)"),
+    ("catchup_threshold", "1.5", "field 'catchup_threshold': Input should be a valid integer (got 1.5)"),
+    ("catchup_samples", "0", "field 'catchup_samples': Input should be greater than or equal to 1 (got 0)"),
+    ("key_count_tolerance", "1.5",
+     "field 'key_count_tolerance': Input should be less than or equal to 1 (got 1.5)"),
+    ("max_reject_rate", "-0.1", "field 'max_reject_rate': Input should be greater than or equal to 0 (got -0.1)"),
+    ("grace_period_seconds", "-5",
+     "field 'grace_period_seconds': Input should be greater than or equal to 0 (got -5)"),
+    ("topics", '"member_profiles"',
+     "field 'topics': must be a list of topic names, e.g. [\"member_profiles\"] (got 'member_profiles')"),
+    ("topics", "[]", "field 'topics': must name at least one topic (got [])"),
+    ("topics", '["a", "a"]', "field 'topics': lists 'a' more than once (got ['a', 'a'])"),
+    ("topics", '["a,b"]',
+     "field 'topics': invalid topic name 'a,b': must be 1 to 249 characters from a-z, A-Z, 0-9, '.', '_', '-', "
+     "and not '.' or '..' (Kafka's rule) (got ['a,b'])"),
+    ("alias", '"Member Profiles"',
+     "field 'alias': invalid alias name 'Member Profiles': must be a lowercase letter followed by at most 62 "
+     "lowercase letters, digits or underscores (^[a-z][a-z0-9_]{0,62}$) (got 'Member Profiles')"),
+    ("job", '"../evil"',
+     "field 'job': invalid job name '../evil': must be a lowercase letter followed by at most 62 lowercase "
+     "letters, digits or underscores (^[a-z][a-z0-9_]{0,62}$) (got '../evil')"),
+    ("ruleset", '"Titles"',
+     "field 'ruleset': invalid ruleset name 'Titles': must be a lowercase letter followed by at most 62 "
+     "lowercase letters, digits or underscores (^[a-z][a-z0-9_]{0,62}$) (got 'Titles')"),
+    ("key", '"member id"',
+     "field 'key': column 'member id' is not a valid column name (letters, digits, underscores, not starting "
+     "with a digit) (got 'member id')"),
+])
+def test_bad_field_errors(tmp_path, field, value, expected):
+    path = pipelines_file(tmp_path, ("standardize", {field: value}))
+    assert load_error(path) == f"pipelines file {path}: pipeline 'standardize', {expected}"
+
+
+def test_missing_field(tmp_path):
+    path = pipelines_file(tmp_path, ("standardize", {"alias": None}))
+    assert load_error(path) == (f"pipelines file {path}: pipeline 'standardize', field 'alias': required but "
+                                f"missing; add it to [pipelines.standardize]")
+
+
+def test_unknown_field(tmp_path):
+    path = pipelines_file(tmp_path, ("standardize", {"catchup_treshold": "5"}))
+    assert load_error(path) == (
+        f"pipelines file {path}: pipeline 'standardize', field 'catchup_treshold': unknown field; known fields: "
+        f"job, topics, key, alias, ruleset, catchup_threshold, catchup_samples, grace_period_seconds, "
+        f"keep_versions, key_count_tolerance, max_reject_rate, max_records_per_batch, description, options")
+
+
+def test_several_errors_in_one_pipeline_are_all_named(tmp_path):
+    path = pipelines_file(tmp_path, ("standardize", {"catchup_threshold": "-1", "keep_versions": "0"}))
+    assert load_error(path) == (
+        f"pipelines file {path}: pipeline 'standardize', field 'catchup_threshold': Input should be greater than "
+        f"or equal to 0 (got -1); pipelines file {path}: pipeline 'standardize', field 'keep_versions': Input "
+        f"should be greater than or equal to 1 (got 0)")
+
+
+def test_duplicate_alias(tmp_path):
+    path = pipelines_file(tmp_path, ("standardize", {}), ("standardize2", {}))
+    assert load_error(path) == (
+        f"pipelines file {path}: pipeline 'standardize2', field 'alias': alias 'member_profiles_std' is already "
+        f"the alias of pipeline 'standardize'; every pipeline needs its own alias")
+
+
+def test_bad_pipeline_name(tmp_path):
+    path = pipelines_file(tmp_path, ('"Standardize"', {}))
+    assert load_error(path) == (
+        f"pipelines file {path}: [pipelines.Standardize]: invalid pipeline name 'Standardize': must be a "
+        f"lowercase letter followed by at most 62 lowercase letters, digits or underscores (^[a-z][a-z0-9_]{{0,62}}$)")
+
+
+def test_name_field_is_refused(tmp_path):
+    path = pipelines_file(tmp_path, ("standardize", {"name": '"other"'}))
+    assert load_error(path) == (f"pipelines file {path}: pipeline 'standardize', field 'name': the name is the "
+                                f"table's key ([pipelines.standardize]); remove 'name'")
+
+
+def test_file_level_errors(tmp_path):
+    missing = tmp_path / "nope.toml"
+    assert load_error(missing) == (f"pipelines file {missing} does not exist; set KAPPA_PIPELINES or "
+                                   f"--pipelines-file to the file that declares your pipelines")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[pipelines.standardize\n")
+    assert load_error(bad).startswith(f"pipelines file {bad} is not valid TOML: ")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing\n")
+    assert load_error(empty) == f"pipelines file {empty} declares no pipelines; add a [pipelines.<name>] table"
+    top = pipelines_file(tmp_path, ("standardize", {}), head='version = 2')
+    assert load_error(top) == (f"pipelines file {top}: unknown top-level key(s) 'version'; declare each "
+                               f"pipeline as a [pipelines.<name>] table")
+    scalar = tmp_path / "scalar.toml"
+    scalar.write_text("[pipelines]\nstandardize = 1\n")
+    assert load_error(scalar) == (f"pipelines file {scalar}: pipeline 'standardize' must be a table "
+                                  f"([pipelines.standardize]), got int")
+
+
+def test_nothing_is_loaded_when_one_pipeline_is_bad(tmp_path):
+    path = pipelines_file(tmp_path, ("good", {"alias": '"a1"'}), ("bad", {"alias": '"a2"', "keep_versions": "0"}))
+    with pytest.raises(ConfigError, match="pipeline 'bad', field 'keep_versions'"):
+        load_pipelines(path)
+
+
+# -- code checks: the job module and the ruleset exist ---------------------------------------
+
+@pytest.fixture
+def code_dirs(tmp_path):
+    jobs = tmp_path / "jobs"
+    (jobs / "rules" / "titles").mkdir(parents=True)
+    (jobs / "rules" / "titles" / "v1.toml").write_text("")
+    (jobs / "rules" / "empty").mkdir()
+    (jobs / "standardize.py").write_text("")
+    (jobs / "session.py").write_text("")
+    return jobs
+
+
+def test_code_checks_pass(tmp_path, code_dirs):
+    path = pipelines_file(tmp_path, ("standardize", {}))
+    specs = load_pipelines(path, check_code=True, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
+    spec = specs["standardize"]
+    assert check_job_exists(spec, jobs_dir=code_dirs) == code_dirs / "standardize.py"
+    assert check_ruleset_exists(spec, rules_dir=code_dirs / "rules") == code_dirs / "rules" / "titles"
+
+
+def test_unknown_job_module(tmp_path, code_dirs):
+    path = pipelines_file(tmp_path, ("standardize", {"job": '"standardise"'}))
+    with pytest.raises(ConfigError) as e:
+        load_pipelines(path, check_code=True, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
+    assert str(e.value) == (
+        f"pipelines file {path}: pipeline 'standardize', field 'job': unknown job module 'standardise': "
+        f"{code_dirs / 'standardise.py'} does not exist (jobs found: standardize); write jobs/standardise.py "
+        f"or fix 'job' in the pipelines file")
+    assert load_pipelines(path)["standardize"].job == "standardise"  # no code check unless asked
+
+
+def test_unknown_ruleset(tmp_path, code_dirs):
+    path = pipelines_file(tmp_path, ("standardize", {"ruleset": '"empty"'}))
+    spec = load_pipelines(path)["standardize"]
+    with pytest.raises(ConfigError) as e:
+        check_pipeline_code(spec, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
+    assert str(e.value) == (
+        f"pipeline 'standardize', field 'ruleset': unknown ruleset 'empty': no rules files (*.toml) in "
+        f"{code_dirs / 'rules' / 'empty'} (rulesets found: titles); add jobs/rules/empty/v1.toml or fix "
+        f"'ruleset' in the pipelines file")
+
+
+def test_job_without_rules_needs_no_ruleset(tmp_path, code_dirs):
+    spec = PipelineSpec(name="p", job="standardize", topics=["t"], key="k", alias="a")
+    assert check_ruleset_exists(spec, rules_dir=code_dirs / "nowhere") is None
+    check_pipeline_code(spec, jobs_dir=code_dirs)
