@@ -1,0 +1,147 @@
+"""Helpers for the source and runtime tests: topics, producers, group offsets, stream runs."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from orchestrator.broker import ONE_RECORD_PER_BATCH
+
+#: Generous bound for anything that waits on Spark: the test machine is shared and loaded.
+WAIT_SECONDS = float(os.environ.get("KAPPA_TEST_WAIT_SECONDS", "600"))
+
+
+@dataclass
+class Kafka:
+    """Admin, produce and inspect helpers against one broker."""
+
+    bootstrap: str
+
+    def __post_init__(self):
+        from confluent_kafka.admin import AdminClient
+
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+
+    def create_topic(self, name: str, partitions: int = 1) -> str:
+        from confluent_kafka.admin import NewTopic
+
+        self.admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=30)
+        self.wait_partitions(name, partitions)
+        return name
+
+    def wait_partitions(self, name: str, partitions: int | None) -> None:
+        """Until the metadata shows ``partitions`` partitions of the topic (None: topic absent)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            t = self.admin.list_topics(timeout=10).topics.get(name)
+            n = None if t is None or t.error is not None else len(t.partitions)
+            if n == partitions:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"topic {name} never showed {partitions} partitions")
+
+    def delete_topic(self, name: str) -> None:
+        self.admin.delete_topics([name])[name].result(timeout=30)
+        self.wait_partitions(name, None)
+
+    def producer(self, **conf):
+        from confluent_kafka import Producer
+
+        return Producer({"bootstrap.servers": self.bootstrap, **ONE_RECORD_PER_BATCH, **conf})
+
+    def produce(self, topic: str, records: list[tuple], **conf) -> None:
+        """records: (partition, key, value[, headers]); flushed, delivery errors raised."""
+        p = self.producer(**conf)
+        errors = []
+
+        def on_delivery(err, msg):
+            if err is not None:
+                errors.append(err)
+
+        for rec in records:
+            part, key, value, headers = (tuple(rec) + (None,))[:4]
+            p.produce(topic, key=key, value=value, partition=part, headers=headers, on_delivery=on_delivery)
+            p.poll(0)
+        assert p.flush(60) == 0, "producer could not deliver everything"
+        assert not errors, errors
+
+    def group_offsets(self, group: str) -> dict:
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        fut = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+        out: dict = {}
+        for f in fut.values():
+            for tp in f.result().topic_partitions:
+                if tp.offset >= 0:
+                    out.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset
+        return out
+
+    def wait_group_offsets(self, group: str, expected: dict) -> dict:
+        """Group commits land asynchronously: poll until they equal ``expected`` (bounded)."""
+        deadline = time.monotonic() + 60
+        got = None
+        while time.monotonic() < deadline:
+            got = self.group_offsets(group)
+            if got == expected:
+                break
+            time.sleep(0.2)
+        return got
+
+
+def source(spark, bootstrap: str, topics: str, **options):
+    """A kappa_kafka streaming DataFrame; option names use dots (pass them as a dict if needed)."""
+    r = spark.readStream.format("kappa_kafka").option("bootstrap.servers", bootstrap).option("topics", topics)
+    for k, v in options.items():
+        r = r.option(k, str(v))
+    return r.load()
+
+
+def run_available_now(spark, df, name: str, checkpoint: str, parquet_dir: str | None = None):
+    """Drive an available-now query to completion; returns (rows as dicts, progress list).
+
+    Memory sink by default; ``parquet_dir`` uses a file sink instead, which (unlike the memory sink)
+    can resume from an existing checkpoint.
+    """
+    w = df.writeStream.queryName(name).option("checkpointLocation", checkpoint).trigger(availableNow=True)
+    w = w.format("parquet").option("path", parquet_dir) if parquet_dir else w.format("memory")
+    q = w.start()
+    try:
+        done = q.awaitTermination(WAIT_SECONDS)
+        assert done, f"available-now query {name} still running after {WAIT_SECONDS}s"
+        assert q.exception() is None, q.exception()
+        progress = list(q.recentProgress)
+    finally:
+        q.stop()
+    rows = read_parquet_rows(parquet_dir) if parquet_dir else spark.table(name).toArrow().to_pylist()
+    return rows, progress
+
+
+def read_parquet_rows(path: str) -> list[dict]:
+    """Rows of the Parquet files under ``path`` (none: empty), ignoring Spark's _spark_metadata."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(path).glob("*.parquet")) if Path(path).is_dir() else []
+    rows: list[dict] = []
+    for f in files:
+        rows.extend(pq.read_table(f).to_pylist())
+    return rows
+
+
+def await_failure(q) -> BaseException:
+    """Wait for a query that must fail; returns its exception (stops the query in any case)."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        try:
+            finished = q.awaitTermination(WAIT_SECONDS)
+        except StreamingQueryException as e:
+            return e
+        assert finished, f"query still running after {WAIT_SECONDS}s; expected it to fail"
+        err = q.exception()
+        assert err is not None, "query finished without the expected failure"
+        return err
+    finally:
+        q.stop()

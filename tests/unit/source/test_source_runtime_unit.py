@@ -1,0 +1,105 @@
+"""The job runtime's pieces that need no Spark: arguments, status file, batch accounting, errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from jobs.runtime import JobContext, Status, parse_args, read_status, summarize_error, write_json_atomic
+from orchestrator.exceptions import SourceError
+
+ARGS = ["--pipeline", "standardize", "--version", "3", "--bootstrap-servers", "127.0.0.1:9092",
+        "--topics", "a, b", "--output", "/w/standardize/v3", "--checkpoint", "/s/cp", "--run-dir", "/s/run"]
+
+
+def test_arguments_and_their_defaults():
+    a = parse_args(ARGS)
+    assert a.topics_list == ["a", "b"] and a.version == 3
+    assert a.group_id == "kappa.standardize.v3"
+    assert a.rejects == "/w/standardize/v3__rejects"
+    assert a.trigger == "continuous" and a.interval_seconds == 1.0 and a.max_records_per_batch == 100_000
+    a = parse_args(ARGS + ["--trigger", "available-now", "--kafka-config", '{"security.protocol": "SSL"}',
+                           "--extra", '{"source_options": {"on.missing.offsets": "earliest"}}'])
+    assert a.kafka_config == {"security.protocol": "SSL"}
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--kafka-config", "[1]"], "--kafka-config must be a JSON object"),
+    (["--trigger", "sometimes"], "invalid choice"),
+    (["--max-records-per-batch", "0"], "must be positive"),
+])
+def test_bad_arguments_are_refused(capsys, extra, fragment):
+    with pytest.raises(SystemExit) as e:
+        parse_args(ARGS + extra)
+    assert e.value.code == 2
+    assert fragment in capsys.readouterr().err
+
+
+def _ctx(tmp_path, *more):
+    args = parse_args(ARGS + ["--run-dir", str(tmp_path)] + list(more))
+    status = Status(tmp_path / "status.json", args.pipeline, args.version, args.trigger)
+    return JobContext(args, spark=None, status=status, stop_event=threading.Event())
+
+
+def test_source_options_and_trigger(tmp_path):
+    ctx = _ctx(tmp_path, "--kafka-config", '{"security.protocol": "SSL"}', "--max-records-per-batch", "500",
+               "--extra", '{"source_options": {"on.missing.offsets": "earliest"}}', "--interval-seconds", "0.5")
+    opts = ctx.source_options()
+    assert opts == {"bootstrap.servers": "127.0.0.1:9092", "topics": "a,b", "group.id": "kappa.standardize.v3",
+                    "max.records.per.batch": "500", "kafka.security.protocol": "SSL",
+                    "on.missing.offsets": "earliest"}
+    assert ctx.source_options(["b"])["topics"] == "b"
+    assert ctx.trigger_kwargs() == {"processingTime": "500 milliseconds"}
+    assert _ctx(tmp_path, "--trigger", "available-now").trigger_kwargs() == {"availableNow": True}
+
+
+def _progress(batch_id, rows, end):
+    return {"id": "q", "batchId": batch_id, "numInputRows": rows,
+            "durationMs": {"addBatch": 5, "triggerExecution": 9},
+            "sources": [{"endOffset": json.dumps(end)}]}
+
+
+def test_batch_accounting_from_listener_and_job(tmp_path):
+    ctx = _ctx(tmp_path)
+    ctx.status.update(state="running")
+    ctx.record_batch(0, rows_in=10, rows_out=8, rejects=2, rejects_total=2)
+    ctx._on_progress(_progress(0, 10, {"a": {"0": 10}}))
+    ctx._on_progress(_progress(0, 10, {"a": {"0": 10}}))          # duplicates are ignored
+    ctx._on_progress(_progress(1, 5, {"a": {"0": 15}}))           # a batch the job did not report
+    ctx._on_progress({"id": "q", "batchId": 2, "numInputRows": 0,  # an idle trigger, not a batch
+                      "durationMs": {"latestOffset": 3, "triggerExecution": 3}, "sources": []})
+    ctx.record_batch(0, rows_in=10, rows_out=9, rejects=1)         # re-reported: replaces
+    s = read_status(tmp_path)
+    assert s["state"] == "running" and s["pipeline"] == "standardize" and s["version"] == 3
+    assert s["batch_id"] == 1 and s["batches"] == 2
+    assert (s["rows_in"], s["rows_out"], s["rejects"], s["rejects_total"]) == (15, 9, 1, 2)
+    assert s["end_offsets"] == {"a": {"0": 15}}
+    ctx.rules_hash = "abc"
+    assert read_status(tmp_path)["rules_hash"] == "abc"
+
+
+def test_status_is_replaced_atomically(tmp_path):
+    path = tmp_path / "status.json"
+    write_json_atomic(path, {"state": "running"})
+    write_json_atomic(path, {"state": "stopped"})
+    assert json.loads(path.read_text()) == {"state": "stopped"}
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+    assert read_status(tmp_path / "nowhere") is None
+
+
+def test_error_summary_finds_the_kappa_error_inside_a_spark_failure():
+    class StreamingQueryException(Exception):
+        pass
+
+    spark_text = ("[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted.\n"
+                  "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+                  '  File "/x/jobs/kafka_source.py", line 1, in read\n'
+                  "orchestrator.exceptions.SourceError: the broker no longer has offset 5 of topic t\n"
+                  "\tat org.apache.spark.Foo.bar(Foo.scala:1)")
+    assert summarize_error(StreamingQueryException(spark_text)) == \
+        "SourceError: the broker no longer has offset 5 of topic t"
+    assert summarize_error(SourceError("bad")) == "SourceError: bad"
+    other = summarize_error(StreamingQueryException("boom\nRuntimeError: echo job told to fail at batch 1"))
+    assert other == "RuntimeError: echo job told to fail at batch 1"
