@@ -1,0 +1,98 @@
+"""Ad clicks joined to their impressions within a time bound: a stream-stream join.
+
+    python -m jobs.ad_click_join --topics ad_impressions,ad_clicks ... [--extra '{"bound": "10 minutes",
+        "impressions_watermark": "10 minutes", "clicks_watermark": "10 minutes"}']
+
+`--topics` names the impressions topic first, the clicks topic second; both keyed by impression id.
+Spark's native inner stream-stream join with a watermark on each side and a time-range condition:
+a click joins its impression (same impression_id) when
+
+    shown_at <= clicked_at <= shown_at + bound            (bound: default 10 minutes)
+
+Both sides are buffered in the state store (RocksDB, changelog checkpointing) — the two Samza
+stores of the pattern. The watermarks let Spark evict an impression once no click within the bound
+can still arrive, and a click once no impression can still match it; the global watermark is the
+minimum of both (Spark's default policy), so the slower topic holds eviction back. A delay must
+cover how far out of event-time order events arrive, including the skew between partitions within
+one capped micro-batch of a reprocess; events older than the watermark are dropped as late (not
+rejects). Each pair is emitted once (append output mode) and appended to Delta idempotently.
+Clicks without an impression in the bound, and impressions never clicked, produce no row (inner).
+
+Each topic is its own source, so each join input reads only its topic; the rejects branch (a
+stateless union of both sides' malformed records) reads them once more.
+
+Output table columns: impression_id, ad_id, member_id, shown_at, click_id, clicked_at.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, functions as F
+
+from jobs.events import (
+    AD_CLICK, AD_IMPRESSION, TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns,
+    parse_batches, parsed_ddl, rejects_and_counts, start_query,
+)
+
+log = logging.getLogger("kappa.ad_click_join")
+
+DEFAULT_BOUND = "10 minutes"
+DEFAULT_WATERMARK = "10 minutes"
+OPTIONS = {"bound": DEFAULT_BOUND, "impressions_watermark": DEFAULT_WATERMARK,
+           "clicks_watermark": DEFAULT_WATERMARK}
+
+OUTPUT_SCHEMA = pa.schema([
+    pa.field("impression_id", pa.string()),
+    pa.field("ad_id", pa.string()),
+    pa.field("member_id", pa.string()),
+    pa.field("shown_at", pa.timestamp("us", tz="UTC")),
+    pa.field("click_id", pa.string()),
+    pa.field("clicked_at", pa.timestamp("us", tz="UTC")),
+])
+
+OUTPUT_DDL = ("impression_id string, ad_id string, member_id string, shown_at timestamp, click_id string, "
+              "clicked_at timestamp")
+
+
+def transform(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT_BOUND,
+              impressions_watermark: str = DEFAULT_WATERMARK,
+              clicks_watermark: str = DEFAULT_WATERMARK) -> DataFrame:
+    """Kafka rows of the impressions and clicks topics -> joined pairs, rejects and input counts.
+
+    Columns: `OUTPUT_DDL`, then `jobs.events.TAIL_DDL`.
+    """
+    imps = impressions.mapInArrow(partial(parse_batches, AD_IMPRESSION), parsed_ddl(AD_IMPRESSION))
+    clks = clicks.mapInArrow(partial(parse_batches, AD_CLICK), parsed_ddl(AD_CLICK))
+    i = (imps.where(F.col("error").isNull())
+         .select("impression_id", "ad_id", "member_id", "shown_at")
+         .withWatermark("shown_at", impressions_watermark))
+    c = (clks.where(F.col("error").isNull())
+         .select(F.col("impression_id").alias("click_impression_id"), "click_id", "clicked_at")
+         .withWatermark("clicked_at", clicks_watermark))
+    joined = i.join(c, F.expr(
+        f"click_impression_id = impression_id AND clicked_at >= shown_at "
+        f"AND clicked_at <= shown_at + INTERVAL {bound}"), "inner")
+    pairs = joined.select("impression_id", "ad_id", "member_id", "shown_at", "click_id", "clicked_at",
+                          *null_columns(TAIL_DDL))
+    sides = [p.mapInArrow(rejects_and_counts, TAIL_DDL).select(*null_columns(OUTPUT_DDL), *TAIL_COLUMNS)
+             for p in (imps, clks)]
+    return pairs.unionByName(sides[0]).unionByName(sides[1])
+
+
+def build(ctx):
+    """Start the query (runtime contract): `--topics <impressions>,<clicks>`, `--extra` bound and
+    watermarks. Each topic is its own source (both commit to the version's consumer group)."""
+    impressions, clicks = job_topics(ctx, ("ad impressions", "ad clicks"), "ad_click_join")
+    options = job_options(ctx, OPTIONS, "ad_click_join")
+    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="append", log=log)
+    df = transform(ctx.read_stream(impressions), ctx.read_stream(clicks), **options)
+    return start_query(ctx, df, writer, output_mode="append", job="ad_click_join")
+
+
+if __name__ == "__main__":
+    from jobs.runtime import run
+
+    run(build)

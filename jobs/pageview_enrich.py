@@ -1,0 +1,131 @@
+"""Page views enriched with the member's ZIP code: a stream-table join against the profiles changelog.
+
+    python -m jobs.pageview_enrich --topics page_views,member_profiles ...
+
+`--topics` names the page views topic first, the profiles topic second; both keyed by member id
+(co-partitioned, as the Samza pattern requires). The Samza implementation: a key-value store maps
+member id -> ZIP code; a profile update writes it, a page view reads it and is emitted with it.
+Here the store is the state of `applyInPandasWithState` over the union of both topics (one source,
+one read per micro-batch), grouped by the Kafka key, on RocksDB with changelog checkpointing.
+
+"The ZIP code current at the view's position in the log": both topics are one log per member in
+which each topic keeps its offset order, and the two are interleaved by record timestamp (a
+profile record before a view at the same millisecond). A view gets the `zip` of the latest
+profile record before it, or null when there is none, the latest is a tombstone, or the profile
+has no ZIP code. Across micro-batches the order is the batch order: a profile update that is read
+in a later micro-batch than a view does not change that view (the view was already emitted).
+The output is append-only: every valid view exactly once, idempotent per micro-batch in Delta.
+
+Output table columns: view_id, member_id, page, viewed_at, zip, source_partition, source_offset (the
+view's position). Malformed views and profiles go to the rejects table; a malformed profile
+leaves the ZIP code unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from functools import partial
+from typing import Iterator
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+
+from jobs.events import (
+    PAGE_VIEW, PROFILE, TAIL_DDL, decode_key, job_options, job_topics, make_writer, parse_value, reject_row,
+    rows_frame, start_query,
+)
+
+log = logging.getLogger("kappa.pageview_enrich")
+
+OUTPUT_SCHEMA = pa.schema([
+    pa.field("view_id", pa.string()),
+    pa.field("member_id", pa.string()),
+    pa.field("page", pa.string()),
+    pa.field("viewed_at", pa.timestamp("us", tz="UTC")),
+    pa.field("zip", pa.string()),
+    pa.field("source_partition", pa.int32()),
+    pa.field("source_offset", pa.int64()),
+])
+
+STATE_DDL = "zip string"
+OUTPUT_DDL = ("view_id string, member_id string, page string, viewed_at timestamp, zip string, "
+              "source_partition int, source_offset bigint, " + TAIL_DDL)
+_OUT_COLUMNS = [c.split(" ")[0] for c in OUTPUT_DDL.split(", ")]
+
+
+def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Iterator[pd.DataFrame],
+                  state: GroupState) -> Iterator[pd.DataFrame]:
+    """One member's views and profile records of one micro-batch -> enriched views and rejects.
+
+    Runs on an executor, once per key and micro-batch; state = the member's current ZIP code
+    (absent when unknown).
+    """
+    df = pd.concat(list(pdfs), ignore_index=True)
+    member, key_error = decode_key(PAGE_VIEW, key[0])
+    out: list[dict] = [{"input_rows": len(df)}]
+    if key_error:
+        out.extend(reject_row(r, decode_key(PROFILE if r.topic == profiles_topic else PAGE_VIEW, key[0])[1])
+                   for r in df.itertuples(index=False))
+        yield rows_frame(out, _OUT_COLUMNS)
+        return
+    zip_code = state.get[0] if state.exists else None
+    df = df.sort_values(["partition", "offset"], kind="stable")
+    ts = df["timestamp"].to_numpy(dtype="datetime64[ns]").astype("int64")  # order only; no timestamp first
+    rank = df["topic"].map({profiles_topic: 0, views_topic: 1}).fillna(2).astype("int64")
+    df = df.assign(order_ts=ts, order_rank=rank)
+    per_topic = [list(g.itertuples(index=False)) for _, g in df.groupby("order_rank", sort=True)]
+    for r in heapq.merge(*per_topic, key=lambda r: (r.order_ts, r.order_rank)):
+        if r.order_rank == 0:
+            if r.value is None:
+                zip_code = None
+                continue
+            row, error = parse_value(PROFILE, member, r.value)
+            if error:
+                out.append(reject_row(r, error))
+            else:
+                zip_code = row["zip"]
+        elif r.order_rank == 1:
+            row, error = parse_value(PAGE_VIEW, member, r.value)
+            if error:
+                out.append(reject_row(r, error))
+            else:
+                out.append({"view_id": row["view_id"], "member_id": member, "page": row["page"],
+                            "viewed_at": row["viewed_at"], "zip": zip_code,
+                            "source_partition": int(r.partition), "source_offset": int(r.offset)})
+        else:
+            out.append(reject_row(r, f"topic {r.topic!r} is neither the page views topic "
+                                  f"{views_topic!r} nor the profiles topic {profiles_topic!r}"))
+    if zip_code is None:
+        state.remove()
+    else:
+        state.update((zip_code,))
+    yield rows_frame(out, _OUT_COLUMNS)
+
+
+def transform(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
+    """Kafka rows of both topics -> enriched views to append, rejects and input counts
+    (`jobs.events.TAIL_DDL`)."""
+    return (
+        source.select("key", "value", "topic", "partition", "offset", "timestamp")
+        .groupBy("key")
+        .applyInPandasWithState(partial(enrich_member, views_topic, profiles_topic), OUTPUT_DDL,
+                                STATE_DDL, "append", GroupStateTimeout.NoTimeout)
+    )
+
+
+def build(ctx):
+    """Start the query (runtime contract): `--topics <page views>,<profiles>`, one source over both."""
+    views, profiles = job_topics(ctx, ("page views", "member profiles"), "pageview_enrich")
+    job_options(ctx, {}, "pageview_enrich")
+    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="append", log=log)
+    return start_query(ctx, transform(ctx.read_stream(), views, profiles), writer, output_mode="append",
+                       job="pageview_enrich")
+
+
+if __name__ == "__main__":
+    from jobs.runtime import run
+
+    run(build)
