@@ -1,0 +1,352 @@
+"""The control plane on the real stack: tansu broker, standardize jobs as Spark processes spawned
+by the orchestrator, Delta tables, PostgreSQL and SQLite registries.
+
+One live setup serves the whole module (each job costs a JVM start on 2 shared cores). The
+first tests are one story and run in file order: deploy v1 -> ready -> promote; stop it, lag
+checked against the broker and the consumer group, restart from its checkpoint; deploy v2 with
+new rules while updates arrive -> ready -> promote -> rollback -> roll forward, the served table
+checked against the expected table each time; then promotes refused for a failed job and for
+unknown lag, and a retire. The registry-centred tests after them run on both databases
+(`registry_url`): a fresh registry adopts the two live versions (their jobs, tables and
+checkpoints are real) for concurrent promotes, a crash between the CAS and the publish, and
+retention's refusals.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
+from orchestrator import datagen
+from orchestrator.await_ready import readiness, wait_ready
+from orchestrator.broker import free_port
+from orchestrator.config import Settings
+from orchestrator.context import Kappa
+from orchestrator.deploy import deploy
+from orchestrator.exceptions import ConflictError, LifecycleError, NotReadyError
+from orchestrator.lag import measure_lag, partition_key
+from orchestrator.lifecycle import inspect_version, start_version, stop_version
+from orchestrator.promote import promote
+from orchestrator.reconcile import reconcile
+from orchestrator.registry import Registry
+from orchestrator.report import validation_report
+from orchestrator.retention import apply_retention, retire
+from orchestrator.rollback import rollback
+from orchestrator.serving import open_alias, resolve_alias
+
+pytestmark = pytest.mark.integration
+
+LIVE_THRESHOLD = 80   # records: the live producer sends ~10/s; micro-batches take a second or more
+INITIAL = 2000
+KEYS = 600
+
+
+@pytest.fixture(scope="module")
+def pg_url(postgres_server_url):
+    name = "kappa_ctl_" + uuid.uuid4().hex[:12]
+    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield postgres_server_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as c:
+            c.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+                      {"n": name})
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def live(broker, pg_url, tmp_path_factory):
+    unique = uuid.uuid4().hex[:8]
+    topic, alias = f"profiles_{unique}", f"profiles_std_{unique}"
+    datagen.ensure_topic(broker.bootstrap_servers, topic, PARTITIONS)
+    home = tmp_path_factory.mktemp("kappa-live")
+    settings = Settings(home=home, bootstrap_servers=broker.bootstrap_servers)
+    reg = Registry(pg_url)
+    k = Kappa(settings, registry=reg, pipelines={PIPELINE: make_spec(topic, alias)})
+    lv = Live(broker.bootstrap_servers, topic, alias, home, k)
+    try:
+        lv.produce(INITIAL, KEYS, seed=11, first_new=True)
+        yield lv
+    finally:
+        lv.close()
+        reg.close()
+
+
+def quiesce(live: Live, version: int):
+    """Stop the producer and wait until `version` has read everything (lag 0, 3 samples)."""
+    live.stop_producer()
+    return wait_ready(live.k, PIPELINE, version, deadline_seconds=DEADLINE, poll_seconds=1, threshold=0)
+
+
+def independent_lag(bootstrap: str, topic: str, group: str) -> dict[str, int]:
+    """End offsets from a plain consumer minus the group's committed offsets, read with AdminClient."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)}
+    finally:
+        consumer.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    res = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
+    committed = {tp.partition: tp.offset for tp in res.topic_partitions if tp.topic == topic}
+    return {partition_key(topic, p): ends[p] - committed.get(p, 0) for p in range(PARTITIONS)}
+
+
+# -- the story, in order -----------------------------------------------------------------------
+
+def test_deploy_ready_promote_the_first_version(live):
+    k = live.k
+    info = deploy(k, PIPELINE, "v1", actor="alice", reason="first build", threshold=LIVE_THRESHOLD)
+    assert (info.version, info.job_started, info.rules_version) == (1, True, "v1")
+    with pytest.raises(NotReadyError) as e:
+        promote(k, PIPELINE, 1, actor="alice", reason="too early")
+    msg = str(e.value)
+    assert msg.startswith(f"cannot promote {PIPELINE} v1 to alias '{live.alias}': ready: {PIPELINE} v1: hydrating, "
+                          f"lag {INITIAL}, 0/3 samples <= {LIVE_THRESHOLD}; ")   # the JVM is still starting
+    assert k.registry.get_alias(live.alias) is None
+    r = wait_ready(k, PIPELINE, 1, deadline_seconds=DEADLINE, poll_seconds=1)
+    assert r.ready and r.total_lag <= LIVE_THRESHOLD and k.registry.get_version(PIPELINE, 1).state == "caught_up"
+    res = promote(k, PIPELINE, 1, actor="alice", reason="first build")
+    assert res.flipped and res.previous_version is None
+    assert resolve_alias(live.alias, live.settings)["version"] == 1
+    ok, why = served_equals_expected(live, "v1")
+    assert ok, why
+
+
+def test_lag_equals_the_independently_computed_lag_and_a_restart_resumes_from_the_checkpoint(live):
+    k = live.k
+    stopped = stop_version(k, PIPELINE, 1, actor="bob", reason="maintenance", force=True)
+    assert stopped.how == "graceful" and stopped.final_state == "stopped"
+    live.produce(300, KEYS, seed=12)                     # quiet from here: nothing reads, nothing writes
+    reading = measure_lag(k, PIPELINE, 1)
+    expected = independent_lag(live.bootstrap, live.topic, k.paths(PIPELINE, 1).group_id)
+    assert reading.source == "checkpoint"
+    assert reading.partitions == expected
+    assert reading.total == sum(expected.values()) == 300
+    assert readiness(k, PIPELINE, 1, record=False).state == "failing"   # its job is not running
+
+    started = start_version(k, PIPELINE, 1, actor="bob", reason="back from maintenance")
+    assert started.started and "resumes from its checkpoint" in started.message
+    wait_ready(k, PIPELINE, 1, deadline_seconds=DEADLINE, poll_seconds=1, threshold=0)
+    st = inspect_version(k, PIPELINE, 1)
+    assert st.rows_in == 300          # it read the 300 new records only, not the log from offset zero
+    ok, why = served_equals_expected(live, "v1")
+    assert ok, why
+
+
+def test_new_rules_on_live_data_promote_rollback_and_roll_forward(live):
+    k = live.k
+    live.start_producer(rate=10)
+    info = deploy(k, PIPELINE, "v2", actor="carol", reason="merge title spellings", threshold=LIVE_THRESHOLD)
+    assert info.version == 2
+    r = wait_ready(k, PIPELINE, 2, deadline_seconds=DEADLINE, poll_seconds=1)
+    assert r.ready
+    report = validation_report(k, PIPELINE, 2)
+    assert report.serving_version == 1 and report.rules_version == "v2" and report.serving_rules_version == "v1"
+    assert report.rows_changed > 0 and report.top_changes["title"]
+    from jobs.rules import load_rules, rules_path
+
+    v1_rules, v2_rules = (load_rules(rules_path("titles", v)) for v in ("v1", "v2"))
+    for change in report.top_changes["title"]:   # each change old -> new is what the rules do to a raw title
+        assert change["old"] != change["new"] and change["count"] > 0
+        assert any(v1_rules.standardize_title(raw) == change["old"] and v2_rules.standardize_title(raw) == change["new"]
+                   for raw, _weight in datagen.TITLES), change
+
+    res = promote(k, PIPELINE, 2, actor="carol", reason="merge title spellings")
+    assert res.flipped and res.previous_version == 1
+    assert k.registry.get_version(PIPELINE, 1).state == "standby"
+    quiesce(live, 2)
+    ok, why = served_equals_expected(live, "v2")
+    assert ok, why
+
+    live.start_producer(rate=10)
+    back = rollback(k, PIPELINE, actor="dave", reason="v2 merged too much", deadline_seconds=DEADLINE,
+                    poll_seconds=1)
+    assert (back.from_version, back.to_version, back.flipped, back.restarted) == (2, 1, True, False)
+    quiesce(live, 1)
+    ok, why = served_equals_expected(live, "v1")
+    assert ok, why
+
+    live.start_producer(rate=10)
+    fwd = promote(k, PIPELINE, 2, actor="dave", reason="roll forward after review")
+    assert fwd.flipped and fwd.previous_version == 1
+    quiesce(live, 2)
+    ok, why = served_equals_expected(live, "v2")
+    assert ok, why
+    history = [(h.from_version, h.to_version) for h in k.registry.alias_history(live.alias)]
+    assert history == [(None, 1), (1, 2), (2, 1), (1, 2)]
+
+
+def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(live):
+    k = live.k
+    info = deploy(k, PIPELINE, "v2", actor="erin", reason="a build that will crash", threshold=LIVE_THRESHOLD)
+    v = info.version
+    assert v == 3
+    for _ in range(int(DEADLINE)):
+        if inspect_version(k, PIPELINE, v).health == "running":
+            break
+        time.sleep(1)
+    assert inspect_version(k, PIPELINE, v).health == "running"
+    os.killpg(info.pid, signal.SIGKILL)         # the job, its JVM and its Python workers die at once
+    for _ in range(100):
+        if not inspect_version(k, PIPELINE, v).alive:
+            break
+        time.sleep(0.1)
+    log = k.paths(PIPELINE, v).log_file
+    with pytest.raises(NotReadyError) as e:
+        promote(k, PIPELINE, v, actor="erin", reason="should be refused")
+    msg = str(e.value)
+    assert re.match(rf"cannot promote {PIPELINE} v{v} to alias '{live.alias}': ready: {PIPELINE} v{v}: failing, "
+                    rf"lag \d+, (ETA \d+ s, )?\d/3 samples <= {LIVE_THRESHOLD}; the job process {info.pid} exited "
+                    rf"with code -9 \(last state 'running'\); see {re.escape(str(log))}", msg), msg
+    assert k.registry.get_version(PIPELINE, v).state == "failed"
+
+    port = free_port()
+    cut_off = Kappa(Settings(home=live.home, bootstrap_servers=f"127.0.0.1:{port}"), registry=k.registry,
+                    pipelines=k.pipelines)
+    with pytest.raises(NotReadyError) as e:
+        promote(cut_off, PIPELINE, 1, actor="erin", reason="broker unreachable")
+    assert re.match(rf"cannot promote {PIPELINE} v1 to alias '{live.alias}': ready: {PIPELINE} v1: lagging, lag "
+                    rf"unknown, 0/3 samples <= {LIVE_THRESHOLD}; lag unknown \(cannot read topic metadata from the "
+                    rf"Kafka broker at 127.0.0.1:{port} \(.*\); check that the broker is up and that "
+                    rf"bootstrap_servers / kafka_config are right\); unknown lag never counts as caught up",
+                    str(e.value)), str(e.value)
+    assert k.registry.get_alias(live.alias).version == 2
+
+    paths = k.paths(PIPELINE, v)
+    assert paths.table.exists() or paths.checkpoint.exists()
+    done = retire(k, PIPELINE, v, actor="erin", reason="broken build")
+    assert not paths.table.exists() and not paths.rejects.exists() and not paths.version_dir.exists()
+    assert k.registry.get_version(PIPELINE, v).state == "retired"
+    assert any(d.startswith(f"consumer group {paths.group_id}: ") for d in done.done)
+
+
+def test_retention_refuses_the_serving_version_and_the_rollback_target(live):
+    k = live.k
+    with pytest.raises(LifecycleError) as e:
+        retire(k, PIPELINE, 2, actor="frank", reason="cleanup")
+    assert str(e.value) == (f"cannot retire {PIPELINE} v2: it serves alias '{live.alias}'; promote or roll back "
+                            f"to another version first")
+    with pytest.raises(LifecycleError) as e:
+        retire(k, PIPELINE, 1, actor="frank", reason="cleanup")
+    assert str(e.value) == (f"cannot retire {PIPELINE} v1: it is the rollback target of alias '{live.alias}'; "
+                            f"promote or roll back to another version first")
+    plan = apply_retention(k, PIPELINE, actor="frank", keep=1)
+    assert plan.retire == [] and plan.protected == {1: f"it is the rollback target of alias '{live.alias}'"}
+    assert k.paths(PIPELINE, 2).table.exists() and k.paths(PIPELINE, 1).checkpoint.exists()
+    assert inspect_version(k, PIPELINE, 2).alive
+
+
+# -- the registry on both databases, with the live jobs adopted ---------------------------------
+
+@pytest.fixture
+def adopted(live, registry_url):
+    """A fresh registry (sqlite or postgresql) holding v1 and v2 of the live setup, both caught up."""
+    live.stop_producer()
+    reg = Registry(registry_url)
+    k2 = Kappa(live.settings, registry=reg, pipelines=live.k.pipelines)
+    for v in (1, 2):
+        src = live.k.registry.get_version(PIPELINE, v)
+        rec = reg.allocate_version(PIPELINE, rules_version=src.rules_version, rules_hash=src.rules_hash,
+                                   code_ref=src.code_ref, paths=lambda n: k2.paths(PIPELINE, n), actor="adopt",
+                                   reason="adopt the live version", queue=True, details=src.details)
+        assert rec.version == v
+        reg.set_state(PIPELINE, v, "caught_up", pid=src.pid, run_dir=src.run_dir)
+        assert inspect_version(k2, PIPELINE, v).health == "running"
+    try:
+        yield k2
+    finally:
+        reg.close()
+
+
+def _prime(k, v, n=2):
+    for _ in range(n):
+        readiness(k, PIPELINE, v)
+
+
+def test_concurrent_promotes_exactly_one_wins(live, adopted, monkeypatch):
+    k = adopted
+    _prime(k, 1)
+    promote(k, PIPELINE, 1, actor="gina", reason="first")
+    _prime(k, 2)
+    barrier = threading.Barrier(2, timeout=120)
+    real_flip = k.registry.flip_alias
+
+    def flip_once_both_checked(*a, **kw):
+        barrier.wait()
+        return real_flip(*a, **kw)
+
+    monkeypatch.setattr(k.registry, "flip_alias", flip_once_both_checked)
+    outcomes = []
+
+    def run(who):
+        try:
+            outcomes.append(promote(k, PIPELINE, 2, actor=who, reason="race"))
+        except Exception as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=run, args=(who,)) for who in ("hal", "ivy")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wins = [o for o in outcomes if not isinstance(o, Exception)]
+    losses = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(wins) == 1 and len(losses) == 1, outcomes
+    assert isinstance(losses[0], ConflictError)
+    assert str(losses[0]).startswith(f"promote of {PIPELINE} v2 lost the race: alias '{live.alias}' no longer points "
+                                     f"at v1 (it points at v2 now, moved by another operation)")
+    assert k.registry.get_alias(live.alias).version == 2
+    assert [h.to_version for h in k.registry.alias_history(live.alias)] == [1, 2]
+    assert resolve_alias(live.alias, live.settings)["version"] == 2
+
+
+def test_crash_between_cas_and_publish_then_reconcile(live, adopted, monkeypatch):
+    k = adopted
+    _prime(k, 1)
+    promote(k, PIPELINE, 1, actor="jo", reason="first")
+    _prime(k, 2)
+
+    def die(k_, alias):
+        raise KeyboardInterrupt("the orchestrator died between the registry CAS and the pointer publish")
+
+    with monkeypatch.context() as m:
+        m.setattr("orchestrator.promote.publish_current", die)
+        with pytest.raises(KeyboardInterrupt):
+            promote(k, PIPELINE, 2, actor="jo", reason="crashes half-way")
+    rec = k.registry.get_alias(live.alias)
+    assert (rec.version, rec.published_version) == (2, 1)
+    assert resolve_alias(live.alias, live.settings)["version"] == 1     # readers stay on v1, consistently
+    assert open_alias(live.alias, live.settings).table_uri.rstrip("/").endswith("/v1")
+    actions = reconcile(k, actor="cron")
+    assert [(a["kind"], a["version"], a["pointer_was"]) for a in actions] == [("publish", 2, 1)]
+    assert resolve_alias(live.alias, live.settings)["version"] == 2
+    assert open_alias(live.alias, live.settings).table_uri.rstrip("/").endswith("/v2")
+    assert (k.registry.get_version(PIPELINE, 2).state, k.registry.get_version(PIPELINE, 1).state) == \
+        ("serving", "standby")
+    assert reconcile(k, actor="cron") == []
+
+
+def test_retention_refuses_the_serving_version_on_each_registry(live, adopted):
+    k = adopted
+    _prime(k, 1)
+    promote(k, PIPELINE, 1, actor="kim", reason="first")
+    with pytest.raises(LifecycleError, match=rf"^cannot retire {PIPELINE} v1: it serves alias '{live.alias}'; "):
+        retire(k, PIPELINE, 1, actor="kim", reason="oops", dry_run=True)
+    plan = apply_retention(k, PIPELINE, actor="kim", keep=1, dry_run=False)
+    assert plan.kept == [2] and plan.retire == [] and 1 in plan.protected
+    assert k.registry.get_version(PIPELINE, 1).state == "serving"
+    assert k.paths(PIPELINE, 1).table.exists()

@@ -1,0 +1,151 @@
+"""Helpers of the control-plane unit tests: a declared pipeline, a fake log, fake jobs, Delta tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pytest
+
+from orchestrator import lag as lag_mod
+from orchestrator import lifecycle
+from orchestrator.config import Settings
+from orchestrator.context import Kappa
+from orchestrator.exceptions import BrokerError
+from orchestrator.pipelines import PipelineSpec
+from orchestrator.registry import Registry
+
+FAKE_JOB = Path(__file__).with_name("fake_job.py")
+PIPELINE = "orders"
+ALIAS = "orders_live"
+TOPIC = "orders"
+
+
+def make_spec(**overrides) -> PipelineSpec:
+    fields = dict(name=PIPELINE, job="standardize", topics=(TOPIC,), key="member_id", alias=ALIAS,
+                  catchup_threshold=0, catchup_samples=3, grace_period_seconds=60.0, keep_versions=2,
+                  key_count_tolerance=0.1, max_reject_rate=0.05)
+    fields.update(overrides)
+    return PipelineSpec(**fields)
+
+
+@pytest.fixture
+def spec() -> PipelineSpec:
+    return make_spec()
+
+
+@pytest.fixture
+def k(tmp_path, spec):
+    settings = Settings(home=tmp_path / "home", bootstrap_servers="127.0.0.1:9")
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    kk = Kappa(settings, registry=reg, pipelines={spec.name: spec})
+    try:
+        yield kk
+    finally:
+        for pid, proc in list(lifecycle._CHILDREN.items()):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+            lifecycle._CHILDREN.pop(pid, None)
+        reg.close()
+
+
+def allocate(k, pipeline: str = PIPELINE, **details):
+    return k.registry.allocate_version(pipeline, rules_version=None, rules_hash=None, code_ref="test",
+                                       paths=lambda n: k.paths(pipeline, n), actor="tester",
+                                       reason="unit test", queue=True, details=details or None)
+
+
+class FakeLog:
+    """The broker's log offsets, the consumer group's and the checkpoint's, all in memory."""
+
+    def __init__(self, ends: dict[int, int]):
+        self.starts = {(TOPIC, p): 0 for p in ends}
+        self.ends = {(TOPIC, p): e for p, e in ends.items()}
+        self.checkpoint: dict | None = None
+        self.group: dict = {}
+        self.down = False
+
+    def read_all(self, p: int | None = None) -> None:
+        self.checkpoint = dict(self.ends) if p is None else {**(self.checkpoint or {}), (TOPIC, p): self.ends[(TOPIC, p)]}
+        self.group = dict(self.checkpoint)
+
+    def install(self, monkeypatch) -> "FakeLog":
+        def log_offsets(k, topics, timeout=10.0):
+            if self.down:
+                raise BrokerError("cannot read log end offsets from the Kafka broker at 127.0.0.1:9 "
+                                  "(KafkaError{code=_TRANSPORT})")
+            return {tp: (self.starts[tp], self.ends[tp]) for tp in self.ends}
+
+        monkeypatch.setattr(lag_mod, "log_offsets", log_offsets)
+        monkeypatch.setattr(lag_mod, "group_offsets", lambda k, g, timeout=10.0: dict(self.group))
+        monkeypatch.setattr(lag_mod, "checkpoint_next_offsets",
+                            lambda path: (dict(self.checkpoint), 7) if self.checkpoint else (None, None))
+        return self
+
+
+@pytest.fixture
+def fake_log(monkeypatch):
+    return FakeLog({0: 100, 1: 50}).install(monkeypatch)
+
+
+def fake_running(k, version: int, pipeline: str = PIPELINE, *, state: str = "running",
+                 heartbeat_age: float = 0.0, **status) -> None:
+    """Make `version` look like a live job: this test process is its PID, status.json fresh."""
+    paths = k.paths(pipeline, version)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    me = psutil.Process()
+    (paths.launch_file).write_text(json.dumps({"pid": os.getpid(), "mode": "local", "started_at": me.create_time()}))
+    now = time.time()
+    data = {"pipeline": pipeline, "version": version, "pid": os.getpid(), "state": state,
+            "started_at": me.create_time(), "heartbeat_at": now - heartbeat_age, "batch_id": 3, "batches": 4,
+            "rows_in": 10, "rows_out": 9, "rejects": 1, "end_offsets": None, "error": None}
+    data.update(status)
+    paths.status_file.write_text(json.dumps(data))
+
+
+@pytest.fixture
+def fake_jobs(monkeypatch):
+    """Start fake job processes through lifecycle.start_version: {version: behaviour}."""
+    behaviours: dict[int, str] = {}
+
+    def job_command(k, pipeline, version, *, trigger="continuous", rules_file=None, master=None):
+        run_dir = k.paths(pipeline, version).run_dir
+        return ([sys.executable, str(FAKE_JOB), "--run-dir", str(run_dir),
+                 "--behaviour", behaviours.get(version, "normal")], "local")
+
+    monkeypatch.setattr(lifecycle, "job_command", job_command)
+    return behaviours
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def profiles(rows: list[tuple]) -> pa.Table:
+    """A standardize-like table: member_id, title_raw, title, name, source_offset."""
+    cols = list(zip(*rows)) if rows else [[], [], [], [], []]
+    return pa.table({
+        "member_id": pa.array(cols[0], pa.string()),
+        "title_raw": pa.array(cols[1], pa.string()),
+        "title": pa.array(cols[2], pa.string()),
+        "name": pa.array(cols[3], pa.string()),
+        "source_offset": pa.array(cols[4], pa.int64()),
+    })
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    from deltalake import write_deltalake
+
+    write_deltalake(str(path), table, mode="overwrite")

@@ -1,0 +1,141 @@
+"""Start/stop/inspect with fake job processes (the runtime's status/STOP contract, no Spark)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+
+from control_helpers import ALIAS, PIPELINE, allocate, fake_running, wait_for
+from orchestrator.exceptions import LifecycleError
+from orchestrator.lifecycle import inspect_version, job_command, start_version, stop_version
+
+
+def _running(k, v):
+    return wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, "the fake job to run")
+
+
+def test_start_inspect_and_graceful_stop(k, fake_jobs):
+    v = allocate(k).version
+    res = start_version(k, PIPELINE, v, actor="tester", reason="unit")
+    assert res.started and res.pid
+    assert k.registry.get_version(PIPELINE, v).state == "starting"
+    assert k.registry.get_version(PIPELINE, v).pid == res.pid
+    _running(k, v)
+    st = inspect_version(k, PIPELINE, v)
+    assert st.alive and st.healthy and st.heartbeat_age < 5
+    stop = stop_version(k, PIPELINE, v, actor="tester", reason="done", graceful_timeout=10)
+    assert (stop.stopped, stop.how, stop.final_state) == (True, "graceful", "stopped")
+    assert inspect_version(k, PIPELINE, v).health == "stopped"
+    assert k.registry.get_version(PIPELINE, v).state == "stopped"
+    assert not k.paths(PIPELINE, v).stop_file.exists()
+    log = k.paths(PIPELINE, v).log_file.read_text()
+    assert "fake job starting" in log and "fake job stopped" in log
+    actions = [(a.action, a.outcome) for a in k.registry.audit_log(PIPELINE)]
+    assert ("start", "ok") in actions and ("stop", "ok") in actions
+
+
+def test_starting_twice_is_a_noop_that_says_so(k, fake_jobs):
+    v = allocate(k).version
+    first = start_version(k, PIPELINE, v, actor="tester")
+    second = start_version(k, PIPELINE, v, actor="tester")
+    assert not second.started and second.pid == first.pid
+    assert re.fullmatch(rf"{PIPELINE} v{v} is already running \(pid {first.pid}, (starting|running)\); "
+                        r"not starting a second job", second.message)
+    assert [a.outcome for a in k.registry.audit_log(PIPELINE, action="start")] == ["ok", "noop"]
+    stop_version(k, PIPELINE, v, actor="tester", graceful_timeout=10)
+
+
+def test_stop_escalates_to_sigterm_then_sigkill(k, fake_jobs):
+    v1, v2 = allocate(k).version, allocate(k).version
+    fake_jobs[v1] = "ignore-stop"
+    fake_jobs[v2] = "ignore-term"
+    start_version(k, PIPELINE, v1, actor="tester")
+    start_version(k, PIPELINE, v2, actor="tester")
+    _running(k, v1)
+    _running(k, v2)
+    s1 = stop_version(k, PIPELINE, v1, actor="tester", graceful_timeout=0.5, term_timeout=10)
+    assert s1.how == "sigterm" and s1.final_state == "stopped"
+    s2 = stop_version(k, PIPELINE, v2, actor="tester", graceful_timeout=0.5, term_timeout=0.5, kill_timeout=10)
+    assert s2.how == "sigkill"
+    assert not inspect_version(k, PIPELINE, v2).alive
+
+
+def test_a_crashed_job_is_failed_with_the_tail_of_its_log(k, fake_jobs):
+    v = allocate(k).version
+    fake_jobs[v] = "crash"
+    start_version(k, PIPELINE, v, actor="tester", check_exit_seconds=0)
+    st = wait_for(lambda: (s := inspect_version(k, PIPELINE, v)).failed and s, 10, "the crash")
+    assert st.exit_code == 3
+    assert "exited with code 3 (last state 'starting')" in st.error
+    assert "fake job crashing: something broke" in st.log_tail
+
+
+def test_a_job_that_dies_at_once_fails_the_start(k, fake_jobs):
+    v = allocate(k).version
+    fake_jobs[v] = "fail"
+    with pytest.raises(LifecycleError, match=rf"the job of {PIPELINE} v{v} exited at once with code 1"):
+        start_version(k, PIPELINE, v, actor="tester", check_exit_seconds=1.0)
+    assert k.registry.get_version(PIPELINE, v).state == "failed"
+    assert "RulesError: bad rule" in k.registry.get_version(PIPELINE, v).error
+
+
+def test_a_hung_job_is_failed_by_its_stale_heartbeat(k, fake_jobs):
+    v = allocate(k).version
+    fake_jobs[v] = "hang"
+    start_version(k, PIPELINE, v, actor="tester")
+    _running(k, v)
+    st = inspect_version(k, PIPELINE, v, stale_after=0.5, now=time.time() + 2)
+    assert st.failed and st.alive and "heartbeat is" in st.error
+    stop_version(k, PIPELINE, v, actor="tester", graceful_timeout=0.2, term_timeout=5)
+
+
+def test_a_reused_pid_is_not_taken_for_the_job(k):
+    v = allocate(k).version
+    fake_running(k, v)
+    launch = k.paths(PIPELINE, v).launch_file
+    data = json.loads(launch.read_text())
+    data["started_at"] -= 3600  # the PID now belongs to a process started an hour later
+    launch.write_text(json.dumps(data))
+    st = inspect_version(k, PIPELINE, v)
+    assert not st.alive and st.failed and f"process {os.getpid()} exited" in st.error
+
+
+def test_stopping_the_serving_version_needs_force(k):
+    v = allocate(k).version
+    k.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v, actor="t", reason="r")
+    with pytest.raises(LifecycleError) as e:
+        stop_version(k, PIPELINE, v, actor="tester")
+    assert str(e.value) == (f"{PIPELINE} v{v} is serving alias '{ALIAS}': stopping its job would freeze the "
+                            f"served table; promote or roll back to another version first, or pass force")
+
+
+def test_stopping_a_version_that_is_not_running_says_so(k):
+    v = allocate(k).version
+    res = stop_version(k, PIPELINE, v, actor="tester")
+    assert (res.stopped, res.how, res.message) == (False, "not-running", f"{PIPELINE} v{v} was not running")
+
+
+def test_retired_version_cannot_start(k):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "retired")
+    with pytest.raises(LifecycleError, match="is retired"):
+        start_version(k, PIPELINE, v, actor="tester")
+
+
+def test_job_command_local_and_spark_submit(k):
+    v = allocate(k).version
+    cmd, mode = job_command(k, PIPELINE, v)
+    assert mode == "local" and cmd[1:3] == ["-m", "jobs.standardize"]
+    assert cmd[cmd.index("--checkpoint") + 1] == str(k.paths(PIPELINE, v).checkpoint)
+    assert cmd[cmd.index("--group-id") + 1] == f"kappa.{PIPELINE}.v{v}"
+    assert cmd[cmd.index("--trigger") + 1] == "continuous"
+    cmd, mode = job_command(k, PIPELINE, v, master="spark://127.0.0.1:7077")
+    assert mode == "spark-submit" and cmd[0].endswith("bin/spark-submit")
+    assert cmd[cmd.index("--master") + 1] == "spark://127.0.0.1:7077"
+    assert cmd[cmd.index("--deploy-mode") + 1] == "client"
+    assert any(c.endswith("jobs/standardize.py") for c in cmd)
+    assert "spark.driver.host=127.0.0.1" in cmd

@@ -1,0 +1,280 @@
+"""Promote, rollback, reconcile: preconditions with exact errors, CAS races, interrupted flips."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from control_helpers import ALIAS, PIPELINE, allocate, fake_running, profiles, write_table
+from orchestrator import promote as promote_mod
+from orchestrator.exceptions import ConflictError, LifecycleError, NotFoundError, NotReadyError
+from orchestrator.promote import promote
+from orchestrator.reconcile import reconcile
+from orchestrator.rollback import rollback
+from orchestrator.serving import read_pointer, resolve_alias
+
+ROWS_V1 = [("m1", "swe", "SWE", "Ada", 1), ("m2", "sr swe", "Sr SWE", "Alan", 2), ("m3", "pm", "PM", "Grace", 3)]
+ROWS_V2 = [("m1", "swe", "Software Engineer", "Ada", 1), ("m2", "sr swe", "Senior Software Engineer", "Alan", 2),
+           ("m3", "pm", "PM", "Grace", 3)]
+
+
+def ready_version(k, fake_log, rows, state="caught_up"):
+    """A version whose fake job runs, caught up (lag 0 for two samples already), with a table."""
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, state)
+    fake_running(k, v)
+    fake_log.read_all()
+    write_table(k.paths(PIPELINE, v).table, profiles(rows))
+    for _ in range(2):
+        k.registry.add_lag_sample(PIPELINE, v, 0, {})
+    return v
+
+
+def test_first_promote_needs_no_key_comparison_and_publishes(k, fake_log):
+    v = ready_version(k, fake_log, ROWS_V1)
+    res = promote(k, PIPELINE, v, actor="alice", reason="first")
+    assert res.flipped and res.published and res.previous_version is None
+    assert {c["name"]: c["ok"] for c in res.checks} == {"ready": True, "key_count": True, "reject_rate": True}
+    assert "first promote" in [c for c in res.checks if c["name"] == "key_count"][0]["detail"]
+    assert resolve_alias(ALIAS, k.settings)["version"] == v
+    assert k.registry.get_version(PIPELINE, v).state == "serving"
+    (entry,) = k.registry.audit_log(PIPELINE, action="promote")
+    assert (entry.actor, entry.reason, entry.outcome) == ("alice", "first", "ok")
+    assert entry.details["from_version"] is None and entry.details["to_version"] == v
+    assert [s["total"] for s in entry.details["samples"]] == [0, 0, 0]
+
+
+def test_second_promote_reports_the_rules_changes_and_keeps_a_standby(k, fake_log):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    res = promote(k, PIPELINE, v2, actor="bob", reason="new rules")
+    assert res.previous_version == v1
+    assert res.report["rows_changed"] == 2 and res.report["keys_new"] == res.report["keys_serving"] == 3
+    assert res.report["top_changes"]["title"] == [
+        {"old": "SWE", "new": "Software Engineer", "count": 1},
+        {"old": "Sr SWE", "new": "Senior Software Engineer", "count": 1}]
+    assert k.paths(PIPELINE, v2).report_file.exists()
+    assert k.registry.get_version(PIPELINE, v1).state == "standby"
+    assert "standby_since" in k.registry.get_version(PIPELINE, v1).details
+    assert resolve_alias(ALIAS, k.settings)["version"] == v2
+
+
+def test_promote_refused_while_lagging_with_the_exact_error_and_nothing_changed(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    write_table(k.paths(PIPELINE, v).table, profiles(ROWS_V1))
+    with pytest.raises(NotReadyError) as e:
+        promote(k, PIPELINE, v, actor="alice", reason="too early")
+    assert str(e.value) == (f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: "
+                            f"hydrating, lag 150, 0/3 samples <= 0; lag 150 > threshold 0")
+    assert k.registry.get_alias(ALIAS) is None
+    assert read_pointer(k.alias_file(ALIAS)) is None
+    assert k.registry.audit_log(PIPELINE, action="promote")[-1].outcome == "refused"
+
+
+def test_promote_refused_when_the_job_failed(k, fake_log):
+    v = ready_version(k, fake_log, ROWS_V1)
+    fake_running(k, v, state="failed", error="SinkError: disk full")
+    with pytest.raises(NotReadyError) as e:
+        promote(k, PIPELINE, v, actor="alice", reason="r")
+    assert str(e.value) == (f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: failing, "
+                            f"lag 0, ETA 0 s, 3/3 samples <= 0; the job reported failure: SinkError: disk full")
+
+
+def test_promote_refused_when_lag_is_unknown(k, fake_log):
+    v = ready_version(k, fake_log, ROWS_V1)
+    fake_log.down = True
+    with pytest.raises(NotReadyError) as e:
+        promote(k, PIPELINE, v, actor="alice", reason="r")
+    assert str(e.value) == (
+        f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: lagging, lag unknown, "
+        f"0/3 samples <= 0; lag unknown (cannot read log end offsets from the Kafka broker at 127.0.0.1:9 "
+        f"(KafkaError{{code=_TRANSPORT}})); unknown lag never counts as caught up")
+
+
+def test_promote_refused_on_key_count_and_reject_rate(k, fake_log):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V1[:1])
+    write_table(k.paths(PIPELINE, v2).rejects, profiles(ROWS_V1 * 4))  # 12 rejects of 150 records read
+    with pytest.raises(NotReadyError) as e:
+        promote(k, PIPELINE, v2, actor="alice", reason="r")
+    assert str(e.value) == (
+        f"cannot promote {PIPELINE} v{v2} to alias '{ALIAS}': key_count: key count of v{v2} (1) differs from "
+        f"serving v{v1} (3) by 66.67%, over the tolerance 10.00% (key_count_tolerance); reject_rate: 12 rejects "
+        f"of 150 records read (8.00%, limit 5.00%)")
+    assert k.registry.get_alias(ALIAS).version == v1
+
+
+def test_dry_run_says_what_would_happen_and_changes_nothing(k, fake_log):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    samples_before = len(k.registry.lag_samples(PIPELINE, v2))
+    audit_before = len(k.registry.audit_log(None, limit=None))
+    res = promote(k, PIPELINE, v2, actor="bob", reason="try", dry_run=True)
+    assert res.dry_run and res.would_succeed and not res.flipped
+    assert res.actions == [
+        f"write the validation report to {k.paths(PIPELINE, v2).report_file}",
+        f"flip alias '{ALIAS}' from v{v1} to v{v2} (compare-and-swap in the registry)",
+        f"publish pointer {k.alias_file(ALIAS)} -> {k.paths(PIPELINE, v2).table}",
+        f"set {PIPELINE} v{v2} to serving",
+        f"keep v{v1} running as standby for 60 s, then stop its job (table and checkpoint kept)",
+        "record the promote by 'bob': try"]
+    assert k.registry.get_alias(ALIAS).version == v1
+    assert len(k.registry.lag_samples(PIPELINE, v2)) == samples_before
+    assert len(k.registry.audit_log(None, limit=None)) == audit_before
+    assert not k.paths(PIPELINE, v2).report_file.exists()
+    fake_log.down = True
+    refused = promote(k, PIPELINE, v2, actor="bob", reason="try", dry_run=True)
+    assert not refused.would_succeed and refused.error.startswith(f"cannot promote {PIPELINE} v{v2}")
+    assert refused.message == f"dry run: would refuse. {refused.error}"
+
+
+def test_concurrent_promotes_exactly_one_wins(k, fake_log, monkeypatch):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2, v3 = ready_version(k, fake_log, ROWS_V2), ready_version(k, fake_log, ROWS_V2)
+    barrier = threading.Barrier(2, timeout=30)
+    real_flip = k.registry.flip_alias
+
+    def flip_after_both_checked(*a, **kw):
+        barrier.wait()  # both promotes have passed every check before either swaps
+        return real_flip(*a, **kw)
+
+    monkeypatch.setattr(k.registry, "flip_alias", flip_after_both_checked)
+    outcomes: dict[int, object] = {}
+
+    def run(v):
+        try:
+            outcomes[v] = promote(k, PIPELINE, v, actor=f"op{v}", reason="race")
+        except Exception as e:
+            outcomes[v] = e
+
+    threads = [threading.Thread(target=run, args=(v,)) for v in (v2, v3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wins = [v for v, o in outcomes.items() if not isinstance(o, Exception)]
+    losses = [o for o in outcomes.values() if isinstance(o, Exception)]
+    assert len(wins) == 1 and len(losses) == 1
+    assert isinstance(losses[0], ConflictError)
+    loser = ({v2, v3} - set(wins)).pop()
+    assert str(losses[0]).startswith(f"promote of {PIPELINE} v{loser} lost the race: alias '{ALIAS}' no longer "
+                                     f"points at v{v1} (it points at v{wins[0]} now")
+    assert k.registry.get_alias(ALIAS).version == wins[0]
+    assert resolve_alias(ALIAS, k.settings)["version"] == wins[0]
+    assert k.registry.get_version(PIPELINE, loser).state == "caught_up"
+
+
+def _crash_after_cas(monkeypatch):
+    def crash(k, alias):
+        raise KeyboardInterrupt("the orchestrator died between the CAS and the publish")
+
+    monkeypatch.setattr(promote_mod, "publish_current", crash)
+
+
+def test_crash_between_cas_and_publish_then_reconcile(k, fake_log, monkeypatch):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    with monkeypatch.context() as m:
+        _crash_after_cas(m)
+        with pytest.raises(KeyboardInterrupt):
+            promote(k, PIPELINE, v2, actor="bob", reason="crash")
+    alias = k.registry.get_alias(ALIAS)
+    assert (alias.version, alias.published_version) == (v2, v1)
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1  # readers still on v1, consistently
+    actions = reconcile(k, actor="cron")
+    assert [(a["kind"], a["version"], a["pointer_was"]) for a in actions] == [("publish", v2, v1)]
+    assert resolve_alias(ALIAS, k.settings)["version"] == v2
+    assert k.registry.get_alias(ALIAS).published_version == v2
+    assert (k.registry.get_version(PIPELINE, v2).state, k.registry.get_version(PIPELINE, v1).state) == \
+        ("serving", "standby")
+    assert reconcile(k, actor="cron") == []
+
+
+def test_rerunning_promote_after_the_crash_finishes_the_publish(k, fake_log, monkeypatch):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    with monkeypatch.context() as m:
+        _crash_after_cas(m)
+        with pytest.raises(KeyboardInterrupt):
+            promote(k, PIPELINE, v2, actor="bob", reason="crash")
+    res = promote(k, PIPELINE, v2, actor="bob", reason="again")
+    assert not res.flipped and res.message == f"{PIPELINE} v{v2} already serves alias '{ALIAS}'; nothing to promote"
+    assert resolve_alias(ALIAS, k.settings)["version"] == v2
+
+
+def test_rerunning_rollback_after_the_crash_does_not_flip_back(k, fake_log, monkeypatch):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    with monkeypatch.context() as m:
+        m.setattr("orchestrator.rollback.flip", lambda *a, **kw: (
+            k.registry.flip_alias(ALIAS, PIPELINE, expected_version=v2, new_version=v1, actor="x", reason="y"),
+            (_ for _ in ()).throw(KeyboardInterrupt("died"))))
+        with pytest.raises(KeyboardInterrupt):
+            rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.01, deadline_seconds=10)
+    res = rollback(k, PIPELINE, actor="alice", reason="bad v2 (again)", poll_seconds=0.01)
+    assert not res.flipped and "finished the interrupted flip" in res.message
+    assert k.registry.get_alias(ALIAS).version == v1
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1
+
+
+def test_rollback_to_a_running_standby_is_a_flip(k, fake_log):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    res = rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.01)
+    assert (res.from_version, res.to_version, res.flipped, res.restarted) == (v2, v1, True, False)
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1
+    assert k.registry.get_version(PIPELINE, v2).state == "standby"
+    assert k.registry.get_alias(ALIAS).previous_version == v2
+    fwd = rollback(k, PIPELINE, actor="alice", reason="forward again", poll_seconds=0.01)
+    assert fwd.to_version == v2 and resolve_alias(ALIAS, k.settings)["version"] == v2
+
+
+def test_rollback_restarts_a_stopped_version_from_its_checkpoint(k, fake_log, fake_jobs):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    k.paths(PIPELINE, v1).launch_file.unlink()
+    k.paths(PIPELINE, v1).status_file.unlink()          # v1's job is gone (stopped after its grace)
+    k.registry.set_state(PIPELINE, v1, "stopped")
+    k.paths(PIPELINE, v1).checkpoint.mkdir(parents=True)
+    res = rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.05, deadline_seconds=30)
+    assert res.restarted and res.flipped and res.to_version == v1
+    starts = k.registry.audit_log(PIPELINE, action="start", version=v1)
+    assert starts[-1].details["resumed"] is True
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1
+
+
+def test_rollback_never_restarts_from_zero(k, fake_log):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    k.paths(PIPELINE, v1).launch_file.unlink()
+    k.paths(PIPELINE, v1).status_file.unlink()
+    with pytest.raises(LifecycleError, match=rf"cannot roll back to {PIPELINE} v{v1}: its checkpoint .* is missing, "
+                                             r"and a rollback never re-reads from offset zero"):
+        rollback(k, PIPELINE, actor="alice", reason="r")
+    assert k.registry.get_alias(ALIAS).version == v2
+
+
+def test_rollback_with_nothing_to_roll_back_to(k, fake_log):
+    with pytest.raises(NotFoundError, match="serves nothing yet"):
+        rollback(k, PIPELINE, actor="alice", reason="r")
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    with pytest.raises(NotFoundError, match="has no previous version to roll back to"):
+        rollback(k, PIPELINE, actor="alice", reason="r")

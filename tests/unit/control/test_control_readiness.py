@@ -1,0 +1,129 @@
+"""Readiness states, the N-consecutive-samples rule, unknown lag, and the bounded wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from control_helpers import PIPELINE, TOPIC, allocate, fake_running
+from orchestrator.await_ready import readiness, wait_ready
+from orchestrator.exceptions import NotReadyError
+
+
+def test_hydrating_until_n_consecutive_samples_at_threshold(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "starting")
+    fake_running(k, v)
+    r = readiness(k, PIPELINE, v)
+    assert (r.state, r.total_lag, r.consecutive_ok) == ("hydrating", 150, 0)
+    assert k.registry.get_version(PIPELINE, v).state == "backfilling"   # the job runs: backfilling
+    fake_log.read_all()
+    states = [readiness(k, PIPELINE, v).state for _ in range(3)]
+    assert states == ["hydrating", "hydrating", "ready"]
+
+
+def test_ready_moves_to_caught_up_and_records_the_samples_behind_it(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    fake_log.read_all()
+    for _ in range(3):
+        r = readiness(k, PIPELINE, v)
+    assert r.ready and r.consecutive_ok == 3 and r.required_samples == 3 and r.threshold == 0
+    assert [s["total"] for s in r.samples] == [0, 0, 0]
+    assert k.registry.get_version(PIPELINE, v).state == "caught_up"
+    (entry,) = k.registry.audit_log(PIPELINE, action="caught_up")
+    assert [s["total"] for s in entry.details["samples"]] == [0, 0, 0]
+    assert entry.details["threshold"] == 0 and entry.details["required_samples"] == 3
+
+
+def test_unknown_lag_breaks_the_run_and_never_counts(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    fake_log.read_all()
+    readiness(k, PIPELINE, v)
+    readiness(k, PIPELINE, v)
+    fake_log.down = True
+    r = readiness(k, PIPELINE, v)
+    assert r.state == "hydrating" and r.total_lag is None and r.consecutive_ok == 0
+    assert "lag unknown" in r.reason and "never counts" in r.reason
+    fake_log.down = False
+    assert readiness(k, PIPELINE, v).consecutive_ok == 1   # the unknown one broke the run
+
+
+def test_threshold_override_from_the_deploy(k, fake_log):
+    v = allocate(k, threshold=60).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    fake_log.read_all(0)  # lag 50 on partition 1
+    for _ in range(3):
+        r = readiness(k, PIPELINE, v)
+    assert r.ready and r.threshold == 60 and r.total_lag == 50
+
+
+def test_failed_job_is_failing_and_recorded(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v, state="failed", error="SinkError: disk full")
+    fake_log.read_all()
+    r = readiness(k, PIPELINE, v)
+    assert r.state == "failing" and "disk full" in r.reason
+    rec = k.registry.get_version(PIPELINE, v)
+    assert rec.state == "failed" and "disk full" in rec.error
+
+
+def test_stale_heartbeat_is_failing(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v, heartbeat_age=120)
+    r = readiness(k, PIPELINE, v, record=False)
+    assert r.state == "failing" and "heartbeat is 120 s old" in r.reason
+
+
+def test_lagging_after_it_had_caught_up(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "caught_up")
+    fake_running(k, v)
+    r = readiness(k, PIPELINE, v)
+    assert r.state == "lagging" and r.total_lag == 150
+
+
+def test_record_false_writes_nothing(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "starting")
+    fake_running(k, v)
+    readiness(k, PIPELINE, v, record=False)
+    assert k.registry.lag_samples(PIPELINE, v) == []
+    assert k.registry.get_version(PIPELINE, v).state == "starting"
+
+
+def test_wait_ready_timeout_names_the_lagging_partitions(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    fake_log.read_all(1)  # partition 0 still 100 behind
+    with pytest.raises(NotReadyError) as e:
+        wait_ready(k, PIPELINE, v, deadline_seconds=0.3, poll_seconds=0.1)
+    msg = str(e.value)
+    assert f"{PIPELINE} v{v} is not ready after" in msg
+    assert f"total lag 100 records, partitions over the threshold 0: {TOPIC}:0=100;" in msg
+    assert f"{TOPIC}:1" not in msg.split("partitions over")[1].split(";")[0]
+
+
+def test_wait_ready_returns_once_ready_and_reports_each_sample(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    fake_log.read_all()
+    seen = []
+    r = wait_ready(k, PIPELINE, v, deadline_seconds=30, poll_seconds=0.01, on_sample=seen.append)
+    assert r.ready and [x.consecutive_ok for x in seen] == [1, 2, 3]
+
+
+def test_wait_ready_fails_at_once_when_the_job_fails(k, fake_log):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v, state="failed", error="RulesError: bad rule")
+    with pytest.raises(NotReadyError, match=rf"{PIPELINE} v{v} cannot become ready: the job reported "
+                                            r"failure: RulesError: bad rule"):
+        wait_ready(k, PIPELINE, v, deadline_seconds=600, poll_seconds=5)
