@@ -1,0 +1,129 @@
+"""The terminal workflow: a background broker found by later commands, and a version deployed,
+watched, promoted and stopped, each command a separate `kappa` process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+KAPPA = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+
+
+def kappa(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*KAPPA, "--home", str(home), *args], capture_output=True, text=True,
+                          timeout=timeout, env=_env())
+
+
+@pytest.mark.integration
+def test_background_broker_round_trip(tmp_path):
+    home = tmp_path / "home"
+    started = kappa(home, "broker", "start", "--json")
+    assert started.returncode == 0, started.stderr
+    info = json.loads(started.stdout)
+    pid = info["pid"]
+    try:
+        assert info["started"] is True
+        assert psutil.Process(pid).is_running()
+        assert json.loads((home / "broker.json").read_text())["bootstrap_servers"] == info["bootstrap_servers"]
+
+        again = kappa(home, "broker", "start", "--json")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["started"] is False and json.loads(again.stdout)["pid"] == pid
+
+        status = json.loads(kappa(home, "broker", "status", "--json").stdout)
+        assert status["running"] is True and status["pid"] == pid
+
+        # A command that needs Kafka finds the broker through the home when nothing else names one.
+        from orchestrator.cli import Cli
+
+        cli = Cli({"home": home})
+        os_env = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("KAPPA_")}
+        try:
+            assert cli.settings().bootstrap_servers == info["bootstrap_servers"]
+        finally:
+            os.environ.update(os_env)
+        from orchestrator.broker import wait_for_broker
+
+        wait_for_broker(info["bootstrap_servers"], timeout=10)
+    finally:
+        stopped = kappa(home, "broker", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"pid {pid}" in stopped.stdout
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not (home / "broker.json").exists()
+    after = json.loads(kappa(home, "broker", "status", "--json").stdout)
+    assert after == {"running": False}
+
+
+@pytest.mark.integration
+def test_terminal_workflow_on_the_background_broker(tmp_path):
+    """broker start -> deploy --wait -> status --watch --until-ready -> promote -> lag-plot -> stop, each a process."""
+    from orchestrator.datagen import ensure_topic, generate_changelog, produce
+    from orchestrator.lagplot import is_png
+
+    home = tmp_path / "home"
+    started = kappa(home, "broker", "start", "--json")
+    assert started.returncode == 0, started.stderr
+    broker = json.loads(started.stdout)
+    try:
+        ensure_topic(broker["bootstrap_servers"], "member_profiles", 2)
+        produce(broker["bootstrap_servers"], "member_profiles", generate_changelog(3000, 1000, seed=3), batching=True)
+
+        deployed = kappa(home, "deploy", "standardize", "--rules", "v1", "--threshold", "0", "--wait",
+                         "--poll", "1", "--deadline", "900", "--reason", "terminal test", timeout=1000)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        assert "deployed standardize v1 (rules v1)" in deployed.stdout
+        assert re.search(r"standardize v1: lag +[\d,]+ \(", deployed.stdout)
+        assert "standardize v1 is ready: promote it with `kappa promote standardize 1`" in deployed.stdout
+
+        watched = kappa(home, "status", "--watch", "--until-ready", "--interval", "1", timeout=300)
+        assert watched.returncode == 0, watched.stdout + watched.stderr
+        assert re.search(r"standardize v1: lag +0 .*ready \(\d/3 samples <= 0\)", watched.stdout), watched.stdout
+
+        dry = kappa(home, "promote", "standardize", "--dry-run")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        assert "dry run: would promote standardize v1 (alias 'member_profiles_std' from nothing)" in dry.stdout
+        assert "would: flip alias 'member_profiles_std' from nothing to v1" in dry.stdout
+
+        promoted = kappa(home, "promote", "standardize", "1", "--reason", "terminal test")
+        assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+        assert "promoted standardize v1: alias 'member_profiles_std' moved from nothing to v1" in promoted.stdout
+
+        status = json.loads(kappa(home, "status", "--json").stdout)["pipelines"][0]
+        assert status["serving_version"] == 1
+        (v1,) = status["versions"]
+        assert v1["state"] == "serving" and v1["serving"] is True and v1["lag"] == 0
+        assert v1["job"]["health"] == "running" and v1["job"]["pid"]
+        job_pid = v1["job"]["pid"]
+
+        plot = kappa(home, "lag-plot", "standardize")
+        assert plot.returncode == 0, plot.stderr
+        assert is_png(home / "plots" / "standardize-lag.png")
+
+        refused = kappa(home, "stop", "standardize", "1")
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("Error: standardize v1 is serving alias 'member_profiles_std'")
+        stopped = kappa(home, "stop", "standardize", "1", "--force", timeout=300)
+        assert stopped.returncode == 0, stopped.stderr
+        assert f"stopped standardize v1 (pid {job_pid})" in stopped.stdout
+        assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE
+
+        actions = [e["action"] for e in json.loads(kappa(home, "history", "--json").stdout)["entries"]]
+        assert ["deploy", "caught_up", "promote", "stop"] == [a for a in actions
+                                                              if a in ("deploy", "caught_up", "promote", "stop")]
+    finally:
+        kappa(home, "stop", "standardize", "1", "--force", timeout=300)
+        kappa(home, "broker", "stop")
+    assert not psutil.pid_exists(broker["pid"]) or psutil.Process(broker["pid"]).status() == psutil.STATUS_ZOMBIE

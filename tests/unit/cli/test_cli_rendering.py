@@ -1,0 +1,82 @@
+"""How readiness samples and validation reports are shown when output is not a terminal."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from orchestrator.cli import error_line, render_report
+from orchestrator.progress import LagProgress, fmt_eta
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, width=200, force_terminal=False, highlight=False), buf
+
+
+def _sample(lag, state="hydrating", eta=None, ok=0):
+    return {"pipeline": "standardize", "version": 2, "state": state, "total_lag": lag, "eta_seconds": eta,
+            "consecutive_ok": ok, "required_samples": 3, "threshold": 100, "reason": "job running"}
+
+
+def test_lag_progress_prints_lines_off_a_terminal():
+    console, buf = _console()
+    with LagProgress(console) as bars:
+        bars.update(_sample(1000))
+        bars.update(_sample(None))
+        bars.update(_sample(250, eta=3.2))
+        bars.update(_sample(50, state="ready", eta=0.0, ok=3))
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 4
+    assert "lag     1,000 (  0.0% of peak 1,000)" in lines[0]
+    assert "lag   unknown" in lines[1]
+    assert "( 75.0% of peak 1,000), ETA 3 s, hydrating (0/3 samples <= 100)" in lines[2]
+    assert "(100.0% of peak 1,000), ETA 0 s, ready (3/3 samples <= 100)" in lines[3]
+
+
+def test_fmt_eta():
+    assert [fmt_eta(x) for x in (None, 0.2, 42.4, 600)] == ["-", "0 s", "42 s", "10.0 min"]
+
+
+def test_error_line_is_one_line():
+    assert error_line(ValueError("a\n  b\n\nc")) == "Error: a b c"
+
+
+def test_render_report():
+    console, buf = _console()
+    render_report(console, {
+        "pipeline": "standardize", "version": 2, "serving_version": 1, "rules_version": "v2",
+        "serving_rules_version": "v1", "keys_new": 59_000, "keys_serving": 59_010, "key_delta_ratio": 10 / 59_010,
+        "key_count_tolerance": 0.01, "key_count_ok": True, "offsets_read": 300_000, "rejects": 500,
+        "reject_rate": 500 / 300_000, "max_reject_rate": 0.01, "reject_rate_ok": True, "rows_compared": 58_990,
+        "rows_changed": 12_345, "rows_input_differs": 7, "keys_only_new": 10, "keys_only_serving": 20,
+        "changed_by_column": {"title": 12_000, "company": 345},
+        "top_changes": {"title": [{"old": "Software Dev", "new": "Software Engineer", "count": 4_000}]},
+        "problems": [], "path": "/tmp/report.json"})
+    text = buf.getvalue()
+    assert "validation report: standardize v2 (rules v2) against serving v1 (rules v1)" in text
+    assert "keys: 59,000 in v2, 59,010 in v1: difference 0.02%, tolerance 1.00% ok" in text
+    assert "rejects: 500 of 300,000 records read (0.17%, limit 1.00%) ok" in text
+    assert "changed by the new rules: 12,345 (title: 12,000, company: 345)" in text
+    assert "4,000" in text and "Software Dev" in text and "Software Engineer" in text
+    assert "saved to /tmp/report.json" in text
+
+
+def test_json_values_are_strict_json():
+    import json
+    from dataclasses import dataclass
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from orchestrator.cli import _plain
+
+    @dataclass
+    class R:
+        ratio: float
+        at: datetime
+        path: Path
+
+    data = _plain({"r": R(float("inf"), datetime(2026, 1, 2, tzinfo=timezone.utc), Path("/x")), 1: (1, 2)})
+    assert json.loads(json.dumps(data, allow_nan=False)) == {
+        "r": {"ratio": "inf", "at": "2026-01-02T00:00:00+00:00", "path": "/x"}, "1": [1, 2]}
