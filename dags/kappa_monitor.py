@@ -1,0 +1,45 @@
+"""
+### kappa_monitor: watch every running version, every minute
+
+Scheduled every minute (no catch-up, one run at a time). One task, **monitor**, which:
+
+- samples the lag of every running version into kappa's registry (the catch-up curves of
+  `kappa lag-plot` and the ETA come from these samples);
+- detects failed jobs (exited, failed status, stale heartbeat) and records them;
+- reconciles aliases (a flip interrupted before its publish is published) and stops standby
+  versions whose grace period is over;
+- **fails** when a serving version's job is failing or its lag is beyond its pipeline's
+  threshold, with a message naming the version and the lag, so that Airflow's failure
+  alerting (e-mail, callbacks, the red square in the grid) tells the operator.
+
+Its actions are recorded in the audit log as `airflow:scheduler`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import dag, task
+
+from orchestrator import tasks
+
+
+@dag(
+    dag_id="kappa_monitor",
+    schedule=timedelta(minutes=1),
+    catchup=False,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(minutes=5),
+    tags=["kappa"],
+    doc_md=__doc__,
+    default_args={"retries": 0},
+)
+def kappa_monitor():
+    @task(execution_timeout=timedelta(minutes=4))
+    def monitor(dag_run=None) -> dict:
+        return tasks.monitor(user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+
+    monitor()
+
+
+kappa_monitor()

@@ -1,0 +1,68 @@
+"""
+### kappa_promote: serve a ready version
+
+Triggered by hand (**Trigger Dag** in the UI, or `kappa trigger promote PIPELINE VERSION`), typically
+after a `kappa_reprocess` run with auto-promote off. The same checks as `kappa promote`:
+
+1. **check**: a dry run. The version is ready (caught up, job healthy), its key count is within
+   the pipeline's tolerance of the serving version's, its reject rate is under the limit; the log
+   lists every check and exactly what the promote will do. Fails here if any check fails.
+2. **promote**: the checks again, then one compare-and-swap of the serving alias, the pointer
+   file published for readers, and the audit entry (`airflow:<your user>`, your reason, this run).
+3. **stop_previous**: after the standby grace period, stops the version it replaced.
+
+Leave the version empty to promote the newest caught-up version of the pipeline.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, PokeReturnValue, dag, task
+
+from orchestrator import tasks
+
+CHOICES = tasks.form_choices()
+
+
+@dag(
+    dag_id="kappa_promote",
+    schedule=None,
+    catchup=False,
+    tags=["kappa"],
+    doc_md=__doc__,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=20)},
+    params={
+        "pipeline": Param(CHOICES["default_pipeline"], type="string", enum=CHOICES["pipelines"],
+                          title="Pipeline", description=f"Declared in {CHOICES['pipelines_file']}."),
+        "version": Param(None, type=["null", "integer"], minimum=1, title="Version",
+                         description="The version to serve; empty: the newest caught-up version."),
+        "grace_period_seconds": Param(None, type=["null", "integer"], minimum=0, title="Standby grace period (s)",
+                                      description="How long the replaced version keeps running; "
+                                                  "empty: the pipeline's grace_period_seconds (kappa_monitor, "
+                                                  "when on, stops standbys after that one)."),
+        "reason": Param(type="string", minLength=3, maxLength=500, title="Reason",
+                        description="Why (required): recorded in kappa's audit log with your Airflow user and this run."),
+    },
+)
+def kappa_promote():
+    @task(retries=0)
+    def check(params=None, dag_run=None) -> dict:
+        return tasks.check_promote(params["pipeline"], params["version"], params["reason"],
+                                   user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+
+    @task
+    def promote(checked: dict, params=None, dag_run=None) -> dict:
+        return tasks.promote(params["pipeline"], checked["version"], params["reason"],
+                             user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+
+    @task.sensor(mode="reschedule", poke_interval=timedelta(seconds=60), timeout=timedelta(days=7))
+    def stop_previous(promoted: dict, params=None, dag_run=None) -> PokeReturnValue:
+        return PokeReturnValue(**tasks.poke_stop_previous(
+            params["pipeline"], promoted, params["grace_period_seconds"], user=dag_run.triggering_user_name,
+            run_id=dag_run.run_id, dag_id=dag_run.dag_id))
+
+    stop_previous(promote(check()))
+
+
+kappa_promote()

@@ -1,0 +1,107 @@
+"""
+### kappa_reprocess: rebuild a pipeline's table with new rules, then serve it
+
+Triggered by hand (**Trigger Dag** in the UI, or `kappa trigger reprocess PIPELINE --rules v2`).
+The form asks for the pipeline, the rules version, the catch-up threshold, whether to promote
+automatically, the standby grace period and a reason; the run is recorded in kappa's audit log
+as `airflow:<your user>` with that reason and this run's id.
+
+1. **validate**: unknown pipeline, bad rules, a source topic that is not compacted, or a
+   reprocess of the pipeline already in flight fail here at once, with kappa's message.
+2. **start_version**: allocates version N and starts its Spark job from offset zero.
+3. **wait_ready**: a sensor (reschedule mode: no worker slot held between pokes) that logs lag
+   and ETA at every poke until the version is caught up; it fails when the job fails or at the
+   catch-up deadline, naming the partitions still lagging.
+4. **validation_report**: key counts, reject rate, what the new rules changed (XCom and log).
+5. **promote** (only with auto-promote on): every check again, then the atomic alias flip.
+   With auto-promote off the run ends here, the version ready, and the log says how to promote.
+6. **stop_previous**: after the grace period, stops the version the promote replaced (kept as
+   a standby until then for an instant rollback with `kappa_rollback`).
+
+Retrying any task continues from what kappa's registry says happened.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, PokeReturnValue, dag, task
+
+from orchestrator import tasks
+
+CHOICES = tasks.form_choices()
+POKE = timedelta(seconds=tasks.poke_seconds())
+
+
+@dag(
+    dag_id="kappa_reprocess",
+    schedule=None,
+    catchup=False,
+    tags=["kappa"],
+    doc_md=__doc__,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=20)},
+    params={
+        "pipeline": Param(CHOICES["default_pipeline"], type="string", enum=CHOICES["pipelines"],
+                          title="Pipeline", description=f"Declared in {CHOICES['pipelines_file']}."),
+        "rules_version": Param(
+            None, type=["null", "string"], enum=[None, *CHOICES["rules_versions"]], title="Rules version",
+            values_display={None: "latest (none for pipelines without rules)", **CHOICES["rules_labels"]},
+            description="A rules file of the pipeline's ruleset (jobs/rules/<ruleset>/<version>.toml)."),
+        "catchup_threshold": Param(None, type=["null", "integer"], minimum=0, title="Catch-up threshold (records)",
+                                   description="Total lag at or under which the version counts as caught up; "
+                                               "empty: the pipeline's catchup_threshold."),
+        "auto_promote": Param(True, type="boolean", title="Promote automatically when ready",
+                              description="Off: the run ends with the version ready; promote it with kappa_promote."),
+        "grace_period_seconds": Param(None, type=["null", "integer"], minimum=0, title="Standby grace period (s)",
+                                      description="How long the previous version keeps running after the promote; "
+                                                  "empty: the pipeline's grace_period_seconds (kappa_monitor, "
+                                                  "when on, stops standbys after that one)."),
+        "catchup_deadline_minutes": Param(120, type="integer", minimum=1, title="Catch-up deadline (minutes)",
+                                          description="The run fails if the version is not ready this long after it started."),
+        "reason": Param(type="string", minLength=3, maxLength=500, title="Reason",
+                        description="Why (required): recorded in kappa's audit log with your Airflow user and this run."),
+    },
+)
+def kappa_reprocess():
+    @task(retries=0)
+    def validate(params=None, dag_run=None) -> dict:
+        return tasks.validate_reprocess(params["pipeline"], params["rules_version"], params["catchup_threshold"],
+                                        user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+
+    @task
+    def start_version(params=None, dag_run=None) -> dict:
+        return tasks.start_reprocess(params["pipeline"], params["rules_version"], params["catchup_threshold"],
+                                     params["reason"], user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+
+    @task.sensor(mode="reschedule", poke_interval=POKE, timeout=timedelta(hours=24))
+    def wait_ready(version: dict, params=None, dag_run=None) -> PokeReturnValue:
+        return PokeReturnValue(**tasks.poke_ready(
+            version["pipeline"], version["version"], user=dag_run.triggering_user_name,
+            deadline_at=dag_run.start_date.timestamp() + params["catchup_deadline_minutes"] * 60))
+
+    @task
+    def validation_report(version: dict, readiness: dict) -> dict:
+        return tasks.report(version["pipeline"], version["version"])
+
+    @task.short_circuit
+    def promote(version: dict, report: dict, params=None, dag_run=None) -> dict | None:
+        return tasks.promote_if_asked(version["pipeline"], version["version"], params["auto_promote"],
+                                      params["reason"], user=dag_run.triggering_user_name, run_id=dag_run.run_id,
+                                      dag_id=dag_run.dag_id)
+
+    @task.sensor(mode="reschedule", poke_interval=timedelta(seconds=60), timeout=timedelta(days=7))
+    def stop_previous(version: dict, promoted: dict, params=None, dag_run=None) -> PokeReturnValue:
+        return PokeReturnValue(**tasks.poke_stop_previous(
+            version["pipeline"], promoted, params["grace_period_seconds"], user=dag_run.triggering_user_name,
+            run_id=dag_run.run_id, dag_id=dag_run.dag_id))
+
+    checked = validate()
+    version = start_version()
+    checked >> version
+    ready = wait_ready(version)
+    report = validation_report(version, ready)
+    promoted = promote(version, report)
+    stop_previous(version, promoted)
+
+
+kappa_reprocess()

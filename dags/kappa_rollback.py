@@ -1,0 +1,69 @@
+"""
+### kappa_rollback: serve an earlier version again
+
+Triggered by hand (**Trigger Dag** in the UI, or `kappa trigger rollback PIPELINE [--to N]`).
+
+1. **prepare**: picks the target, the version the alias served before (or the one you name). A
+   standby version still runs; a version whose job was stopped is restarted from its own
+   checkpoint (never from offset zero).
+2. **wait_ready**: a sensor (reschedule mode) that logs lag and ETA until the target has caught up
+   again; fails when its job fails or at the deadline.
+3. **flip**: one compare-and-swap of the serving alias back to the target, the pointer file
+   published, and the audit entry (`airflow:<your user>`, your reason, this run).
+
+Running it again after it finished is a no-op: the alias already serves the target.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, PokeReturnValue, dag, task
+
+from orchestrator import tasks
+
+CHOICES = tasks.form_choices()
+POKE = timedelta(seconds=tasks.poke_seconds())
+
+
+@dag(
+    dag_id="kappa_rollback",
+    schedule=None,
+    catchup=False,
+    tags=["kappa"],
+    doc_md=__doc__,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=20)},
+    params={
+        "pipeline": Param(CHOICES["default_pipeline"], type="string", enum=CHOICES["pipelines"],
+                          title="Pipeline", description=f"Declared in {CHOICES['pipelines_file']}."),
+        "to_version": Param(None, type=["null", "integer"], minimum=1, title="Roll back to version",
+                            description="Empty: the version the alias served before the current one."),
+        "catchup_deadline_minutes": Param(30, type="integer", minimum=1, title="Catch-up deadline (minutes)",
+                                          description="The run fails if a restarted target is not ready this long "
+                                                      "after the run started; the current version keeps serving."),
+        "reason": Param(type="string", minLength=3, maxLength=500, title="Reason",
+                        description="Why (required): recorded in kappa's audit log with your Airflow user and this run."),
+    },
+)
+def kappa_rollback():
+    @task(retries=0)
+    def prepare(params=None, dag_run=None) -> dict:
+        return tasks.prepare_rollback(params["pipeline"], params["to_version"], params["reason"],
+                                      user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+
+    @task.sensor(mode="reschedule", poke_interval=POKE, timeout=timedelta(hours=24))
+    def wait_ready(prepared: dict, params=None, dag_run=None) -> PokeReturnValue:
+        return PokeReturnValue(**tasks.poke_rollback_ready(
+            prepared, user=dag_run.triggering_user_name,
+            deadline_at=dag_run.start_date.timestamp() + params["catchup_deadline_minutes"] * 60))
+
+    @task
+    def flip(prepared: dict, readiness: dict | None, params=None, dag_run=None) -> dict:
+        return tasks.rollback(prepared["pipeline"], prepared["to_version"], params["reason"],
+                              user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+
+    prepared = prepare()
+    flip(prepared, wait_ready(prepared))
+
+
+kappa_rollback()

@@ -1,0 +1,100 @@
+"""Airflow integration fixtures: kappa's test pipelines on the session broker, an in-process
+Airflow database for `dag.test()`, and one real Airflow stack for the whole session.
+
+AIRFLOW_HOME (for the in-process Airflow of `dag.test()`) is set before anything imports Airflow,
+shared with the unit conftest through KAPPA_TEST_AIRFLOW_HOME. The real stack has its own
+AIRFLOW_HOME under the test kappa home; both read this repository's dags/.
+
+Every test pipeline reads its own compacted topic and serves its own alias, so tests do not
+depend on each other's versions. The Spark jobs a test started are stopped after it (by PID,
+through kappa's lifecycle); the stack is stopped by its PIDs at the end of the session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from orchestrator.airflow_stack import airflow_env
+
+if not os.environ.get("KAPPA_TEST_AIRFLOW_HOME"):
+    os.environ["KAPPA_TEST_AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="kappa-airflow-test-")
+    atexit.register(shutil.rmtree, os.environ["KAPPA_TEST_AIRFLOW_HOME"], True)
+os.environ.update(airflow_env(Path(os.environ["KAPPA_TEST_AIRFLOW_HOME"])))
+
+from airflow_helpers import (KEYS, PIPELINES, POKE_SECONDS, RECORDS, AirflowTestBed,  # noqa: E402
+                             pipelines_toml, stop_all_jobs)
+
+
+@pytest.fixture(scope="session")
+def airflow_testbed(tmp_path_factory, bootstrap) -> AirflowTestBed:
+    from orchestrator import datagen
+    from orchestrator.config import Settings
+
+    home = tmp_path_factory.mktemp("kappa-af")
+    suffix = uuid.uuid4().hex[:8]
+    topics = {name: f"{name}_{suffix}" for name in PIPELINES}
+    pipelines_file = home / "pipelines.toml"
+    pipelines_file.write_text(pipelines_toml(topics))
+    for seed, topic in enumerate(topics.values()):
+        datagen.ensure_topic(bootstrap, topic, partitions=2)
+        datagen.produce(bootstrap, topic, datagen.generate_changelog(RECORDS, KEYS, seed=seed, malformed_share=0.0,
+                                                                     delete_share=0.05))
+    settings = Settings(home=home / "kappa", pipelines_file=pipelines_file, bootstrap_servers=bootstrap)
+    return AirflowTestBed(settings=settings, bootstrap=bootstrap, topics=topics)
+
+
+@pytest.fixture
+def in_process_kappa(airflow_testbed, monkeypatch) -> AirflowTestBed:
+    """The test kappa home as this process's settings (what in-process tasks resolve); jobs stopped after."""
+    for var, value in airflow_testbed.env().items():
+        monkeypatch.setenv(var, value)
+    try:
+        yield airflow_testbed
+    finally:
+        stop_all_jobs(airflow_testbed)
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """`airflow db migrate` for the in-process Airflow that `dag.test()` runs in."""
+    from orchestrator.airflow_stack import migrate
+
+    home = Path(os.environ["KAPPA_TEST_AIRFLOW_HOME"])
+    migrate(airflow_env(home), home / "migrate.log")
+    return home
+
+
+@pytest.fixture(scope="session")
+def airflow(airflow_testbed):
+    """One Airflow (api-server, scheduler, dag-processor, triggerer) for the session.
+
+    DAGs start paused so that kappa_monitor stays off; the three manual DAGs are unpaused.
+    """
+    from orchestrator import airflow_stack
+
+    stack = airflow_stack.start(airflow_testbed.settings, paused_at_creation=True, timeout=400,
+                                extra_env={"KAPPA_AIRFLOW_POKE_SECONDS": POKE_SECONDS})
+    try:
+        client = stack.client()
+        for dag_id in ("kappa_reprocess", "kappa_promote", "kappa_rollback"):
+            client.set_paused(dag_id, False)
+        yield stack
+    finally:
+        stack.stop()
+        stop_all_jobs(airflow_testbed)
+
+
+@pytest.fixture
+def stack_jobs_stopped(airflow_testbed):
+    """Jobs that runs of the real stack started are stopped after the test."""
+    try:
+        yield airflow_testbed
+    finally:
+        stop_all_jobs(airflow_testbed)

@@ -1,0 +1,96 @@
+"""End to end through the real Airflow UI in headless Debian Chromium: log in, open kappa_reprocess,
+fill the trigger form, trigger, wait for the run to succeed, and check that the alias serves the new
+version. Screenshots of the form and of the finished run go to the test artifacts."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from airflow_helpers import RUN_TIMEOUT, expected_titles, served_titles
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PIPELINE = "af_ui"
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    if shutil.which(CHROMIUM) is None:
+        pytest.fail(f"Debian's chromium is expected at {CHROMIUM}: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1100})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+
+
+def choose(page, label: str, option_text: str) -> None:
+    """Pick an option of one of the form's dropdowns (a combobox labelled like the Param's title)."""
+    box = page.get_by_role("combobox", name=label)
+    box.click()
+    page.get_by_role("option", name=option_text, exact=True).click()
+
+
+def wait_for_new_run(client, dag_id: str, known: set[str], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in client.list_runs(dag_id)["dag_runs"]:
+            if run["dag_run_id"] not in known:
+                return run["dag_run_id"]
+        time.sleep(1)
+    raise AssertionError(f"no new run of {dag_id} appeared within {timeout:.0f}s of submitting the form")
+
+
+def test_reprocess_from_the_ui(airflow, stack_jobs_stopped, browser_page, artifacts_dir):
+    from orchestrator.trigger import follow
+
+    bed = stack_jobs_stopped
+    page = browser_page
+    client = airflow.client()
+    known = {r["dag_run_id"] for r in client.list_runs("kappa_reprocess")["dag_runs"]}
+
+    page.goto(f"{airflow.url}/auth/login?next=/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "admin")
+    page.keyboard.press("Enter")
+    page.wait_for_url(lambda url: "/auth/login" not in url, timeout=60_000)
+
+    page.goto(f"{airflow.url}/dags/kappa_reprocess")
+    page.get_by_label("Trigger Dag").first.click()
+    choose(page, "Pipeline", PIPELINE)
+    choose(page, "Rules version", "v1 (titles)")
+    page.fill("#element_reason", "first build of af_ui from the Airflow UI")
+    assert page.locator("input[name=element_pipeline]").input_value() == PIPELINE
+    assert page.locator("input[name=element_rules_version]").input_value() == "v1"
+    page.screenshot(path=str(artifacts_dir / "airflow_ui_reprocess_form.png"), full_page=True)
+    submit = page.get_by_test_id("trigger-dag-submit")
+    assert submit.is_enabled()
+    submit.click()
+
+    run_id = wait_for_new_run(client, "kappa_reprocess", known, timeout=60)
+    outcome = follow(client, "kappa_reprocess", run_id, timeout=RUN_TIMEOUT, poll_seconds=3)
+    assert outcome.ok, f"{outcome.error}\n" + "\n".join(line for t in outcome.tasks for line in t.log_tail)
+    assert outcome.conf["pipeline"] == PIPELINE and outcome.conf["rules_version"] == "v1"
+
+    page.goto(outcome.url)
+    page.get_by_text("success").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(artifacts_dir / "airflow_ui_reprocess_run.png"), full_page=True)
+
+    with bed.kappa() as k:
+        alias = k.registry.get_alias(bed.alias(PIPELINE))
+        assert alias is not None and alias.version == outcome.xcom["start_version"]["version"] == 1
+        v1 = k.registry.get_version(PIPELINE, 1)
+        assert v1.state == "serving" and v1.actor == "airflow:admin" and run_id in v1.reason
+    assert served_titles(bed, PIPELINE) == expected_titles(bed, PIPELINE, "v1")
+    assert (artifacts_dir / "airflow_ui_reprocess_form.png").stat().st_size > 10_000
+    assert (artifacts_dir / "airflow_ui_reprocess_run.png").stat().st_size > 10_000

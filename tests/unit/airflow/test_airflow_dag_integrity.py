@@ -1,0 +1,166 @@
+"""DAG integrity: every kappa DAG imports, has its tasks, params and schedule, and parsing it
+contacts nothing (no broker, no Spark, no registry, no process)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from datetime import timedelta
+
+import pytest
+
+from orchestrator.airflow_stack import DAGS_FOLDER, KAPPA_DAG_IDS
+
+pytestmark = pytest.mark.airflow
+
+EXPECTED_TASKS = {
+    "kappa_reprocess": ["validate", "start_version", "wait_ready", "validation_report", "promote", "stop_previous"],
+    "kappa_promote": ["check", "promote", "stop_previous"],
+    "kappa_rollback": ["prepare", "wait_ready", "flip"],
+    "kappa_monitor": ["monitor"],
+}
+EXPECTED_PARAMS = {
+    "kappa_reprocess": {"pipeline", "rules_version", "catchup_threshold", "auto_promote", "grace_period_seconds",
+                        "catchup_deadline_minutes", "reason"},
+    "kappa_promote": {"pipeline", "version", "grace_period_seconds", "reason"},
+    "kappa_rollback": {"pipeline", "to_version", "catchup_deadline_minutes", "reason"},
+    "kappa_monitor": set(),
+}
+
+
+@pytest.fixture
+def clean_kappa_env(monkeypatch):
+    """The repo's deploy/pipelines.toml, whatever the caller's environment says."""
+    for var in ("KAPPA_PIPELINES", "KAPPA_HOME", "KAPPA_CONFIG", "KAPPA_REGISTRY_URL", "KAPPA_AIRFLOW_POKE_SECONDS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def parse(folder=DAGS_FOLDER):
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(folder))
+
+
+class Forbidden(Exception):
+    pass
+
+
+def forbid(what):
+    def boom(*args, **kwargs):
+        raise Forbidden(f"{what} called while parsing the DAGs")
+    return boom
+
+
+@pytest.fixture
+def no_side_effects(monkeypatch):
+    """Kafka clients, Spark sessions, the registry and child processes all raise if touched.
+
+    Airflow's own imports run `file` once (croniter asks platform.architecture()): they are
+    made first. kappa's modules that the DAG files import are imported afresh, under the patches.
+    """
+    import sys
+
+    import confluent_kafka
+    import confluent_kafka.admin
+    import croniter  # noqa: F401
+    from airflow.dag_processing.dagbag import DagBag  # noqa: F401
+    from pyspark.sql import SparkSession
+
+    import orchestrator.registry
+
+    for name in ("orchestrator.tasks", "orchestrator.pipelines", "orchestrator.config", "jobs.rules"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+    for name in ("Producer", "Consumer"):
+        monkeypatch.setattr(confluent_kafka, name, forbid(f"confluent_kafka.{name}"))
+    monkeypatch.setattr(confluent_kafka.admin, "AdminClient", forbid("confluent_kafka.admin.AdminClient"))
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", forbid("SparkSession.builder.getOrCreate"))
+    monkeypatch.setattr(orchestrator.registry.Registry, "__init__", forbid("Registry()"))
+    monkeypatch.setattr(subprocess, "Popen", forbid("subprocess.Popen"))
+
+
+def test_every_dag_imports_without_touching_broker_spark_or_registry(clean_kappa_env, no_side_effects):
+    bag = parse()
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == sorted(KAPPA_DAG_IDS)
+
+
+@pytest.mark.parametrize("dag_id", KAPPA_DAG_IDS)
+def test_tasks_and_params(clean_kappa_env, dag_id):
+    dag = parse().dags[dag_id]
+    assert [t.task_id for t in dag.tasks] == EXPECTED_TASKS[dag_id]
+    assert set(dag.params.keys()) == EXPECTED_PARAMS[dag_id]
+    assert set(dag.tags) == {"kappa"} and dag.doc_md and "###" in dag.doc_md
+
+
+def test_reprocess_chain_and_sensor(clean_kappa_env):
+    dag = parse().dags["kappa_reprocess"]
+    chain = EXPECTED_TASKS["kappa_reprocess"]
+    for up, down in zip(chain, chain[1:]):
+        assert down in dag.get_task(up).downstream_task_ids, f"{up} >> {down}"
+    wait = dag.get_task("wait_ready")
+    assert wait.mode == "reschedule"
+    assert wait.poke_interval >= 10 and wait.timeout == timedelta(hours=24).total_seconds()
+    # a refusal is final; a worker that died is retried (and resumes from the registry)
+    assert dag.get_task("validate").retries == 0
+    assert dag.get_task("start_version").retries == 1
+    assert dag.schedule is None and dag.catchup is False
+
+
+def test_monitor_runs_every_minute_without_catchup(clean_kappa_env):
+    dag = parse().dags["kappa_monitor"]
+    assert dag.schedule == timedelta(minutes=1)
+    assert dag.catchup is False and dag.max_active_runs == 1
+
+
+def test_form_offers_declared_pipelines_and_rules_files(clean_kappa_env):
+    from jobs.rules import available_rules
+    from orchestrator.pipelines import load_pipelines
+
+    params = parse().dags["kappa_reprocess"].params
+    declared = list(load_pipelines())
+    assert params.get_param("pipeline").schema["enum"] == declared
+    assert params["pipeline"] == "standardize"
+    versions = available_rules("titles")
+    assert versions and params.get_param("rules_version").schema["enum"] == [None, *versions]
+    assert params["auto_promote"] is True
+    for dag_id in ("kappa_promote", "kappa_rollback"):
+        assert parse().dags[dag_id].params.get_param("pipeline").schema["enum"] == declared
+
+
+def test_conf_validation_names_the_bad_param(clean_kappa_env):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = copy.deepcopy(parse().dags["kappa_reprocess"].params)
+    with pytest.raises(ParamValidationError, match="param rules_version: 'v9' is not one of"):
+        params.update({"rules_version": "v9"})
+    with pytest.raises(ParamValidationError, match="param pipeline: 'nope' is not one of"):
+        params.update({"pipeline": "nope"})
+    with pytest.raises(ParamValidationError, match="param reason"):
+        params.validate()  # no reason given: required
+    params.update({"reason": "new title rules", "rules_version": "v2"})
+    assert params.validate()["rules_version"] == "v2"
+
+
+def test_dropdown_follows_the_pipelines_file(tmp_path, monkeypatch, clean_kappa_env):
+    pipelines = tmp_path / "pipelines.toml"
+    pipelines.write_text(
+        '[pipelines.first_one]\njob = "standardize"\ntopics = ["t1"]\nkey = "member_id"\nruleset = "titles"\n'
+        'alias = "first_served"\n\n'
+        '[pipelines.second_one]\njob = "pageviews_hourly"\ntopics = ["t2"]\nkey = "member_id"\nalias = "second_served"\n')
+    monkeypatch.setenv("KAPPA_PIPELINES", str(pipelines))
+    params = parse().dags["kappa_reprocess"].params
+    assert params.get_param("pipeline").schema["enum"] == ["first_one", "second_one"]
+    assert params["pipeline"] == "first_one"
+
+
+def test_broken_pipelines_file_is_an_import_error_naming_it(tmp_path, monkeypatch, clean_kappa_env):
+    pipelines = tmp_path / "pipelines.toml"
+    pipelines.write_text('[pipelines.bad]\njob = "standardize"\ntopics = "not a list"\nkey = "k"\nalias = "a"\n')
+    monkeypatch.setenv("KAPPA_PIPELINES", str(pipelines))
+    bag = parse()
+    assert set(bag.import_errors) == {str(DAGS_FOLDER / f"{d}.py") for d in ("kappa_reprocess", "kappa_promote",
+                                                                               "kappa_rollback")}
+    message = next(iter(bag.import_errors.values()))
+    assert "ConfigError" in message and str(pipelines) in message and "topics" in message
+    assert "kappa_monitor" in bag.dag_ids  # the monitor has no form: it still parses

@@ -1,0 +1,132 @@
+"""orchestrator.airflow_stack without Airflow running: its configuration, the settings it hands
+to tasks, and stopping by recorded PID (never a process it did not start)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator import airflow_stack
+from orchestrator.config import Settings
+from orchestrator.exceptions import AirflowError
+
+pytestmark = pytest.mark.airflow
+
+
+def test_airflow_env_defaults(tmp_path):
+    env = airflow_stack.airflow_env(tmp_path, port=8123)
+    assert env["AIRFLOW_HOME"] == str(tmp_path.resolve())
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path.resolve()}/airflow.db"
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(airflow_stack.DAGS_FOLDER)
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("SimpleAuthManager")
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == \
+        str(tmp_path.resolve() / "simple_auth_manager_passwords.json.generated")
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+    assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
+    assert env["AIRFLOW__API__BASE_URL"] == "http://127.0.0.1:8123"
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8123/execution/"
+    assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"
+
+
+def test_airflow_env_postgresql(tmp_path):
+    url = "postgresql+psycopg2://airflow:pw@127.0.0.1:5432/airflow"
+    env = airflow_stack.airflow_env(tmp_path, db_url=url, username="ops", paused_at_creation=True)
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == url
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "ops:admin"
+    assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "True"
+    assert "AIRFLOW__API__PORT" not in env
+
+
+def test_tasks_get_the_resolved_settings(tmp_path):
+    from orchestrator.config import resolve_settings
+
+    s = Settings(home=tmp_path / "home", bootstrap_servers="127.0.0.1:9092",
+                 kafka_config={"security.protocol": "SASL_SSL", "sasl.password": "s3cret"})
+    env = airflow_stack.kappa_env(s)
+    assert env["KAPPA_HOME"] == str(tmp_path / "home")
+    assert env["KAPPA_BOOTSTRAP_SERVERS"] == "127.0.0.1:9092"
+    assert json.loads(env["KAPPA_KAFKA_CONFIG"]) == {"security.protocol": "SASL_SSL", "sasl.password": "s3cret"}
+    again = resolve_settings(env=env, cwd=tmp_path / "elsewhere")
+    assert again.model_dump() == s.model_dump()
+    assert "KAPPA_BOOTSTRAP_SERVERS" not in airflow_stack.kappa_env(Settings(home=tmp_path))
+
+
+def test_stop_without_a_stack_is_a_no_op(tmp_path):
+    s = Settings(home=tmp_path)
+    assert airflow_stack.running(s) is None
+    assert airflow_stack.stop(s) == []
+
+
+def test_unreadable_state_file_is_a_clear_error(tmp_path):
+    s = Settings(home=tmp_path)
+    (tmp_path / "airflow").mkdir()
+    (tmp_path / "airflow" / "stack.json").write_text("{not json")
+    with pytest.raises(AirflowError, match=r"stack.json is not a kappa Airflow state file .*delete it if no Airflow runs"):
+        airflow_stack.stop(s)
+
+
+def _record(home, procs: dict[str, subprocess.Popen], created=None):
+    stack = airflow_stack.AirflowStack(home=home, port=1, username="admin", password="admin",
+                                       db_url="sqlite:///x.db")
+    for name, p in procs.items():
+        stack.pids[name] = p.pid
+        stack.created[name] = created if created is not None else airflow_stack._create_time(p.pid)
+    home.mkdir(parents=True, exist_ok=True)
+    airflow_stack._write_state(stack)
+
+
+def test_stop_ends_the_recorded_process_groups(tmp_path):
+    s = Settings(home=tmp_path)
+    # a component and a child of it (a LocalExecutor worker, say) in its process group
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"],
+                            start_new_session=True)
+    try:
+        _record(airflow_stack.airflow_home(s), {"scheduler": proc})
+        stack = airflow_stack.running(s)
+        assert stack is not None and stack.already_running and stack.pids == {"scheduler": proc.pid}
+        t0 = time.monotonic()
+        assert airflow_stack.stop(s, timeout=10) == ["scheduler"]
+        assert proc.wait(5) is not None and time.monotonic() - t0 < 10
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)  # the whole group is gone
+        assert airflow_stack.running(s) is None
+        assert not (airflow_stack.airflow_home(s) / "stack.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_stop_never_kills_a_reused_pid(tmp_path):
+    s = Settings(home=tmp_path)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        # the recorded start time does not match: this PID now belongs to someone else
+        _record(airflow_stack.airflow_home(s), {"scheduler": bystander}, created=1.0)
+        assert airflow_stack.running(s) is None
+        assert airflow_stack.stop(s, timeout=2) == []
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_metadata_database_url_is_checked(monkeypatch):
+    assert airflow_stack.check_db_url("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+    with pytest.raises(AirflowError, match="not a database URL for Airflow's metadata: 'not a url'"):
+        airflow_stack.check_db_url("not a url")
+    with pytest.raises(AirflowError, match="SQLite or PostgreSQL, not mysql"):
+        airflow_stack.check_db_url("mysql://u:secret@h/db")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "asyncpg" else real(name, *a))
+    with pytest.raises(AirflowError, match="needs the asyncpg driver: run `pip install asyncpg`"):
+        airflow_stack.check_db_url("postgresql+psycopg2://u@127.0.0.1:5432/airflow")

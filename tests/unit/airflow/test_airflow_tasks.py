@@ -1,0 +1,116 @@
+"""orchestrator.tasks without services: attribution, XCom safety, retries policy, parse-time choices,
+and the refusals that need no broker (unknown pipeline, unknown rules version)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import tasks
+from orchestrator.exceptions import ConflictError, NotFoundError, RulesError
+
+pytestmark = pytest.mark.airflow
+
+PIPELINES = '''
+[pipelines.std_a]
+job = "standardize"
+topics = ["profiles_a"]
+key = "member_id"
+ruleset = "titles"
+alias = "std_a_served"
+
+[pipelines.views]
+job = "pageviews_hourly"
+topics = ["page_views"]
+key = ["member_id", "window_start"]
+alias = "views_served"
+'''
+
+
+@pytest.fixture
+def kappa_env(tmp_path, monkeypatch):
+    pipelines = tmp_path / "pipelines.toml"
+    pipelines.write_text(PIPELINES)
+    monkeypatch.setenv("KAPPA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KAPPA_PIPELINES", str(pipelines))
+    monkeypatch.delenv("KAPPA_REGISTRY_URL", raising=False)
+    monkeypatch.delenv("KAPPA_CONFIG", raising=False)
+    monkeypatch.delenv("AIRFLOW_CTX_DAG_ID", raising=False)
+    return tmp_path
+
+
+def test_attribution():
+    assert tasks.actor_for("alice") == "airflow:alice"
+    assert tasks.actor_for(None) == "airflow:scheduler"
+    reason = tasks.tagged_reason("  new title rules ", "kappa_reprocess", "manual__1", default="unused")
+    assert reason == "new title rules [airflow kappa_reprocess run manual__1]"
+    assert tasks.tagged_reason("", "kappa_promote", "r2", default="promote requested") == \
+        "promote requested [airflow kappa_promote run r2]"
+
+
+def test_jsonable_survives_xcom_json():
+    value = tasks.jsonable({"ratio": float("inf"), "nan": float("nan"), "t": (1, 2), 3: {"p": None}})
+    assert value == {"ratio": "inf", "nan": "nan", "t": [1, 2], "3": {"p": None}}
+
+
+def test_poke_interval_has_a_floor(monkeypatch):
+    monkeypatch.delenv(tasks.POKE_SECONDS_ENV, raising=False)
+    assert tasks.poke_seconds() == 15.0
+    monkeypatch.setenv(tasks.POKE_SECONDS_ENV, "2")
+    assert tasks.poke_seconds() == tasks.MIN_POKE_SECONDS
+    monkeypatch.setenv(tasks.POKE_SECONDS_ENV, "42")
+    assert tasks.poke_seconds() == 42.0
+    monkeypatch.setenv(tasks.POKE_SECONDS_ENV, "soon")
+    assert tasks.poke_seconds() == 15.0
+
+
+def test_refusals_fail_the_task_without_retry_only_inside_airflow(monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    @tasks.refusals_are_final
+    def refuse():
+        raise ConflictError("pipeline 'p' already has v3 in flight")
+
+    @tasks.refusals_are_final
+    def crash():
+        raise RuntimeError("worker lost its connection")
+
+    monkeypatch.delenv("AIRFLOW_CTX_DAG_ID", raising=False)
+    with pytest.raises(ConflictError):
+        refuse()
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "kappa_reprocess")
+    with pytest.raises(AirflowFailException, match=r"^ConflictError: pipeline 'p' already has v3 in flight$"):
+        refuse()
+    with pytest.raises(RuntimeError):  # not kappa's refusal: left to the task's retries
+        crash()
+
+
+def test_form_choices_read_only_files(kappa_env):
+    choices = tasks.form_choices()
+    assert choices["pipelines"] == ["std_a", "views"]
+    assert choices["default_pipeline"] == "std_a"
+    assert choices["rules_versions"] == ["v1", "v2"]
+    assert choices["rules_by_pipeline"] == {"std_a": ["v1", "v2"]}
+    assert choices["rules_labels"] == {"v1": "v1 (titles)", "v2": "v2 (titles)"}
+    assert not (kappa_env / "home").exists()  # no registry, no directories created
+
+
+def test_validate_refuses_unknown_pipeline_and_rules(kappa_env):
+    with pytest.raises(NotFoundError, match="unknown pipeline 'nope'.*std_a, views"):
+        tasks.validate_reprocess("nope", user="alice", run_id="r1")
+    with pytest.raises(RulesError, match="no rules file .*v9.toml.*v1, v2"):
+        tasks.validate_reprocess("std_a", "v9", user="alice", run_id="r1")
+
+
+def test_stop_previous_with_nothing_replaced_is_done_at_once(kappa_env):
+    assert tasks.poke_stop_previous("std_a", None, user="alice", run_id="r", dag_id="kappa_reprocess") == \
+        {"is_done": True, "xcom_value": {"stopped": None}}
+    first_promote = {"version": 1, "previous_version": None, "at": 0}
+    assert tasks.poke_stop_previous("std_a", first_promote, 0, user="a", run_id="r", dag_id="d")["is_done"] is True
+
+
+def test_promote_if_asked_off_says_how(kappa_env, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="kappa.airflow"):
+        assert tasks.promote_if_asked("std_a", 4, False, "why", user="alice", run_id="r") is None
+    assert "kappa promote std_a 4" in caplog.text and "NOT promoted" in caplog.text
