@@ -45,7 +45,7 @@ class DemoOptions:
     keys: int = 50_000
     rate: float = 50.0
     partitions: int = 4
-    threshold: int | None = None      # default: about 10 s of live updates, at least 500
+    threshold: int | None = None      # default: the pipeline's catchup_threshold
     deadline: float = 600.0           # per wait for catch-up
     poll: float = 1.0
     rows: int = 6
@@ -260,10 +260,10 @@ class Demo:
 
     def threshold(self) -> int:
         spec = self.k.pipeline(PIPELINE)
-        t = self.opts.threshold if self.opts.threshold is not None else max(500, int(self.opts.rate * 10))
-        self.say(f"catch-up rule for this demo: lag <= {t:,} records (live updates keep arriving; the pipeline's "
-                 f"own threshold is {spec.catchup_threshold}, for quiet topics) for {spec.catchup_samples} "
-                 f"consecutive samples, job healthy")
+        t = self.opts.threshold if self.opts.threshold is not None else spec.catchup_threshold
+        origin = "--threshold" if self.opts.threshold is not None else "the pipeline's catchup_threshold"
+        self.say(f"catch-up rule: lag <= {t:,} records ({origin}; live updates keep arriving) for "
+                 f"{spec.catchup_samples} consecutive samples, job healthy")
         return t
 
     def deploy_and_wait(self, rules: str, threshold: int, reason: str) -> int:
