@@ -943,7 +943,7 @@ def bench_reprocess(
     keys: Annotated[int, typer.Option("--keys", min=1, help="distinct keys")] = 500_000,
     partitions: Annotated[int, typer.Option("--partitions", min=1, help="topic partitions")] = 4,
     value_size: Annotated[int, typer.Option("--value-size", min=50, help="bytes per value, about")] = 200,
-    max_records_per_batch: Annotated[int, typer.Option("--max-records-per-batch", min=1, help="micro-batch cap")] = 100_000,
+    max_records_per_batch: Annotated[int, typer.Option("--max-records-per-batch", min=1, help="micro-batch cap (the standardize pipeline's)")] = 500_000,
     rules: Annotated[str, typer.Option("--rules", help="rules version of the titles ruleset")] = "v2",
     malformed_share: Annotated[float, typer.Option("--malformed-share", min=0.0, max=1.0, help="share of malformed records")] = 0.0,
     use_configured_broker: Annotated[bool, typer.Option("--use-configured-broker", help="produce to the configured bootstrap servers instead of a fresh embedded broker")] = False,

@@ -1,0 +1,108 @@
+"""Helpers of the standardize integration tests: the produced changelog, job paths, job runners."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from jobs.rules import Rules, load_rules, rules_path
+from orchestrator.datagen import Expected, LogRecord, ensure_topic, expected_table, generate_changelog, iter_log, produce
+
+V1 = load_rules(rules_path("titles", "v1"))
+V2 = load_rules(rules_path("titles", "v2"))
+
+
+@dataclass
+class Changelog:
+    topic: str
+    log: list[LogRecord]
+
+    def expected(self, rules: Rules) -> Expected:
+        return expected_table(self.log, rules)
+
+
+def make_changelog(bootstrap: str, unique: str) -> Changelog:
+    """A 4-partition compacted topic with creates, updates, deletes, malformed records and unicode."""
+    topic = f"profiles_{unique}"
+    ensure_topic(bootstrap, topic, partitions=4)
+    stats = produce(bootstrap, topic, generate_changelog(4000, 1000, seed=int(unique[:6], 16),
+                                                          malformed_share=0.04, delete_share=0.06))
+    assert stats.records == 4000 and stats.by_kind["tombstone"] > 50
+    log = list(iter_log(bootstrap, topic))
+    assert len(log) == 4000
+    return Changelog(topic, log)
+
+
+@dataclass
+class JobPaths:
+    root: Path
+
+    @property
+    def output(self) -> Path:
+        return self.root / "warehouse" / "standardize" / "v1"
+
+    @property
+    def rejects(self) -> Path:
+        return self.root / "warehouse" / "standardize" / "v1__rejects"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "state" / "standardize" / "v1" / "checkpoint"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "state" / "standardize" / "v1" / "run"
+
+    def args(self, bootstrap: str, topic: str, rules: Path, max_records: int = 1500) -> Namespace:
+        return Namespace(pipeline="standardize", version=1, bootstrap_servers=bootstrap, topics=topic,
+                         output=str(self.output), rejects=str(self.rejects), checkpoint=str(self.checkpoint),
+                         run_dir=str(self.run_dir), group_id=f"kappa.standardize.v1.{topic}", rules=str(rules),
+                         max_records_per_batch=max_records)
+
+    def argv(self, bootstrap: str, topic: str, rules: Path, max_records: int = 1500) -> list[str]:
+        a = self.args(bootstrap, topic, rules, max_records)
+        return ["--pipeline", a.pipeline, "--version", str(a.version), "--bootstrap-servers", bootstrap,
+                "--topics", topic, "--output", a.output, "--rejects", a.rejects, "--checkpoint", a.checkpoint,
+                "--run-dir", a.run_dir, "--group-id", a.group_id, "--rules", a.rules,
+                "--max-records-per-batch", str(max_records), "--trigger", "available-now", "--master", "local[2]"]
+
+
+def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, timeout: float = 900):
+    """`python -m jobs.standardize ...` to its end, output in `log_path`; returns (exit code, log text)."""
+    from jobs.session import spark_env
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "jobs.standardize", *argv], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **spark_env(), **(env or {})})
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+            pytest.fail(f"the standardize job did not finish within {timeout:.0f}s; log {log_path}")
+    return code, log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def run_in_process(spark, bootstrap: str, topic: str, writer, checkpoint: Path, max_records: int = 1500) -> None:
+    """The standardize query on the shared session, available-now, driven to its end."""
+    query = (
+        spark.readStream.format("kappa_kafka")
+        .option("bootstrap.servers", bootstrap).option("topics", topic)
+        .option("max.records.per.batch", str(max_records)).load()
+        .writeStream.foreachBatch(writer).option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True).start()
+    )
+    try:
+        query.awaitTermination()
+    finally:
+        if query.isActive:
+            query.stop()
+    assert query.exception() is None

@@ -1,0 +1,123 @@
+"""The standardize job against a real broker, Spark and Delta: output, rejects, metadata, rules errors."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pyarrow.compute as pc
+import pytest
+from std_helpers import V1, V2, run_in_process, run_job_process
+from deltalake import DeltaTable
+
+from jobs.delta_sink import count_rows, read_table
+from jobs.kafka_source import checkpoint_offsets, last_committed_batch
+from jobs.rules import rules_path
+from jobs.runtime import read_status
+from jobs.standardize import OUTPUT_SCHEMA, make_writer
+
+pytestmark = pytest.mark.integration
+
+
+def category(reason: str) -> str:
+    return reason.split(":")[0]
+
+
+def test_job_process_output_equals_the_expected_table(bootstrap, changelog, paths):
+    code, log = run_job_process(paths.argv(bootstrap, changelog.topic, rules_path("titles", "v2")),
+                                paths.run_dir / "job.log")
+    assert code == 0, log[-3000:]
+    expected = changelog.expected(V2)
+
+    out = read_table(paths.output).sort_by("member_id")
+    assert out.schema.equals(OUTPUT_SCHEMA)
+    assert out.num_rows == expected.table.num_rows
+    assert out.equals(expected.table)
+    assert pc.count_distinct(out["member_id"]).as_py() == out.num_rows
+    assert any(not n.isascii() for n in out["name"].to_pylist())
+
+    # rejects: every malformed record once, with partition, offset, reason and the raw record
+    rejects = read_table(paths.rejects).to_pylist()
+    by_position = {(r["partition"], r["offset"]): r for r in rejects}
+    assert len(by_position) == len(rejects) == len(expected.rejects)
+    assert {(p, o): category(reason) for p, o, reason in expected.rejects} == {
+        k: category(r["error"]) for k, r in by_position.items()}
+    raw = {(r.partition, r.offset): (r.key, r.value) for r in changelog.log}
+    assert all((r["key"], r["value"]) == raw[k] for k, r in by_position.items())
+    assert {r["topic"] for r in rejects} == {changelog.topic}
+    assert Counter(category(r["error"]) for r in rejects).keys() >= {
+        "no key", "invalid JSON", "not a JSON object", "name", "title"}
+
+    status = read_status(paths.run_dir)
+    assert status["state"] == "finished" and status["error"] is None
+    assert status["rows_in"] == 4000
+    assert status["rejects"] == status["rejects_total"] == len(expected.rejects) == count_rows(paths.rejects)
+    assert status["rules_hash"] == V2.content_hash
+    assert status["end_offsets"] == checkpoint_offsets(paths.checkpoint)
+
+    # every output commit: app transaction and metadata; the last one carries the final end offsets
+    last = last_committed_batch(paths.checkpoint)
+    assert last >= 2  # 4000 records at 1500 per batch
+    history = [h for h in DeltaTable(str(paths.output)).history() if "batch_id" in h]
+    assert sorted(int(h["batch_id"]) for h in history) == list(range(last + 1))
+    assert {(h["pipeline"], h["pipeline_version"], h["rules_hash"]) for h in history} == {("standardize", "1", V2.content_hash)}
+    newest = max(history, key=lambda h: int(h["batch_id"]))
+    assert json.loads(newest["end_offsets"]) == checkpoint_offsets(paths.checkpoint) == {
+        changelog.topic: {str(p): sum(1 for r in changelog.log if r.partition == p) for p in range(4)}}
+    assert DeltaTable(str(paths.output)).transaction_version("kappa.standardize.v1") == last
+
+
+def test_reprocess_with_new_rules_in_process(spark, bootstrap, changelog, paths, tmp_path):
+    """v1 and v2 of the pipeline over the same log, in the shared session, one read through Spark,
+    one in the driver: each equals its expected table, and v2 changes a visible share of titles."""
+    tables = {}
+    for name, rules in (("v1", V1), ("v2", V2)):
+        args = paths.args(bootstrap, changelog.topic, rules.path)
+        args.version = int(name[1:])
+        args.output, args.rejects = str(tmp_path / name), str(tmp_path / f"{name}__rejects")
+        args.checkpoint = str(tmp_path / f"{name}_checkpoint")
+        # v1 reads through Spark's data path, v2 in the driver (the job's default)
+        source = {"bootstrap.servers": bootstrap, "topics": changelog.topic} if name == "v2" else None
+        writer = make_writer(args, rules, source_options=source)
+        run_in_process(spark, bootstrap, changelog.topic, writer, tmp_path / f"{name}_checkpoint")
+        tables[name] = read_table(args.output).sort_by("member_id")
+        assert tables[name].equals(changelog.expected(rules).table)
+        assert writer.skipped == []
+        assert DeltaTable(args.output).history(1)[0]["rules_hash"] == rules.content_hash
+    v1, v2 = tables["v1"], tables["v2"]
+    assert v1["member_id"].equals(v2["member_id"]) and v1["title_raw"].equals(v2["title_raw"])
+    changed = pc.sum(pc.fill_null(pc.not_equal(v1["title"], v2["title"]), False)).as_py()
+    assert changed / v1.num_rows > 0.15
+    merged = Counter(t for t, r in zip(v2["title"].to_pylist(), v1["title"].to_pylist()) if t != r)
+    assert merged.most_common(2)[0][0] in ("Senior Software Engineer", "Software Engineer")
+
+
+def test_bad_rules_file_fails_before_anything_starts(bootstrap, changelog, paths, tmp_path):
+    good_pattern, bad_pattern = r"^(sr|senior) (software|swe)\b", r"^(sr|senior (software|swe)\b"
+    text = rules_path("titles", "v2").read_text(encoding="utf-8")
+    assert text.count(good_pattern) == 1
+    bad = tmp_path / "v9.toml"
+    bad.write_text(text.replace(good_pattern, bad_pattern), encoding="utf-8")
+    line = [i for i, ln in enumerate(text.splitlines(), 1) if ln == "[[titles.regex]]"][1]
+    code, log = run_job_process(paths.argv(bootstrap, changelog.topic, bad), paths.run_dir / "job.log", timeout=120)
+    message = (f"RulesError: rules file {bad}: titles.regex[1] (line {line}): bad regex {bad_pattern!r}: "
+               f"missing ), unterminated subpattern at position 1")
+    assert code == 1
+    assert f"job standardize v1 failed before starting: {message}" in log
+    status = read_status(paths.run_dir)
+    assert (status["state"], status["error"]) == ("failed", message)
+    # nothing started, nothing written
+    assert "SparkContext" not in log and "Spark" not in log
+    assert not (paths.run_dir / "spark-local").exists()
+    assert not paths.output.exists() and not paths.rejects.exists() and not paths.checkpoint.exists()
+    assert not paths.output.parent.exists()
+
+
+def test_unknown_read_mode_fails_before_anything_starts(paths):
+    argv = paths.argv("127.0.0.1:9", "no_topic", rules_path("titles", "v2"))
+    code, log = run_job_process([*argv, "--extra", json.dumps({"read": "jvm"})], paths.run_dir / "job.log",
+                                timeout=120)
+    message = "ConfigError: --extra: \"read\" must be one of driver, spark, got 'jvm'"
+    assert code == 1 and f"job standardize v1 failed before starting: {message}" in log
+    assert read_status(paths.run_dir)["error"] == message
+    assert not paths.output.parent.exists() and not paths.checkpoint.exists()

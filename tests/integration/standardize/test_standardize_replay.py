@@ -1,0 +1,69 @@
+"""Crash between the Delta commit and Spark's checkpoint commit, then restart: no duplicate, no loss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from std_helpers import V2, run_in_process, run_job_process
+from deltalake import DeltaTable
+
+from jobs.delta_sink import read_table
+from jobs.kafka_source import last_committed_batch
+from jobs.rules import rules_path
+from jobs.runtime import read_status
+from jobs.standardize import CRASH_HOOK, make_writer
+
+pytestmark = pytest.mark.integration
+
+
+def output_commits(uri) -> list[int]:
+    return sorted(int(h["batch_id"]) for h in DeltaTable(str(uri)).history() if "batch_id" in h)
+
+
+def test_process_killed_after_delta_commit_then_restarted(bootstrap, changelog, paths):
+    argv = paths.argv(bootstrap, changelog.topic, rules_path("titles", "v2"), max_records=1000)
+    # the first run reads through Spark's data path, the restart in the driver: the same ranges
+    code, log = run_job_process([*argv, "--extra", json.dumps({"read": "spark"})], paths.run_dir / "job.log",
+                                env={CRASH_HOOK: "1"})
+    assert code == 137, log[-3000:]
+    assert f"{CRASH_HOOK}=1: dying after the Delta commit of micro-batch 1" in log
+    # the crash window: Delta has batch 1, Spark's checkpoint does not
+    assert DeltaTable(str(paths.output)).transaction_version("kappa.standardize.v1") == 1
+    assert last_committed_batch(paths.checkpoint) == 0
+    assert (paths.checkpoint / "offsets" / "1").exists()
+    rejects_before = read_table(paths.rejects).num_rows
+
+    code, log = run_job_process(argv, paths.run_dir / "job.log")
+    assert code == 0, log[-3000:]
+    assert "micro-batch 1 is already in" in log and "skipped (replay after a restart)" in log
+    expected = changelog.expected(V2)
+    assert read_table(paths.output).sort_by("member_id").equals(expected.table)
+    rejects = read_table(paths.rejects).to_pylist()
+    positions = [(r["partition"], r["offset"]) for r in rejects]
+    assert len(positions) == len(set(positions)) == len(expected.rejects) > rejects_before
+    last = last_committed_batch(paths.checkpoint)
+    assert output_commits(paths.output) == list(range(last + 1))  # batch 1 committed exactly once
+    assert read_status(paths.run_dir)["state"] == "finished"
+
+
+@pytest.mark.parametrize("read", ["spark", "driver"])
+def test_replay_of_an_uncommitted_batch_in_process(spark, bootstrap, changelog, paths, read):
+    """Delete the checkpoint's last commit file: Spark replays that batch, the sink skips it."""
+    args = paths.args(bootstrap, changelog.topic, rules_path("titles", "v2"))
+    source = {"bootstrap.servers": bootstrap, "topics": changelog.topic} if read == "driver" else None
+    run_in_process(spark, bootstrap, changelog.topic, make_writer(args, V2, source_options=source), paths.checkpoint)
+    last = last_committed_batch(paths.checkpoint)
+    table_version = DeltaTable(str(paths.output)).version()
+    rejects_version = DeltaTable(str(paths.rejects)).version()
+    (paths.checkpoint / "commits" / str(last)).unlink()
+    (paths.checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum file
+
+    writer = make_writer(args, V2, source_options=source)
+    run_in_process(spark, bootstrap, changelog.topic, writer, paths.checkpoint)
+    assert writer.skipped == [last]
+    assert last_committed_batch(paths.checkpoint) == last
+    assert DeltaTable(str(paths.output)).version() == table_version
+    assert DeltaTable(str(paths.rejects)).version() == rejects_version
+    assert read_table(paths.output).sort_by("member_id").equals(changelog.expected(V2).table)
+    assert output_commits(paths.output) == list(range(last + 1))
