@@ -1173,7 +1173,7 @@ def demo_cmd(
     records: Annotated[int, typer.Option("--records", min=1000, help="records in the topic before v1 is deployed")] = 200_000,
     keys: Annotated[int, typer.Option("--keys", min=100, help="distinct members")] = 50_000,
     rate: Annotated[float, typer.Option("--rate", min=1, help="live updates per second while the demo runs")] = 50.0,
-    threshold: Annotated[Optional[int], typer.Option("--threshold", min=0, help="catch-up threshold in records (default: 10 s of live updates, at least 500)")] = None,
+    threshold: Annotated[Optional[int], typer.Option("--threshold", min=0, help="catch-up threshold in records (default: the pipeline's catchup_threshold)")] = None,
     clean: Annotated[bool, typer.Option("--clean", help="delete the demo's home afterwards (default: keep it to explore)")] = False,
 ) -> None:
     """From nothing: broker, topic, live updates, deploy v1, v2 with new rules, promote, roll back and forward."""

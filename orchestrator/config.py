@@ -144,6 +144,27 @@ class VersionPaths:
     group_id: str
     app_id: str
 
+    @property
+    def status_file(self) -> Path:
+        return self.run_dir / "status.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / "job.log"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.run_dir / "STOP"
+
+    @property
+    def report_file(self) -> Path:
+        return self.version_dir / "report.json"
+
+    @property
+    def launch_file(self) -> Path:
+        """What lifecycle launched (command line, mode, PID): read by inspect and restart."""
+        return self.version_dir / "launch.json"
+
     def to_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 

@@ -9,67 +9,25 @@ Public API:
 - `Kappa(settings=None, *, registry=None, pipelines=None)`: `.settings`, `.registry`,
   `.pipelines` (dict name -> PipelineSpec), `.pipeline(name)`, `.paths(pipeline, n)`,
   `.kafka_config()`, `.admin()`, `.alias_file(alias)`, `.version_dir(pipeline, n)`, `.close()`.
-- `VersionPaths`: table, rejects, checkpoint, run_dir, group_id, app_id, and the files of the
-  run dir (status.json, job.log, STOP), the version dir (report.json).
+- `.paths()` returns `orchestrator.config.VersionPaths`: table, rejects, checkpoint, run_dir,
+  group_id, app_id, and the files of the run dir (status.json, job.log, STOP), the version dir
+  (report.json, launch.json).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config import VersionPaths
 from orchestrator.exceptions import ConfigError, NotFoundError
 
 log = logging.getLogger(__name__)
 
 #: librdkafka logs (connection refused and the like) go to Python logging, not to stderr.
 KAFKA_LOGGER = logging.getLogger("kappa.kafka")
-
-
-@dataclass(frozen=True)
-class VersionPaths:
-    """Where version N of a pipeline keeps its table, rejects, checkpoint and run files."""
-
-    pipeline: str
-    version: int
-    table: Path
-    rejects: Path
-    version_dir: Path
-    checkpoint: Path
-    run_dir: Path
-    group_id: str
-    app_id: str
-
-    @property
-    def status_file(self) -> Path:
-        return self.run_dir / "status.json"
-
-    @property
-    def log_file(self) -> Path:
-        return self.run_dir / "job.log"
-
-    @property
-    def stop_file(self) -> Path:
-        return self.run_dir / "STOP"
-
-    @property
-    def report_file(self) -> Path:
-        return self.version_dir / "report.json"
-
-    @property
-    def launch_file(self) -> Path:
-        """What lifecycle launched (command line, mode, PID): read by inspect and restart."""
-        return self.version_dir / "launch.json"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "pipeline": self.pipeline, "version": self.version, "table": str(self.table),
-            "rejects": str(self.rejects), "checkpoint": str(self.checkpoint),
-            "run_dir": str(self.run_dir), "group_id": self.group_id, "app_id": self.app_id,
-        }
 
 
 class Kappa:
@@ -135,8 +93,7 @@ class Kappa:
     def paths(self, pipeline: str, n: int) -> VersionPaths:
         from orchestrator.config import version_paths
 
-        vp = version_paths(self.settings, pipeline, n)
-        return VersionPaths(**{f: getattr(vp, f) for f in VersionPaths.__dataclass_fields__})
+        return version_paths(self.settings, pipeline, n)
 
     def alias_file(self, alias: str) -> Path:
         from orchestrator.config import alias_pointer_path
