@@ -1175,12 +1175,14 @@ def demo_cmd(
     rate: Annotated[float, typer.Option("--rate", min=1, help="live updates per second while the demo runs")] = 50.0,
     threshold: Annotated[Optional[int], typer.Option("--threshold", min=0, help="catch-up threshold in records (default: the pipeline's catchup_threshold)")] = None,
     clean: Annotated[bool, typer.Option("--clean", help="delete the demo's home afterwards (default: keep it to explore)")] = False,
+    batch: Annotated[int, typer.Option("--batch", min=100, help="records per micro-batch (small: lag visibly goes down)")] = 25_000,
 ) -> None:
     """From nothing: broker, topic, live updates, deploy v1, v2 with new rules, promote, roll back and forward."""
     from orchestrator.demo import DemoOptions, run_demo
 
     cli = _cli(ctx)
-    opts = DemoOptions(home=home, records=records, keys=keys, rate=rate, threshold=threshold, clean=clean)
+    opts = DemoOptions(home=home, records=records, keys=keys, rate=rate, threshold=threshold, clean=clean,
+                       batch=batch)
     run_demo(opts, console=cli.out, overrides=cli.overrides, config_file=cli.config_file)
 
 

@@ -53,6 +53,7 @@ class DemoOptions:
     seed: int = 7
     value_size: int | None = None     # pad values to about this many bytes (the benchmark)
     malformed_share: float = 0.002
+    batch: int = 25_000               # records per micro-batch: small, so that lag visibly goes down
 
 
 @dataclass
@@ -200,11 +201,16 @@ class Demo:
         settings = self._settings(broker.bootstrap_servers)
         from orchestrator.context import Kappa
 
-        self.k = Kappa(settings)
+        from orchestrator.pipelines import load_pipelines
+
+        pipelines = dict(load_pipelines(settings.pipelines_file))
+        pipelines[PIPELINE] = pipelines[PIPELINE].model_copy(update={"max_records_per_batch": self.opts.batch})
+        self.k = Kappa(settings, pipelines=pipelines)
         self.say(f"embedded broker (tansu, memory only): {broker.bootstrap_servers}, pid {broker.proc.pid}")
         self.say(f"registry: {settings.masked_registry_url}")
         self.say(f"warehouse: {settings.warehouse}")
-        self.say(f"Spark master for the jobs: {settings.spark_master}")
+        self.say(f"Spark master for the jobs: {settings.spark_master}; micro-batches of at most "
+                 f"{self.opts.batch:,} records (the pipeline's backfill setting is larger; small batches show lag going down)")
         self.say(f"[dim]in another terminal: kappa --home {self.home} status --watch[/]")
 
     def fill_topic(self) -> None:
