@@ -5,6 +5,7 @@ Area-specific fixtures live in the conftest.py of each tests/<kind>/<area>/ fold
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -14,6 +15,9 @@ import pytest
 from jobs.session import prepare_environment
 
 prepare_environment()
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
+# pytest has closed its streams: noise after the summary line.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 ARTIFACTS = Path(os.environ.get("KAPPA_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 

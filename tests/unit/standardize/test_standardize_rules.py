@@ -236,5 +236,6 @@ def test_available_rules_natural_order(tmp_path, monkeypatch):
     for v in ("v10", "v2", "v1"):
         shutil.copy(rules_path("titles", "v1"), tmp_path / f"{v}.toml")
     monkeypatch.setattr(rules_mod, "RULES_DIR", tmp_path.parent)
-    assert available_rules(tmp_path.name) == ["v1", "v2", "v10"]
-    assert available_rules("no_such_ruleset") == []
+    # through the module: other tests may have re-imported jobs.rules since this file imported from it
+    assert rules_mod.available_rules(tmp_path.name) == ["v1", "v2", "v10"]
+    assert rules_mod.available_rules("no_such_ruleset") == []
