@@ -53,7 +53,8 @@ class DemoOptions:
     seed: int = 7
     value_size: int | None = None     # pad values to about this many bytes (the benchmark)
     malformed_share: float = 0.002
-    batch: int = 25_000               # records per micro-batch: small, so that lag visibly goes down
+    batch: int | None = 25_000        # records per micro-batch: small, so that lag visibly goes down;
+                                      # None: the pipeline's max_records_per_batch (the benchmark)
 
 
 @dataclass
@@ -204,13 +205,16 @@ class Demo:
         from orchestrator.pipelines import load_pipelines
 
         pipelines = dict(load_pipelines(settings.pipelines_file))
-        pipelines[PIPELINE] = pipelines[PIPELINE].model_copy(update={"max_records_per_batch": self.opts.batch})
+        if self.opts.batch is not None:
+            pipelines[PIPELINE] = pipelines[PIPELINE].model_copy(update={"max_records_per_batch": self.opts.batch})
         self.k = Kappa(settings, pipelines=pipelines)
         self.say(f"embedded broker (tansu, memory only): {broker.bootstrap_servers}, pid {broker.proc.pid}")
         self.say(f"registry: {settings.masked_registry_url}")
         self.say(f"warehouse: {settings.warehouse}")
-        self.say(f"Spark master for the jobs: {settings.spark_master}; micro-batches of at most "
-                 f"{self.opts.batch:,} records (the pipeline's backfill setting is larger; small batches show lag going down)")
+        batch = self.k.pipeline(PIPELINE).max_records_per_batch
+        why = ("small, so that lag visibly goes down; the pipeline's backfill setting is larger"
+               if self.opts.batch is not None else "the pipeline's max_records_per_batch")
+        self.say(f"Spark master for the jobs: {settings.spark_master}; micro-batches of at most {batch:,} records ({why})")
         self.say(f"[dim]in another terminal: kappa --home {self.home} status --watch[/]")
 
     def fill_topic(self) -> None:
@@ -498,7 +502,7 @@ def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partition
 
     console = console or Console(highlight=False)
     opts = DemoOptions(records=records, keys=keys, partitions=partitions, value_size=value_size,
-                       malformed_share=0.0, clean=True)
+                       malformed_share=0.0, clean=True, batch=None)
     bench = Demo(opts, console, overrides)
     figures: dict[str, Any] = {"params": {"records": records, "keys": keys, "partitions": partitions,
                                           "value_size": value_size, "rules": rules, "poll_seconds": poll}}
