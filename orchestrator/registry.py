@@ -501,6 +501,26 @@ def _by(actor: str | None, reason: str | None, at: float | None) -> str:
     return f"{text} (reason: {reason!r})" if reason else text
 
 
+def _use_wal(cur: Any, timeout: float) -> None:
+    """Switch a SQLite database to WAL once (the mode persists in the file).
+
+    Connections opened at the same moment on a fresh file race for the switch, and SQLite answers
+    the losers "database is locked" at once, without its busy handler: retry until `timeout`.
+    """
+    import sqlite3
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class Registry:
     """One registry database. Thread-safe: each call takes its own pooled connection."""
 
@@ -562,7 +582,7 @@ class Registry:
             cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             cur.execute("PRAGMA foreign_keys = ON")
             if not memory:
-                cur.execute("PRAGMA journal_mode = WAL")
+                _use_wal(cur, busy_timeout)
                 cur.execute(f"PRAGMA synchronous = {synchronous}")
             cur.close()
 
