@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from airflow.sdk import dag, task
 
-from orchestrator import tasks
+from orchestrator.airflow import tasks
 
 
 @dag(

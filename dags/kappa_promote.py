@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
-from orchestrator import tasks
+from orchestrator.airflow import tasks
 
 CHOICES = tasks.form_choices()
 

@@ -32,7 +32,7 @@ from functools import partial
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 
-from jobs.events import (
+from jobs.lib.events import (
     AD_CLICK, AD_IMPRESSION, TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns,
     parse_batches, parsed_ddl, rejects_and_counts, start_query,
 )
@@ -62,7 +62,7 @@ def transform(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT
               clicks_watermark: str = DEFAULT_WATERMARK) -> DataFrame:
     """Kafka rows of the impressions and clicks topics -> joined pairs, rejects and input counts.
 
-    Columns: `OUTPUT_DDL`, then `jobs.events.TAIL_DDL`.
+    Columns: `OUTPUT_DDL`, then `jobs.lib.events.TAIL_DDL`.
     """
     imps = impressions.mapInArrow(partial(parse_batches, AD_IMPRESSION), parsed_ddl(AD_IMPRESSION))
     clks = clicks.mapInArrow(partial(parse_batches, AD_CLICK), parsed_ddl(AD_CLICK))
@@ -93,6 +93,6 @@ def build(ctx):
 
 
 if __name__ == "__main__":
-    from jobs.runtime import run
+    from jobs.lib.runtime import run
 
     run(build)

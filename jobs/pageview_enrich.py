@@ -33,7 +33,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from jobs.events import (
+from jobs.lib.events import (
     PAGE_VIEW, PROFILE, TAIL_DDL, decode_key, job_options, job_topics, make_writer, parse_value, reject_row,
     rows_frame, start_query,
 )
@@ -107,7 +107,7 @@ def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Itera
 
 def transform(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
     """Kafka rows of both topics -> enriched views to append, rejects and input counts
-    (`jobs.events.TAIL_DDL`)."""
+    (`jobs.lib.events.TAIL_DDL`)."""
     return (
         source.select("key", "value", "topic", "partition", "offset", "timestamp")
         .groupBy("key")
@@ -126,6 +126,6 @@ def build(ctx):
 
 
 if __name__ == "__main__":
-    from jobs.runtime import run
+    from jobs.lib.runtime import run
 
     run(build)

@@ -6,7 +6,7 @@
 The Samza pattern "counting page views per user per hour" with Spark's native operator: page
 views are grouped by member and 1-hour tumbling window of their event time (`viewed_at`); the
 running counts live in the state store, RocksDB with changelog checkpointing (configured in
-`jobs.session.build_session`), so a restart replays a small changelog instead of the input.
+`jobs.lib.session.build_session`), so a restart replays a small changelog instead of the input.
 
 Output mode: *update*. Every micro-batch emits the current count of each window it touched, and
 the sink upserts it by (member_id, window_start). The table therefore holds complete counts of
@@ -19,7 +19,7 @@ read is late; Spark drops it from the aggregation and counts it in the query pro
 (`numRowsDroppedByWatermark`). The delay (default 2 hours) must cover how far out of event-time
 order views arrive, including the skew between partitions within one capped micro-batch of a
 reprocess; windows older than the watermark are evicted from state. Late views are not errors
-and do not go to the rejects table; malformed records do (see `jobs.events.PAGE_VIEW`).
+and do not go to the rejects table; malformed records do (see `jobs.lib.events.PAGE_VIEW`).
 
 Output table: member_id string, window_start timestamp, window_end timestamp, views int64.
 """
@@ -32,7 +32,7 @@ from functools import partial
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 
-from jobs.events import (
+from jobs.lib.events import (
     PAGE_VIEW, TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, parse_batches,
     parsed_ddl, rejects_and_counts, start_query,
 )
@@ -58,7 +58,7 @@ def transform(source: DataFrame, *, window: str = DEFAULT_WINDOW,
               watermark: str = DEFAULT_WATERMARK) -> DataFrame:
     """Kafka source rows -> updated window counts, rejects and input counts, in one stream.
 
-    Columns: `OUTPUT_DDL`, then `jobs.events.TAIL_DDL` (null on count rows). The rejects branch is
+    Columns: `OUTPUT_DDL`, then `jobs.lib.events.TAIL_DDL` (null on count rows). The rejects branch is
     a stateless union with the aggregation (one query, one sink), so Spark reads each micro-batch's
     offset range once per branch.
     """
@@ -85,6 +85,6 @@ def build(ctx):
 
 
 if __name__ == "__main__":
-    from jobs.runtime import run
+    from jobs.lib.runtime import run
 
     run(build)

@@ -40,7 +40,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from jobs.events import (
+from jobs.lib.events import (
     PROFILE, SETTINGS, TAIL_DDL, decode_key, job_options, job_topics, make_writer, parse_value, reject_row,
     rows_frame, start_query,
 )
@@ -117,7 +117,7 @@ def join_member(profiles_topic: str, settings_topic: str, key: tuple, pdfs: Iter
 
 def transform(source: DataFrame, profiles_topic: str, settings_topic: str) -> DataFrame:
     """Kafka rows of both topics -> joined rows to upsert (`_deleted` marks deletes), rejects and
-    input counts (`jobs.events.TAIL_DDL`)."""
+    input counts (`jobs.lib.events.TAIL_DDL`)."""
     return (
         source.select("key", "value", "topic", "partition", "offset", "timestamp")
         .groupBy("key")
@@ -136,6 +136,6 @@ def build(ctx):
 
 
 if __name__ == "__main__":
-    from jobs.runtime import run
+    from jobs.lib.runtime import run
 
     run(build)

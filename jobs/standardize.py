@@ -47,9 +47,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from jobs.delta_sink import REJECTS_SCHEMA, DeltaSink, count_rows, latest_per_key
-from jobs.rules import Rules, load_rules
-from orchestrator.exceptions import ConfigError, KappaError, RulesError
+from jobs.lib.delta_sink import REJECTS_SCHEMA, DeltaSink, count_rows, latest_per_key
+from jobs.lib.rules import Rules, load_rules
+from orchestrator.core.exceptions import ConfigError, KappaError, RulesError
 
 log = logging.getLogger("kappa.standardize")
 
@@ -477,13 +477,13 @@ class DriverReader:
     """
 
     def __init__(self, source_options: dict, checkpoint: str | Path):
-        from jobs.kafka_source import SourceSettings
+        from jobs.lib.kafka import SourceSettings
 
         self.settings = SourceSettings.from_options(source_options)
         self.checkpoint = str(checkpoint)
 
     def read(self, batch_id: int) -> pa.Table | None:
-        from jobs.kafka_source import (KafkaRange, arrow_schema, checkpoint_offsets, offsets_to_map,
+        from jobs.lib.kafka import (KafkaRange, arrow_schema, checkpoint_offsets, offsets_to_map,
                                        plan_ranges, read_range)
 
         end = checkpoint_offsets(self.checkpoint, batch_id)
@@ -580,7 +580,7 @@ def make_writer(args, rules: Rules, on_batch=None, source_options: dict | None =
     With `source_options` (the Kafka source's options) micro-batches are read in the driver
     (`DriverReader`); without, through Spark (`toArrow()`).
     """
-    from jobs.kafka_source import checkpoint_offsets
+    from jobs.lib.kafka import checkpoint_offsets
 
     sink = DeltaSink(args.output, args.rejects, app_id(args.pipeline, args.version), {
         "pipeline": args.pipeline, "version": args.version, "rules_hash": rules.content_hash,
@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> None:
     import sys
     from functools import partial
 
-    from jobs.runtime import Status, parse_args, run, summarize_error
+    from jobs.lib.runtime import Status, parse_args, run, summarize_error
 
     try:
         args = parse_args(argv)

@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from orchestrator.exceptions import NotFoundError, SinkError
-from orchestrator.names import validate_alias_name
+from orchestrator.core.exceptions import NotFoundError, SinkError
+from orchestrator.core.names import validate_alias_name
 
 ALIASES_DIR = "_aliases"
 
@@ -43,7 +43,7 @@ def pointer_path(warehouse: str | Path, alias: str) -> Path:
 
 def _settings(settings: Any):
     if settings is None:
-        from orchestrator.config import resolve_settings
+        from orchestrator.core.settings import resolve_settings
 
         settings = resolve_settings()
     return settings

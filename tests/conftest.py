@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.session import prepare_environment
+from jobs.lib.session import prepare_environment
 
 prepare_environment()
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
@@ -31,7 +31,7 @@ def artifacts_dir() -> Path:
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     """One embedded tansu broker for the whole session. Topics get unique names per test."""
-    from orchestrator.broker import EmbeddedBroker
+    from orchestrator.dev.broker import EmbeddedBroker
 
     log = tmp_path_factory.mktemp("broker") / "tansu.log"
     b = EmbeddedBroker(log_path=log).start()
@@ -49,7 +49,7 @@ def bootstrap(broker) -> str:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """One local[2] SparkSession shared by every in-process Spark test."""
-    from jobs.session import build_session
+    from jobs.lib.session import build_session
 
     local = tmp_path_factory.mktemp("spark-local")
     session = build_session("kappa-tests", local_dir=str(local))

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
 PIPELINES = ("af_dagtest", "af_rest", "af_busy", "af_ui")
 RECORDS, KEYS = 300, 200
-#: The sensors poke at Airflow's floor for kappa (see orchestrator.tasks.MIN_POKE_SECONDS).
+#: The sensors poke at Airflow's floor for kappa (see orchestrator.airflow.tasks.MIN_POKE_SECONDS).
 POKE_SECONDS = "10"
 RUN_TIMEOUT = 420.0
 
 
 @dataclass(frozen=True)
 class AirflowTestBed:
-    settings: object   # orchestrator.config.Settings of the test kappa home
+    settings: object   # orchestrator.core.settings.Settings of the test kappa home
     bootstrap: str
     topics: dict       # pipeline -> topic
 
@@ -22,12 +22,12 @@ class AirflowTestBed:
         return f"{pipeline}_served"
 
     def env(self) -> dict[str, str]:
-        from orchestrator.airflow_stack import kappa_env
+        from orchestrator.airflow.stack import kappa_env
 
         return {**kappa_env(self.settings), "KAPPA_AIRFLOW_POKE_SECONDS": POKE_SECONDS}
 
     def kappa(self):
-        from orchestrator.context import Kappa
+        from orchestrator.core.kappa import Kappa
 
         return Kappa(self.settings)
 
@@ -51,7 +51,7 @@ grace_period_seconds = 0
 
 def stop_all_jobs(bed: AirflowTestBed) -> list[str]:
     """Stop every version job of the test pipelines that still runs (kappa's lifecycle, by PID)."""
-    from orchestrator.lifecycle import inspect_version, stop_version
+    from orchestrator.jobctl.control import inspect_version, stop_version
 
     stopped = []
     with bed.kappa() as k:
@@ -74,8 +74,8 @@ def served_titles(bed: AirflowTestBed, pipeline: str) -> dict[str, str | None]:
 
 def expected_titles(bed: AirflowTestBed, pipeline: str, rules_version: str) -> dict[str, str | None]:
     """member_id -> title computed independently from the topic and the rules file."""
-    from jobs.rules import load_rules, rules_path
-    from orchestrator.datagen import expected_table, iter_log
+    from jobs.lib.rules import load_rules, rules_path
+    from orchestrator.dev.datagen import expected_table, iter_log
 
     exp = expected_table(iter_log(bed.bootstrap, bed.topics[pipeline]), load_rules(rules_path("titles", rules_version)))
     return dict(zip(exp.table.column("member_id").to_pylist(), exp.table.column("title").to_pylist()))

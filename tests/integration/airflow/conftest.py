@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.airflow_stack import airflow_env
+from orchestrator.airflow.stack import airflow_env
 
 if not os.environ.get("KAPPA_TEST_AIRFLOW_HOME"):
     os.environ["KAPPA_TEST_AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="kappa-airflow-test-")
@@ -34,8 +34,8 @@ from airflow_helpers import (KEYS, PIPELINES, POKE_SECONDS, RECORDS, AirflowTest
 
 @pytest.fixture(scope="session")
 def airflow_testbed(tmp_path_factory, bootstrap) -> AirflowTestBed:
-    from orchestrator import datagen
-    from orchestrator.config import Settings
+    from orchestrator.dev import datagen
+    from orchestrator.core.settings import Settings
 
     home = tmp_path_factory.mktemp("kappa-af")
     suffix = uuid.uuid4().hex[:8]
@@ -64,7 +64,7 @@ def in_process_kappa(airflow_testbed, monkeypatch) -> AirflowTestBed:
 @pytest.fixture(scope="session")
 def airflow_db():
     """`airflow db migrate` for the in-process Airflow that `dag.test()` runs in."""
-    from orchestrator.airflow_stack import migrate
+    from orchestrator.airflow.stack import migrate
 
     home = Path(os.environ["KAPPA_TEST_AIRFLOW_HOME"])
     migrate(airflow_env(home), home / "migrate.log")
@@ -77,7 +77,7 @@ def airflow(airflow_testbed):
 
     DAGs start paused so that kappa_monitor stays off; the three manual DAGs are unpaused.
     """
-    from orchestrator import airflow_stack
+    from orchestrator.airflow import stack as airflow_stack
 
     stack = airflow_stack.start(airflow_testbed.settings, paused_at_creation=True, timeout=400,
                                 extra_env={"KAPPA_AIRFLOW_POKE_SECONDS": POKE_SECONDS})

@@ -10,9 +10,9 @@ from unittest import mock
 import pytest
 from airflow_helpers import expected_titles, pipelines_toml, served_titles
 
-from orchestrator import tasks
-from orchestrator.airflow_stack import DAGS_FOLDER
-from orchestrator.exceptions import ConflictError
+from orchestrator.airflow import tasks
+from orchestrator.airflow.stack import DAGS_FOLDER
+from orchestrator.core.exceptions import ConflictError
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -137,7 +137,7 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
                                                                                       (2, "standby", "ready")}
 
     # 7. the serving version's job dies: kappa_monitor fails loudly, naming it
-    from orchestrator.lifecycle import stop_version
+    from orchestrator.jobctl.control import stop_version
 
     with bed.kappa() as k:
         stop_version(k, PIPELINE, 1, actor="tests", reason="simulate a crash", force=True, final_state=None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from orchestrator.airflow_stack import airflow_env, check_db_url, migrate
+from orchestrator.airflow.stack import airflow_env, check_db_url, migrate
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 

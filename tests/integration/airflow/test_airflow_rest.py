@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from airflow_helpers import RUN_TIMEOUT, expected_titles, served_titles
 
-from orchestrator import trigger
-from orchestrator.exceptions import AirflowError
+from orchestrator.airflow import client as trigger
+from orchestrator.core.exceptions import AirflowError
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -67,7 +67,7 @@ def test_wrong_password_is_one_clear_error(airflow):
 
 
 def test_reprocess_while_one_is_in_flight_fails_its_first_task(airflow, stack_jobs_stopped):
-    from orchestrator.deploy import deploy
+    from orchestrator.lifecycle.deploy import deploy
 
     bed = stack_jobs_stopped
     with bed.kappa() as k:
@@ -93,7 +93,7 @@ def test_reprocess_while_one_is_in_flight_fails_its_first_task(airflow, stack_jo
 
 
 def test_starting_again_returns_the_running_stack(airflow, airflow_testbed):
-    from orchestrator import airflow_stack
+    from orchestrator.airflow import stack as airflow_stack
 
     again = airflow_stack.start(airflow_testbed.settings)
     assert again.already_running and again.url == airflow.url and again.pids == airflow.pids

@@ -52,7 +52,7 @@ def wait_for_new_run(client, dag_id: str, known: set[str], timeout: float) -> st
 
 
 def test_reprocess_from_the_ui(airflow, stack_jobs_stopped, browser_page, artifacts_dir):
-    from orchestrator.trigger import follow
+    from orchestrator.airflow.client import follow
 
     bed = stack_jobs_stopped
     page = browser_page

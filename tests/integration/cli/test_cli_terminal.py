@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-KAPPA = [sys.executable, "-m", "orchestrator.cli"]
+KAPPA = [sys.executable, "-m", "orchestrator.cli.app"]
 
 
 def _env() -> dict[str, str]:
@@ -46,7 +46,7 @@ def test_background_broker_round_trip(tmp_path):
         assert status["running"] is True and status["pid"] == pid
 
         # A command that needs Kafka finds the broker through the home when nothing else names one.
-        from orchestrator.cli import Cli
+        from orchestrator.cli.app import Cli
 
         cli = Cli({"home": home})
         os_env = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("KAPPA_")}
@@ -54,7 +54,7 @@ def test_background_broker_round_trip(tmp_path):
             assert cli.settings().bootstrap_servers == info["bootstrap_servers"]
         finally:
             os.environ.update(os_env)
-        from orchestrator.broker import wait_for_broker
+        from orchestrator.dev.broker import wait_for_broker
 
         wait_for_broker(info["bootstrap_servers"], timeout=10)
     finally:
@@ -70,8 +70,8 @@ def test_background_broker_round_trip(tmp_path):
 @pytest.mark.integration
 def test_terminal_workflow_on_the_background_broker(tmp_path):
     """broker start -> deploy --wait -> status --watch --until-ready -> promote -> lag-plot -> stop, each a process."""
-    from orchestrator.datagen import ensure_topic, generate_changelog, produce
-    from orchestrator.lagplot import is_png
+    from orchestrator.dev.datagen import ensure_topic, generate_changelog, produce
+    from orchestrator.observe.lagplot import is_png
 
     home = tmp_path / "home"
     started = kappa(home, "broker", "start", "--json")

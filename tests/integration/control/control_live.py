@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from orchestrator import datagen, lifecycle
-from orchestrator.config import Settings
-from orchestrator.context import Kappa
-from orchestrator.pipelines import PipelineSpec
+from orchestrator.dev import datagen
+
+from orchestrator.jobctl import control as lifecycle
+from orchestrator.core.settings import Settings
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.pipelines import PipelineSpec
 
 PIPELINE = "standardize"
 PARTITIONS = 4
@@ -77,7 +79,7 @@ class Live:
         return self._live_count[0]
 
     def expected(self, rules_version: str) -> pa.Table:
-        from jobs.rules import load_rules, rules_path
+        from jobs.lib.rules import load_rules, rules_path
 
         rules = load_rules(rules_path("titles", rules_version))
         return datagen.expected_table(datagen.iter_log(self.bootstrap, self.topic), rules).table

@@ -25,21 +25,21 @@ import pytest
 import sqlalchemy as sa
 
 from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
-from orchestrator import datagen
-from orchestrator.await_ready import readiness, wait_ready
-from orchestrator.broker import free_port
-from orchestrator.config import Settings
-from orchestrator.context import Kappa
-from orchestrator.deploy import deploy
-from orchestrator.exceptions import ConflictError, LifecycleError, NotReadyError
-from orchestrator.lag import measure_lag, partition_key
-from orchestrator.lifecycle import inspect_version, start_version, stop_version
-from orchestrator.promote import promote
-from orchestrator.reconcile import reconcile
-from orchestrator.registry import Registry
-from orchestrator.report import validation_report
-from orchestrator.retention import apply_retention, retire
-from orchestrator.rollback import rollback
+from orchestrator.dev import datagen
+from orchestrator.lifecycle.await_ready import readiness, wait_ready
+from orchestrator.dev.broker import free_port
+from orchestrator.core.settings import Settings
+from orchestrator.core.kappa import Kappa
+from orchestrator.lifecycle.deploy import deploy
+from orchestrator.core.exceptions import ConflictError, LifecycleError, NotReadyError
+from orchestrator.observe.lag import measure_lag, partition_key
+from orchestrator.jobctl.control import inspect_version, start_version, stop_version
+from orchestrator.lifecycle.promote import promote
+from orchestrator.lifecycle.reconcile import reconcile
+from orchestrator.registry.store import Registry
+from orchestrator.lifecycle.report import validation_report
+from orchestrator.lifecycle.retire import apply_retention, retire
+from orchestrator.lifecycle.rollback import rollback
 from orchestrator.serving import open_alias, resolve_alias
 
 pytestmark = pytest.mark.integration
@@ -157,7 +157,7 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(live):
     report = validation_report(k, PIPELINE, 2)
     assert report.serving_version == 1 and report.rules_version == "v2" and report.serving_rules_version == "v1"
     assert report.rows_changed > 0 and report.top_changes["title"]
-    from jobs.rules import load_rules, rules_path
+    from jobs.lib.rules import load_rules, rules_path
 
     v1_rules, v2_rules = (load_rules(rules_path("titles", v)) for v in ("v1", "v2"))
     for change in report.top_changes["title"]:   # each change old -> new is what the rules do to a raw title
@@ -324,7 +324,7 @@ def test_crash_between_cas_and_publish_then_reconcile(live, adopted, monkeypatch
         raise KeyboardInterrupt("the orchestrator died between the registry CAS and the pointer publish")
 
     with monkeypatch.context() as m:
-        m.setattr("orchestrator.promote.publish_current", die)
+        m.setattr("orchestrator.lifecycle.promote.publish_current", die)
         with pytest.raises(KeyboardInterrupt):
             promote(k, PIPELINE, 2, actor="jo", reason="crashes half-way")
     rec = k.registry.get_alias(live.alias)

@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 
 from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
-from orchestrator import datagen
-from orchestrator.await_ready import wait_ready
-from orchestrator.broker import free_port
-from orchestrator.config import Settings
-from orchestrator.context import Kappa
-from orchestrator.deploy import deploy
-from orchestrator.lifecycle import inspect_version, read_launch, stop_version
-from orchestrator.promote import promote
-from orchestrator.registry import Registry
+from orchestrator.dev import datagen
+from orchestrator.lifecycle.await_ready import wait_ready
+from orchestrator.dev.broker import free_port
+from orchestrator.core.settings import Settings
+from orchestrator.core.kappa import Kappa
+from orchestrator.lifecycle.deploy import deploy
+from orchestrator.jobctl.control import inspect_version, read_launch, stop_version
+from orchestrator.lifecycle.promote import promote
+from orchestrator.registry.store import Registry
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 def _spark_class() -> tuple[Path, dict[str, str]]:
     import pyspark
 
-    from jobs.session import spark_env
+    from jobs.lib.session import spark_env
 
     home = Path(pyspark.__file__).parent
     env = {**os.environ, **spark_env(), "SPARK_HOME": str(home)}

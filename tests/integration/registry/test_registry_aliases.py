@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from registry_helpers import allocate, iso
 
-from orchestrator.exceptions import ConfigError, ConflictError, NotFoundError
+from orchestrator.core.exceptions import ConfigError, ConflictError, NotFoundError
 
 pytestmark = pytest.mark.integration
 

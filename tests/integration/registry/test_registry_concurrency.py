@@ -12,8 +12,8 @@ import threading
 import pytest
 from registry_helpers import allocate
 
-from orchestrator.exceptions import ConflictError
-from orchestrator.registry import HEAD, Registry
+from orchestrator.core.exceptions import ConflictError
+from orchestrator.registry.store import HEAD, Registry
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from registry_helpers import allocate
 
-from orchestrator.broker import free_port
-from orchestrator.exceptions import ConfigError, RegistryError
-from orchestrator.registry import HEAD, Registry
+from orchestrator.dev.broker import free_port
+from orchestrator.core.exceptions import ConfigError, RegistryError
+from orchestrator.registry.store import HEAD, Registry
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from registry_helpers import allocate
 
-from orchestrator.exceptions import NotFoundError, RegistryError
+from orchestrator.core.exceptions import NotFoundError, RegistryError
 
 pytestmark = pytest.mark.integration
 

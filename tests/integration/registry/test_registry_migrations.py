@@ -6,8 +6,8 @@ import pytest
 import sqlalchemy as sa
 from registry_helpers import allocate
 
-from orchestrator.exceptions import ConflictError, RegistryError
-from orchestrator.registry import HEAD, MIGRATIONS, Registry, metadata
+from orchestrator.core.exceptions import ConflictError, RegistryError
+from orchestrator.registry.store import HEAD, MIGRATIONS, Registry, metadata
 
 pytestmark = pytest.mark.integration
 

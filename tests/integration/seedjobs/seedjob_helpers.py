@@ -1,5 +1,5 @@
 """Helpers of the seed-job integration tests: run a job's build(ctx) in-process, read its tables, and
-compute expected results independently of the job code (plain json + datetime, no jobs.events)."""
+compute expected results independently of the job code (plain json + datetime, no jobs.lib.events)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from jobs.delta_sink import read_table
-from jobs.runtime import JobContext, Status, parse_args
+from jobs.lib.delta_sink import read_table
+from jobs.lib.runtime import JobContext, Status, parse_args
 
 UTC = timezone.utc
 QUERY_TIMEOUT_SECONDS = 600  # a guard against a hung query, not a timing assertion

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from jobs import pageview_enrich
-from orchestrator import seedgen
+from orchestrator.dev import seedgen
 from seedjob_helpers import JobRun, expected_enriched
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from jobs import pageviews_hourly
-from orchestrator import seedgen
+from orchestrator.dev import seedgen
 from seedjob_helpers import JobRun, expected_hourly
 
 pytestmark = pytest.mark.integration

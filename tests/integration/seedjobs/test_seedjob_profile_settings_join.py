@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import read_status
-from jobs.session import spark_env
-from orchestrator import seedgen
+from jobs.lib.runtime import read_status
+from jobs.lib.session import spark_env
+from orchestrator.dev import seedgen
 from seedjob_helpers import JobRun, expected_joined
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from orchestrator import seedgen
+from orchestrator.dev import seedgen
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ def apache_kafka() -> Kafka:
                   "supports neither DeleteRecords nor CreatePartitions (see /work/shared/NOTES.md)")
         print(f"SKIP: {reason}")
         pytest.skip(reason)
-    from orchestrator.broker import wait_for_broker
+    from orchestrator.dev.broker import wait_for_broker
 
     wait_for_broker(bootstrap)
     return Kafka(bootstrap)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from jobs.runtime import JobContext, run
-from orchestrator.exceptions import SourceError
+from jobs.lib.runtime import JobContext, run
+from orchestrator.core.exceptions import SourceError
 
 
 def build(ctx: JobContext):

@@ -6,7 +6,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from orchestrator.broker import ONE_RECORD_PER_BATCH
+from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
 
 #: Generous bound for anything that waits on Spark: the test machine is shared and loaded.
 WAIT_SECONDS = float(os.environ.get("KAPPA_TEST_WAIT_SECONDS", "600"))

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from jobs.kafka_source import checkpoint_offsets
+from jobs.lib.kafka import checkpoint_offsets
 from tests.integration.source.source_helpers import (
     WAIT_SECONDS,
     await_failure,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.kafka_source import checkpoint_offsets, last_committed_batch
-from jobs.runtime import read_status
+from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
+from jobs.lib.runtime import read_status
 from tests.integration.source.source_helpers import WAIT_SECONDS, read_parquet_rows
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.rules import Rules, load_rules, rules_path
-from orchestrator.datagen import Expected, LogRecord, ensure_topic, expected_table, generate_changelog, iter_log, produce
+from jobs.lib.rules import Rules, load_rules, rules_path
+from orchestrator.dev.datagen import Expected, LogRecord, ensure_topic, expected_table, generate_changelog, iter_log, produce
 
 V1 = load_rules(rules_path("titles", "v1"))
 V2 = load_rules(rules_path("titles", "v2"))
@@ -75,7 +75,7 @@ class JobPaths:
 
 def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, timeout: float = 900):
     """`python -m jobs.standardize ...` to its end, output in `log_path`; returns (exit code, log text)."""
-    from jobs.session import spark_env
+    from jobs.lib.session import spark_env
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:

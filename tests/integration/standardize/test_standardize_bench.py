@@ -14,11 +14,11 @@ pytestmark = pytest.mark.integration
 
 
 def test_reprocess_bench_small(tmp_path):
-    from jobs.session import spark_env
+    from jobs.lib.session import spark_env
 
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.bench", "--records", "30000", "--keys", "8000",
+        [sys.executable, "-m", "orchestrator.dev.bench", "--records", "30000", "--keys", "8000",
          "--max-records-per-batch", "10000", "--malformed-share", "0.01", "--json", str(out)],
         env={**os.environ, **spark_env(), "COLUMNS": "160"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

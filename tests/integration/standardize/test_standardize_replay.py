@@ -8,10 +8,10 @@ import pytest
 from std_helpers import V2, run_in_process, run_job_process
 from deltalake import DeltaTable
 
-from jobs.delta_sink import read_table
-from jobs.kafka_source import last_committed_batch
-from jobs.rules import rules_path
-from jobs.runtime import read_status
+from jobs.lib.delta_sink import read_table
+from jobs.lib.kafka import last_committed_batch
+from jobs.lib.rules import rules_path
+from jobs.lib.runtime import read_status
 from jobs.standardize import CRASH_HOOK, make_writer
 
 pytestmark = pytest.mark.integration

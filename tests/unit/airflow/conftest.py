@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from orchestrator.airflow_stack import airflow_env
+from orchestrator.airflow.stack import airflow_env
 
 if not os.environ.get("KAPPA_TEST_AIRFLOW_HOME"):
     os.environ["KAPPA_TEST_AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="kappa-airflow-test-")

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from orchestrator.airflow_stack import DAGS_FOLDER, KAPPA_DAG_IDS
+from orchestrator.airflow.stack import DAGS_FOLDER, KAPPA_DAG_IDS
 
 pytestmark = pytest.mark.airflow
 
@@ -66,16 +66,16 @@ def no_side_effects(monkeypatch):
     from airflow.dag_processing.dagbag import DagBag  # noqa: F401
     from pyspark.sql import SparkSession
 
-    import orchestrator.registry
+    import orchestrator.registry.store
 
-    for name in ("orchestrator.tasks", "orchestrator.pipelines", "orchestrator.config", "jobs.rules"):
+    for name in ("orchestrator.airflow.tasks", "orchestrator.core.pipelines", "orchestrator.core.settings", "jobs.lib.rules"):
         monkeypatch.delitem(sys.modules, name, raising=False)
 
     for name in ("Producer", "Consumer"):
         monkeypatch.setattr(confluent_kafka, name, forbid(f"confluent_kafka.{name}"))
     monkeypatch.setattr(confluent_kafka.admin, "AdminClient", forbid("confluent_kafka.admin.AdminClient"))
     monkeypatch.setattr(SparkSession.Builder, "getOrCreate", forbid("SparkSession.builder.getOrCreate"))
-    monkeypatch.setattr(orchestrator.registry.Registry, "__init__", forbid("Registry()"))
+    monkeypatch.setattr(orchestrator.registry.store.Registry, "__init__", forbid("Registry()"))
     monkeypatch.setattr(subprocess, "Popen", forbid("subprocess.Popen"))
 
 
@@ -114,8 +114,8 @@ def test_monitor_runs_every_minute_without_catchup(clean_kappa_env):
 
 
 def test_form_offers_declared_pipelines_and_rules_files(clean_kappa_env):
-    from jobs.rules import available_rules
-    from orchestrator.pipelines import load_pipelines
+    from jobs.lib.rules import available_rules
+    from orchestrator.core.pipelines import load_pipelines
 
     params = parse().dags["kappa_reprocess"].params
     declared = list(load_pipelines())

@@ -1,4 +1,4 @@
-"""orchestrator.airflow_stack without Airflow running: its configuration, the settings it hands
+"""orchestrator.airflow.stack without Airflow running: its configuration, the settings it hands
 to tasks, and stopping by recorded PID (never a process it did not start)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from orchestrator import airflow_stack
-from orchestrator.config import Settings
-from orchestrator.exceptions import AirflowError
+from orchestrator.airflow import stack as airflow_stack
+from orchestrator.core.settings import Settings
+from orchestrator.core.exceptions import AirflowError
 
 pytestmark = pytest.mark.airflow
 
@@ -45,7 +45,7 @@ def test_airflow_env_postgresql(tmp_path):
 
 
 def test_tasks_get_the_resolved_settings(tmp_path):
-    from orchestrator.config import resolve_settings
+    from orchestrator.core.settings import resolve_settings
 
     s = Settings(home=tmp_path / "home", bootstrap_servers="127.0.0.1:9092",
                  kafka_config={"security.protocol": "SASL_SSL", "sasl.password": "s3cret"})

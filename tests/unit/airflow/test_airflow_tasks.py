@@ -1,12 +1,12 @@
-"""orchestrator.tasks without services: attribution, XCom safety, retries policy, parse-time choices,
+"""orchestrator.airflow.tasks without services: attribution, XCom safety, retries policy, parse-time choices,
 and the refusals that need no broker (unknown pipeline, unknown rules version)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator import tasks
-from orchestrator.exceptions import ConflictError, NotFoundError, RulesError
+from orchestrator.airflow import tasks
+from orchestrator.core.exceptions import ConflictError, NotFoundError, RulesError
 
 pytestmark = pytest.mark.airflow
 

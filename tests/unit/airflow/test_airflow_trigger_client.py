@@ -1,4 +1,4 @@
-"""orchestrator.trigger against a fake Airflow REST API on 127.0.0.1: every refusal is one clear
+"""orchestrator.airflow.client against a fake Airflow REST API on 127.0.0.1: every refusal is one clear
 AirflowError line, and a followed run reports the failed task's own error."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from orchestrator import trigger
-from orchestrator.broker import free_port
-from orchestrator.exceptions import AirflowError
+from orchestrator.airflow import client as trigger
+from orchestrator.dev.broker import free_port
+from orchestrator.core.exceptions import AirflowError
 
 pytestmark = pytest.mark.airflow
 
@@ -191,7 +191,7 @@ def test_conf_builders_use_the_dags_param_names(tmp_path, monkeypatch):
 
     from airflow.dag_processing.dagbag import DagBag
 
-    from orchestrator.airflow_stack import DAGS_FOLDER
+    from orchestrator.airflow.stack import DAGS_FOLDER
 
     for var in ("KAPPA_PIPELINES", "KAPPA_HOME", "KAPPA_CONFIG"):
         monkeypatch.delenv(var, raising=False)

@@ -29,7 +29,7 @@ def home(tmp_path, clean_env) -> Path:
 @pytest.fixture
 def run(home):
     """Invoke `kappa --home <home> ...` in-process; returns click's Result (stdout, stderr apart)."""
-    from orchestrator.cli import app
+    from orchestrator.cli.app import app
 
     runner = CliRunner()
 
@@ -42,8 +42,8 @@ def run(home):
 
 @pytest.fixture
 def kappa(home):
-    from orchestrator.config import resolve_settings
-    from orchestrator.context import Kappa
+    from orchestrator.core.settings import resolve_settings
+    from orchestrator.core.kappa import Kappa
 
     k = Kappa(resolve_settings(home=str(home), env={}))
     yield k

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from orchestrator.exceptions import NotReadyError
+from orchestrator.core.exceptions import NotReadyError
 
 
 def _one_error_line(result) -> str:
@@ -26,7 +26,7 @@ def test_kappa_error_from_a_verb_is_one_line_and_exit_1(run, monkeypatch):
     def refuse(*args, **kwargs):
         raise NotReadyError("standardize v2 is not ready: total lag 1200\nlast lines of the job log:\nboom")
 
-    monkeypatch.setattr("orchestrator.deploy.deploy", refuse)
+    monkeypatch.setattr("orchestrator.lifecycle.deploy.deploy", refuse)
     result = run("deploy", "standardize", "--rules", "v2")
     assert result.exit_code == 1
     line = _one_error_line(result)
@@ -38,7 +38,7 @@ def test_a_bug_is_not_disguised_as_a_user_error(run, monkeypatch):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr("orchestrator.deploy.deploy", broken)
+    monkeypatch.setattr("orchestrator.lifecycle.deploy.deploy", broken)
     with pytest.raises(ZeroDivisionError):
         run("deploy", "standardize")
 
@@ -96,7 +96,7 @@ def test_usage_errors_exit_2(run, argv):
 
 
 def test_airflow_unreachable_is_one_line(run):
-    from orchestrator.broker import free_port
+    from orchestrator.dev.broker import free_port
 
     result = run("trigger", "reprocess", "standardize", "--airflow-url", f"http://127.0.0.1:{free_port()}")
     assert result.exit_code == 1
@@ -159,7 +159,7 @@ def test_deploy_without_any_broker_says_how_to_get_one(run, kappa):
 
 def test_trigger_sends_a_default_reason_the_dags_accept(run, monkeypatch):
     """The DAGs refuse a reason under 3 characters; `kappa trigger` without --reason names the actor."""
-    from orchestrator.broker import free_port
+    from orchestrator.dev.broker import free_port
 
     seen = {}
 
@@ -167,7 +167,7 @@ def test_trigger_sends_a_default_reason_the_dags_accept(run, monkeypatch):
         seen.update(dag_id=dag_id, conf=conf)
         raise NotReadyError("stop here")
 
-    monkeypatch.setattr("orchestrator.trigger.trigger_and_follow", follow)
+    monkeypatch.setattr("orchestrator.airflow.client.trigger_and_follow", follow)
     url = f"http://127.0.0.1:{free_port()}"
     result = run("trigger", "reprocess", "standardize", "--rules", "v2", "--actor", "ana", "--airflow-url", url)
     assert result.exit_code == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.lagplot import PNG_SIGNATURE, Series, is_png, plot_lag
+from orchestrator.observe.lagplot import PNG_SIGNATURE, Series, is_png, plot_lag
 
 
 def _catch_up(reg, version: int, start: float, backlog: int, unknown_at: int | None = None) -> None:

@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from orchestrator.cli import error_line, render_report
-from orchestrator.progress import LagProgress, fmt_eta
+from orchestrator.cli.app import error_line, render_report
+from orchestrator.observe.progress import LagProgress, fmt_eta
 
 
 def _console() -> tuple[Console, io.StringIO]:
@@ -69,7 +69,7 @@ def test_json_values_are_strict_json():
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from orchestrator.cli import _plain
+    from orchestrator.cli.app import _plain
 
     @dataclass
     class R:

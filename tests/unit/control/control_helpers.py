@@ -12,13 +12,13 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from orchestrator import lag as lag_mod
-from orchestrator import lifecycle
-from orchestrator.config import Settings
-from orchestrator.context import Kappa
-from orchestrator.exceptions import BrokerError
-from orchestrator.pipelines import PipelineSpec
-from orchestrator.registry import Registry
+from orchestrator.observe import lag as lag_mod
+from orchestrator.jobctl import control as lifecycle
+from orchestrator.core.settings import Settings
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.exceptions import BrokerError
+from orchestrator.core.pipelines import PipelineSpec
+from orchestrator.registry.store import Registry
 
 FAKE_JOB = Path(__file__).with_name("fake_job.py")
 PIPELINE = "orders"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from control_helpers import PIPELINE, TOPIC, make_spec
-from orchestrator import deploy as deploy_mod
-from orchestrator.context import Kappa
-from orchestrator.deploy import check_request, deploy
-from orchestrator.exceptions import ConfigError, ConflictError, NotFoundError, RulesError, SourceError
+from orchestrator.lifecycle import deploy as deploy_mod
+from orchestrator.core.kappa import Kappa
+from orchestrator.lifecycle.deploy import check_request, deploy
+from orchestrator.core.exceptions import ConfigError, ConflictError, NotFoundError, RulesError, SourceError
 
 
 @pytest.fixture

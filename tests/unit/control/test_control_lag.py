@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from control_helpers import PIPELINE, TOPIC, allocate
-from orchestrator.lag import eta_seconds, format_partitions, lag_from_offsets, measure_lag, sample_lag
+from orchestrator.observe.lag import eta_seconds, format_partitions, lag_from_offsets, measure_lag, sample_lag
 
 
 def test_lag_is_end_minus_checkpoint_per_partition():

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, wait_for
-from orchestrator.exceptions import LifecycleError
-from orchestrator.lifecycle import inspect_version, job_command, start_version, stop_version
+from orchestrator.core.exceptions import LifecycleError
+from orchestrator.jobctl.control import inspect_version, job_command, start_version, stop_version
 
 
 def _running(k, v):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, make_spec, profiles, write_table
-from orchestrator.context import Kappa
-from orchestrator.exceptions import LifecycleError, NotReadyError
-from orchestrator.flipbench import flip_benchmark
-from orchestrator.lifecycle import inspect_version, start_version
-from orchestrator.monitor import monitor
-from orchestrator.reconcile import reconcile
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.exceptions import LifecycleError, NotReadyError
+from orchestrator.dev.flipbench import flip_benchmark
+from orchestrator.jobctl.control import inspect_version, start_version
+from orchestrator.lifecycle.monitor import monitor
+from orchestrator.lifecycle.reconcile import reconcile
 from orchestrator.serving import publish_current, resolve_alias
 
 

@@ -7,11 +7,11 @@ import threading
 import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, profiles, write_table
-from orchestrator import promote as promote_mod
-from orchestrator.exceptions import ConflictError, LifecycleError, NotFoundError, NotReadyError
-from orchestrator.promote import promote
-from orchestrator.reconcile import reconcile
-from orchestrator.rollback import rollback
+from orchestrator.lifecycle import promote as promote_mod
+from orchestrator.core.exceptions import ConflictError, LifecycleError, NotFoundError, NotReadyError
+from orchestrator.lifecycle.promote import promote
+from orchestrator.lifecycle.reconcile import reconcile
+from orchestrator.lifecycle.rollback import rollback
 from orchestrator.serving import read_pointer, resolve_alias
 
 ROWS_V1 = [("m1", "swe", "SWE", "Ada", 1), ("m2", "sr swe", "Sr SWE", "Alan", 2), ("m3", "pm", "PM", "Grace", 3)]
@@ -217,7 +217,7 @@ def test_rerunning_rollback_after_the_crash_does_not_flip_back(k, fake_log, monk
     v2 = ready_version(k, fake_log, ROWS_V2)
     promote(k, PIPELINE, v2, actor="alice", reason="second")
     with monkeypatch.context() as m:
-        m.setattr("orchestrator.rollback.flip", lambda *a, **kw: (
+        m.setattr("orchestrator.lifecycle.rollback.flip", lambda *a, **kw: (
             k.registry.flip_alias(ALIAS, PIPELINE, expected_version=v2, new_version=v1, actor="x", reason="y"),
             (_ for _ in ()).throw(KeyboardInterrupt("died"))))
         with pytest.raises(KeyboardInterrupt):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from control_helpers import PIPELINE, TOPIC, allocate, fake_running
-from orchestrator.await_ready import readiness, wait_ready
-from orchestrator.exceptions import NotReadyError
+from orchestrator.lifecycle.await_ready import readiness, wait_ready
+from orchestrator.core.exceptions import NotReadyError
 
 
 def test_hydrating_until_n_consecutive_samples_at_threshold(k, fake_log):

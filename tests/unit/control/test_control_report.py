@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from orchestrator.report import compare_tables
+from orchestrator.lifecycle.report import compare_tables
 
 
 def _t(rows):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, profiles, write_table
-from orchestrator import retention
-from orchestrator.exceptions import LifecycleError
-from orchestrator.retention import apply_retention, retire
+from orchestrator.lifecycle import retire as retention
+from orchestrator.core.exceptions import LifecycleError
+from orchestrator.lifecycle.retire import apply_retention, retire
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, profiles, write_table
-from orchestrator.exceptions import NotFoundError, SinkError
+from orchestrator.core.exceptions import NotFoundError, SinkError
 from orchestrator.serving import open_alias, publish_current, resolve_alias, write_pointer
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from orchestrator.config import (CLI_FLAGS, DEFAULT_PIPELINES_FILE, ENV_VARS, Settings, alias_pointer_path,
+from orchestrator.core.settings import (CLI_FLAGS, DEFAULT_PIPELINES_FILE, ENV_VARS, Settings, alias_pointer_path,
                                  resolve_settings, version_paths)
-from orchestrator.exceptions import ConfigError
+from orchestrator.core.exceptions import ConfigError
 
 
 def write_config(path: Path, text: str) -> Path:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.exceptions import ConfigError
-from orchestrator.names import (NAME_RULE, TOPIC_RULE, validate_alias_name, validate_job_name,
+from orchestrator.core.exceptions import ConfigError
+from orchestrator.core.names import (NAME_RULE, TOPIC_RULE, validate_alias_name, validate_job_name,
                                 validate_pipeline_name, validate_topic_name, validate_version_number)
 
 

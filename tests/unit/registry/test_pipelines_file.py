@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.config import DEFAULT_PIPELINES_FILE
-from orchestrator.exceptions import ConfigError
-from orchestrator.pipelines import (PipelineSpec, check_job_exists, check_pipeline_code, check_ruleset_exists,
+from orchestrator.core.settings import DEFAULT_PIPELINES_FILE
+from orchestrator.core.exceptions import ConfigError
+from orchestrator.core.pipelines import (PipelineSpec, check_job_exists, check_pipeline_code, check_ruleset_exists,
                                     load_pipelines)
 
 BASE = {
@@ -191,7 +191,9 @@ def code_dirs(tmp_path):
     (jobs / "rules" / "titles" / "v1.toml").write_text("")
     (jobs / "rules" / "empty").mkdir()
     (jobs / "standardize.py").write_text("")
-    (jobs / "session.py").write_text("")
+    (jobs / "lib").mkdir()                      # the runtime library is a package, not a job
+    (jobs / "lib" / "__init__.py").write_text("")
+    (jobs / "lib" / "session.py").write_text("")
     return jobs
 
 
@@ -201,6 +203,13 @@ def test_code_checks_pass(tmp_path, code_dirs):
     spec = specs["standardize"]
     assert check_job_exists(spec, jobs_dir=code_dirs) == code_dirs / "standardize.py"
     assert check_ruleset_exists(spec, rules_dir=code_dirs / "rules") == code_dirs / "rules" / "titles"
+
+
+@pytest.mark.parametrize("job", ["lib", "session", "events"])
+def test_library_modules_are_not_jobs(tmp_path, code_dirs, job):
+    path = pipelines_file(tmp_path, ("standardize", {"job": f'"{job}"'}))
+    with pytest.raises(ConfigError, match=f"unknown job module '{job}'.*jobs found: standardize\\)"):
+        load_pipelines(path, check_code=True, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
 
 
 def test_unknown_job_module(tmp_path, code_dirs):

@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from orchestrator import seedgen
+from orchestrator.dev import seedgen
 
-from jobs.events import (
+from jobs.lib.events import (
     AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_batches,
     parse_record, parse_timestamp, parsed_schema, rejects_and_counts,
 )

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from jobs.kafka_source import (
+from jobs.lib.kafka import (
     KafkaDataSource,
     KafkaRange,
     KafkaStreamReader,
@@ -22,7 +22,7 @@ from jobs.kafka_source import (
     plan_ranges,
     split_cap,
 )
-from orchestrator.exceptions import SourceError
+from orchestrator.core.exceptions import SourceError
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 

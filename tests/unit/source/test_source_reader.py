@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from jobs import kafka_source
-from jobs.kafka_source import KafkaRange, SourceSettings, arrow_schema, messages_to_batch, read_range
-from orchestrator.exceptions import SourceError
+from jobs.lib import kafka as kafka_source
+from jobs.lib.kafka import KafkaRange, SourceSettings, arrow_schema, messages_to_batch, read_range
+from orchestrator.core.exceptions import SourceError
 
 
 def FakeMsg(offset, key=None, value=None, headers=None, ts=1_700_000_000_123, err=None):

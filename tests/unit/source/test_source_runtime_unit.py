@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from jobs.runtime import JobContext, Status, parse_args, read_status, summarize_error, write_json_atomic
-from orchestrator.exceptions import SourceError
+from jobs.lib.runtime import JobContext, Status, parse_args, read_status, summarize_error, write_json_atomic
+from orchestrator.core.exceptions import SourceError
 
 ARGS = ["--pipeline", "standardize", "--version", "3", "--bootstrap-servers", "127.0.0.1:9092",
         "--topics", "a, b", "--output", "/w/standardize/v3", "--checkpoint", "/s/cp", "--run-dir", "/s/run"]
@@ -96,7 +96,7 @@ def test_error_summary_finds_the_kappa_error_inside_a_spark_failure():
     spark_text = ("[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted.\n"
                   "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
                   '  File "/x/jobs/kafka_source.py", line 1, in read\n'
-                  "orchestrator.exceptions.SourceError: the broker no longer has offset 5 of topic t\n"
+                  "orchestrator.core.exceptions.SourceError: the broker no longer has offset 5 of topic t\n"
                   "\tat org.apache.spark.Foo.bar(Foo.scala:1)")
     assert summarize_error(StreamingQueryException(spark_text)) == \
         "SourceError: the broker no longer has offset 5 of topic t"

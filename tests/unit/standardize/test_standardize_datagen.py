@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from jobs.rules import load_rules, rules_path
-from orchestrator.datagen import (
+from jobs.lib.rules import load_rules, rules_path
+from orchestrator.dev.datagen import (
     MALFORMED_KINDS,
     LogRecord,
     expected_table,

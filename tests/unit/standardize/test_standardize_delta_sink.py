@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from jobs.delta_sink import REJECTS_SCHEMA, DeltaSink, count_rows, latest_per_key, read_table
-from orchestrator.exceptions import SinkError
+from jobs.lib.delta_sink import REJECTS_SCHEMA, DeltaSink, count_rows, latest_per_key, read_table
+from orchestrator.core.exceptions import SinkError
 
 SCHEMA = pa.schema([("member_id", pa.string()), ("title", pa.string()), ("source_offset", pa.int64()),
                     ("_deleted", pa.bool_())])

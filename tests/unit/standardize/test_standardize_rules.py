@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from jobs.rules import available_rules, load_rules, normalize, rules_path
-from orchestrator.exceptions import RulesError
+from jobs.lib.rules import available_rules, load_rules, normalize, rules_path
+from orchestrator.core.exceptions import RulesError
 
 MINIMAL = """\
 format_version = 1
@@ -231,11 +231,11 @@ def test_rules_path_names_known_versions_and_refuses_traversal():
 
 
 def test_available_rules_natural_order(tmp_path, monkeypatch):
-    import jobs.rules as rules_mod
+    import jobs.lib.rules as rules_mod
 
     for v in ("v10", "v2", "v1"):
         shutil.copy(rules_path("titles", "v1"), tmp_path / f"{v}.toml")
     monkeypatch.setattr(rules_mod, "RULES_DIR", tmp_path.parent)
-    # through the module: other tests may have re-imported jobs.rules since this file imported from it
+    # through the module: other tests may have re-imported jobs.lib.rules since this file imported from it
     assert rules_mod.available_rules(tmp_path.name) == ["v1", "v2", "v10"]
     assert rules_mod.available_rules("no_such_ruleset") == []

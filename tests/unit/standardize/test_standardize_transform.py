@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from jobs.rules import load_rules, rules_path
+from jobs.lib.rules import load_rules, rules_path
 from jobs.standardize import OUTPUT_SCHEMA, parse_one, parse_profiles, transform_batch
-from orchestrator.datagen import LogRecord, expected_table, generate_changelog, partition_for
+from orchestrator.dev.datagen import LogRecord, expected_table, generate_changelog, partition_for
 
 V2 = load_rules(rules_path("titles", "v2"))
 

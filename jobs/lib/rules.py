@@ -1,0 +1,402 @@
+"""Standardization rules: versioned TOML files that map raw titles and companies to canonical ones.
+
+A rules file lives at `jobs/rules/<ruleset>/<version>.toml` (the standardize pipeline uses the
+ruleset "titles", versions "v1", "v2", ...). It is loaded and validated on the driver before a
+job starts, so a bad file fails the deploy with a message naming the file, the line or the rule,
+and nothing is written.
+
+Format (format_version 1)::
+
+    format_version = 1                       # required; the only version this code reads
+    description = "what changed and why"     # optional
+
+    [normalize]                              # optional
+    keep = "+#"                              # punctuation kept by normalisation (default "+#")
+
+    [titles]                                 # one section per field: titles -> title,
+    unmatched = "keep"                       #   companies -> company. "keep" (default): the raw
+                                             #   value with its whitespace collapsed; "null": null
+
+    [titles.exact]                           # normalised spelling -> canonical value
+    "swe" = "Software Engineer"
+
+    [titles.aliases]                         # canonical value -> list of spellings
+    "Senior Software Engineer" = ["Sr. Software Engineer", "senior swe"]
+
+    [[titles.regex]]                         # tried when no exact map or alias matched
+    pattern = '^(sr|senior) .*engineer$'     # Python regex, searched in the normalised value
+    canonical = "Senior Software Engineer"
+    priority = 10                            # higher first; equal priorities in file order
+
+Normalisation, applied to raw values and to every spelling in the file alike: Unicode NFKC,
+case folding, every character that is not a letter, digit, combining mark or one of `keep`
+becomes a space, runs of whitespace collapse to one space, ends stripped. So "Sr.  SOFTWARE
+engineer" and "sr software engineer" are the same spelling. A canonical value is also an
+implicit alias of itself.
+
+Lookup order for one value: exact maps and aliases (one table; a spelling that would map to two
+canonical values is an error), then regex rules by priority, then the `unmatched` policy.
+Null or blank raw values become null.
+
+`Rules.content_hash` is the sha256 of the parsed content in canonical JSON (sorted keys), so
+comments and formatting do not change it; any change to a mapping does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.exceptions import RulesError
+
+FORMAT_VERSION = 1
+RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+
+#: Rules sections and the profile field each one standardizes.
+SECTIONS = {"titles": "title", "companies": "company"}
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_TOP_KEYS = {"format_version", "description", "normalize", *SECTIONS}
+_SECTION_KEYS = {"unmatched", "exact", "aliases", "regex"}
+_REGEX_KEYS = {"pattern", "canonical", "priority"}
+_UNMATCHED = ("keep", "null")
+_DEFAULT_KEEP = "+#"
+_CACHE_LIMIT = 200_000
+
+
+def normalize(value: str, keep: str = _DEFAULT_KEEP) -> str:
+    """The lookup form of a spelling (see the module docstring)."""
+    folded = unicodedata.normalize("NFKC", value).casefold()
+    chars = [
+        ch if (ch.isalnum() or ch in keep or unicodedata.category(ch)[0] == "M") else " "
+        for ch in folded
+    ]
+    return " ".join("".join(chars).split())
+
+
+@dataclass(frozen=True)
+class RegexRule:
+    index: int  # position in the file's [[<section>.regex]] list
+    pattern: re.Pattern
+    canonical: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class FieldRules:
+    """The compiled rules of one section (titles or companies)."""
+
+    section: str
+    lookup: dict[str, str]
+    regex: tuple[RegexRule, ...]  # sorted: priority descending, then file order
+    unmatched: str
+    keep: str
+
+    def standardize(self, raw: str | None) -> str | None:
+        if raw is None:
+            return None
+        key = normalize(raw, self.keep)
+        if not key:
+            return None
+        hit = self.lookup.get(key)
+        if hit is not None:
+            return hit
+        for rule in self.regex:
+            if rule.pattern.search(key):
+                return rule.canonical
+        return " ".join(raw.split()) if self.unmatched == "keep" else None
+
+
+class Rules:
+    """A validated rules file. Build it with `load_rules(path)`."""
+
+    def __init__(self, path: Path, content: dict, fields: dict[str, FieldRules], content_hash: str):
+        self.path = path
+        self.content = content
+        self.fields = fields
+        self.content_hash = content_hash
+        self.description: str = content.get("description", "")
+        self._caches: dict[str, dict[str | None, str | None]] = {s: {} for s in fields}
+
+    def __repr__(self) -> str:
+        return f"Rules({str(self.path)!r}, hash={self.content_hash[:12]})"
+
+    @property
+    def version(self) -> str:
+        return self.path.stem
+
+    def standardize(self, section: str, raw: str | None) -> str | None:
+        """Canonical value of one raw value; a section the file does not have keeps values as they are."""
+        field = self.fields.get(section)
+        if field is None:
+            return raw
+        cache = self._caches[section]
+        try:
+            return cache[raw]
+        except KeyError:
+            pass
+        out = field.standardize(raw)
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        cache[raw] = out
+        return out
+
+    def standardize_title(self, raw: str | None) -> str | None:
+        return self.standardize("titles", raw)
+
+    def standardize_company(self, raw: str | None) -> str | None:
+        return self.standardize("companies", raw)
+
+    def standardize_array(self, section: str, values):
+        """Standardize a pyarrow string array, computing each distinct value once.
+
+        Runs on the driver inside a micro-batch: the distinct values of a batch are few, so the
+        Python work is proportional to them, not to the rows.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if section not in self.fields:
+            return values
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        encoded = pc.dictionary_encode(values)
+        mapped = pa.array([self.standardize(section, v) for v in encoded.dictionary.to_pylist()],
+                          type=pa.string())
+        return mapped.take(encoded.indices)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+def rules_path(ruleset: str, version: str) -> Path:
+    """`jobs/rules/<ruleset>/<version>.toml`; RulesError naming the versions there if it is missing."""
+    for what, name in (("ruleset", ruleset), ("rules version", version)):
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise RulesError(
+                f"invalid {what} {name!r}: expected lowercase letters, digits, '_', '.', '-' "
+                f"(at most 63 characters, no path separators)"
+            )
+    path = RULES_DIR / ruleset / f"{version}.toml"
+    if not path.is_file():
+        known = available_rules(ruleset)
+        raise RulesError(
+            f"no rules file {path}: ruleset {ruleset!r} has "
+            + (f"versions {', '.join(known)}" if known else "no versions")
+            + f"; add {path.name} to {path.parent} or pick one of those"
+        )
+    return path
+
+
+def available_rules(ruleset: str) -> list[str]:
+    """Rules versions of a ruleset, in natural order (v1, v2, ..., v10)."""
+    folder = RULES_DIR / ruleset
+    if not folder.is_dir():
+        return []
+    names = [p.stem for p in folder.glob("*.toml")]
+
+    def natural(s: str):
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+    return sorted(names, key=natural)
+
+
+def load_rules(path: str | Path) -> Rules:
+    """Read and validate a rules file; RulesError names the file, line or rule and what is wrong."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RulesError(f"rules file {path} does not exist; pass an existing file with --rules") from None
+    except OSError as e:
+        raise RulesError(f"rules file {path} cannot be read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RulesError(f"rules file {path}: not UTF-8 (byte {e.start}); save it as UTF-8") from None
+    try:
+        content = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise RulesError(f"rules file {path}: TOML syntax error: {e}") from None
+    return _Validator(path, text, content).build()
+
+
+class _Validator:
+    def __init__(self, path: Path, text: str, content: dict):
+        self.path = path
+        self.lines = text.splitlines()
+        self.content = content
+
+    # -- error reporting -----------------------------------------------------------------------
+    def fail(self, where: str, what: str, line: int | None = None) -> None:
+        at = f" (line {line})" if line else ""
+        raise RulesError(f"rules file {self.path}: {where}{at}: {what}")
+
+    def _section_start(self, header: str) -> int | None:
+        pat = re.compile(r"^\s*\[\s*" + re.escape(header).replace(r"\.", r"\s*\.\s*") + r"\s*\]\s*(#.*)?$")
+        for i, line in enumerate(self.lines):
+            if pat.match(line):
+                return i
+        return None
+
+    def line_of_key(self, table: str, key: str) -> int | None:
+        """Best-effort line of `key` (or of a list item equal to it) inside [table]."""
+        start = self._section_start(table)
+        first = 0 if start is None else start + 1
+        quoted = (json.dumps(key, ensure_ascii=False), f"'{key}'")
+        bare = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
+        for i in range(first, len(self.lines)):
+            line = self.lines[i]
+            if start is not None and i > first and re.match(r"^\s*\[", line):
+                break
+            if any(q in line for q in quoted) or bare.match(line):
+                return i + 1
+        return None
+
+    def line_of_array_item(self, header: str, index: int) -> int | None:
+        pat = re.compile(r"^\s*\[\[\s*" + re.escape(header).replace(r"\.", r"\s*\.\s*") + r"\s*\]\]")
+        seen = -1
+        for i, line in enumerate(self.lines):
+            if pat.match(line):
+                seen += 1
+                if seen == index:
+                    return i + 1
+        return None
+
+    def line_of_top(self, key: str) -> int | None:
+        bare = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
+        for i, line in enumerate(self.lines):
+            if re.match(r"^\s*\[", line):
+                return None
+            if bare.match(line):
+                return i + 1
+        return None
+
+    def check_keys(self, where: str, table: dict, allowed: set[str], header: str | None = None,
+                   line: int | None = None) -> None:
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            if header is not None:
+                line = self.line_of_key(header, unknown[0])
+            self.fail(where, f"unknown key {unknown[0]!r}; allowed keys are {', '.join(sorted(allowed))}",
+                      line)
+
+    # -- validation ----------------------------------------------------------------------------
+    def build(self) -> Rules:
+        c = self.content
+        if "format_version" not in c:
+            self.fail("format_version", f"missing; add `format_version = {FORMAT_VERSION}` at the top")
+        fv = c["format_version"]
+        if type(fv) is not int or fv != FORMAT_VERSION:
+            self.fail("format_version", f"unsupported value {fv!r}; this kappa reads format_version = "
+                      f"{FORMAT_VERSION}", self.line_of_top("format_version"))
+        for key in c:
+            if key not in _TOP_KEYS:
+                self.fail(key, f"unknown top-level key; allowed keys are {', '.join(sorted(_TOP_KEYS))}",
+                          self.line_of_top(key) or self.line_of_key(key, key))
+        if "description" in c and not isinstance(c["description"], str):
+            self.fail("description", "must be a string", self.line_of_top("description"))
+        keep = _DEFAULT_KEEP
+        if "normalize" in c:
+            norm = c["normalize"]
+            if not isinstance(norm, dict):
+                self.fail("normalize", "must be a table", self.line_of_top("normalize"))
+            self.check_keys("normalize", norm, {"keep"}, header="normalize")
+            keep = norm.get("keep", _DEFAULT_KEEP)
+            if not isinstance(keep, str):
+                self.fail("normalize.keep", "must be a string of characters",
+                          self.line_of_key("normalize", "keep"))
+        if not any(s in c for s in SECTIONS):
+            self.fail("rules", f"no rules: add at least one of the sections {', '.join(f'[{s}]' for s in SECTIONS)}")
+        fields = {s: self.section(s, c[s], keep) for s in SECTIONS if s in c}
+        canonical = json.dumps(c, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+        digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+        return Rules(self.path, c, fields, digest)
+
+    def section(self, name: str, sec: Any, keep: str) -> FieldRules:
+        if not isinstance(sec, dict):
+            self.fail(name, f"must be a table ([{name}]), got {type(sec).__name__}", self.line_of_top(name))
+        self.check_keys(name, sec, _SECTION_KEYS, header=name)
+        unmatched = sec.get("unmatched", "keep")
+        if unmatched not in _UNMATCHED:
+            self.fail(f"{name}.unmatched", f"must be one of {', '.join(map(repr, _UNMATCHED))}, got {unmatched!r}",
+                      self.line_of_key(name, "unmatched"))
+
+        lookup: dict[str, str] = {}
+        origin: dict[str, str] = {}
+
+        def add(spelling: Any, canonical: str, where: str, table: str) -> None:
+            if not isinstance(spelling, str):
+                self.fail(where, f"a spelling must be a string, got {type(spelling).__name__} {spelling!r}",
+                          self.line_of_key(table, str(spelling)))
+            key = normalize(spelling, keep)
+            if not key:
+                self.fail(where, f"spelling {spelling!r} is empty after normalisation",
+                          self.line_of_key(table, spelling))
+            prev = lookup.get(key)
+            if prev is not None and prev != canonical:
+                self.fail(where, f"spelling {spelling!r} (normalised {key!r}) maps to {canonical!r} but "
+                          f"{origin[key]} already maps it to {prev!r}; a spelling must map to one canonical "
+                          f"value: remove one of them", self.line_of_key(table, spelling))
+            if prev is None:
+                lookup[key] = canonical
+                origin[key] = where
+
+        exact = sec.get("exact", {})
+        if not isinstance(exact, dict):
+            self.fail(f"{name}.exact", "must be a table of \"spelling\" = \"Canonical\"",
+                      self.line_of_key(name, "exact"))
+        for spelling, canonical in exact.items():
+            where = f"{name}.exact[{json.dumps(spelling, ensure_ascii=False)}]"
+            if not isinstance(canonical, str) or not canonical.strip():
+                self.fail(where, f"canonical value must be a non-empty string, got {canonical!r}",
+                          self.line_of_key(f"{name}.exact", spelling))
+            add(spelling, canonical, where, f"{name}.exact")
+
+        aliases = sec.get("aliases", {})
+        if not isinstance(aliases, dict):
+            self.fail(f"{name}.aliases", "must be a table of \"Canonical\" = [\"spelling\", ...]",
+                      self.line_of_key(name, "aliases"))
+        for canonical, spellings in aliases.items():
+            base = f"{name}.aliases[{json.dumps(canonical, ensure_ascii=False)}]"
+            if not canonical.strip():
+                self.fail(base, "canonical value must not be blank", self.line_of_key(f"{name}.aliases", canonical))
+            if not isinstance(spellings, list):
+                self.fail(base, f"must be a list of spellings, got {type(spellings).__name__}",
+                          self.line_of_key(f"{name}.aliases", canonical))
+            add(canonical, canonical, base, f"{name}.aliases")
+            for i, spelling in enumerate(spellings):
+                add(spelling, canonical, f"{base}[{i}]", f"{name}.aliases")
+
+        regex = sec.get("regex", [])
+        if not isinstance(regex, list):
+            self.fail(f"{name}.regex", "must be an array of tables ([[" + name + ".regex]])",
+                      self.line_of_key(name, "regex"))
+        rules: list[RegexRule] = []
+        for i, item in enumerate(regex):
+            where = f"{name}.regex[{i}]"
+            line = self.line_of_array_item(f"{name}.regex", i)
+            if not isinstance(item, dict):
+                self.fail(where, f"must be a table with pattern, canonical, priority, got {item!r}", line)
+            self.check_keys(where, item, _REGEX_KEYS, line=line)
+            for key, typ in (("pattern", str), ("canonical", str)):
+                if key not in item:
+                    self.fail(where, f"missing {key!r}", line)
+                if not isinstance(item[key], typ) or not item[key]:
+                    self.fail(where, f"{key} must be a non-empty string, got {item[key]!r}", line)
+            priority = item.get("priority", 0)
+            if type(priority) is not int:
+                self.fail(where, f"priority must be an integer, got {type(priority).__name__} {priority!r}", line)
+            try:
+                compiled = re.compile(item["pattern"])
+            except re.error as e:
+                self.fail(where, f"bad regex {item['pattern']!r}: {e}", line)
+            rules.append(RegexRule(i, compiled, item["canonical"], priority))
+        rules.sort(key=lambda r: (-r.priority, r.index))
+        return FieldRules(name, lookup, tuple(rules), unmatched, keep)

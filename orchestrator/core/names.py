@@ -1,0 +1,83 @@
+"""Validation of the names that become paths, consumer groups, Delta app ids and table names.
+
+A pipeline or alias name ends up in `<warehouse>/<pipeline>/v<N>`, `<state>/<pipeline>/...`,
+`<group_prefix>.<pipeline>.v<N>` and `<warehouse>/_aliases/<alias>.json`, so it must not be able
+to escape a directory, hold a space or a separator, or grow without bound. One rule serves all
+of them: `^[a-z][a-z0-9_]{0,62}$`.
+
+Topic names follow Kafka's own rule (`[a-zA-Z0-9._-]`, 1 to 249 characters, not `.` or `..`);
+they never become paths here, but a comma would split the source's `topics` option.
+
+Every check raises `ConfigError` naming the field, the value and the rule, and returns the
+value unchanged when it is valid, so it can be used inline:
+`validate_pipeline_name(name)`.
+
+Public API:
+- `NAME_PATTERN`, `TOPIC_PATTERN` (compiled regexes), `NAME_RULE`, `TOPIC_RULE` (prose).
+- `validate_name(value, *, field) -> str`: the pipeline/alias rule, for any field.
+- `validate_pipeline_name(value, field="pipeline") -> str`
+- `validate_alias_name(value, field="alias") -> str`
+- `validate_job_name(value, field="job") -> str`: the name rule, and not a Python keyword
+  (it becomes the module `jobs.<job>`).
+- `validate_topic_name(value, field="topic") -> str`
+- `validate_version_number(value, field="version") -> int`: a positive integer (not a bool).
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+
+from orchestrator.core.exceptions import ConfigError
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+NAME_RULE = ("a lowercase letter followed by at most 62 lowercase letters, digits or underscores "
+             "(^[a-z][a-z0-9_]{0,62}$)")
+
+TOPIC_PATTERN = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+TOPIC_RULE = "1 to 249 characters from a-z, A-Z, 0-9, '.', '_', '-', and not '.' or '..' (Kafka's rule)"
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, str):
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        return repr(shown)
+    return f"{value!r} (a {type(value).__name__}, not a string)"
+
+
+def validate_name(value: object, *, field: str) -> str:
+    """Check a name that becomes part of a path, a consumer group or an app id."""
+    if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
+        raise ConfigError(f"invalid {field} {_describe(value)}: must be {NAME_RULE}")
+    return value
+
+
+def validate_pipeline_name(value: object, field: str = "pipeline") -> str:
+    return validate_name(value, field=f"{field} name" if field == "pipeline" else field)
+
+
+def validate_alias_name(value: object, field: str = "alias") -> str:
+    return validate_name(value, field=f"{field} name" if field == "alias" else field)
+
+
+def validate_job_name(value: object, field: str = "job") -> str:
+    """A job is the module `jobs.<job>`: the name rule, and not a Python keyword."""
+    validate_name(value, field=f"{field} name" if field == "job" else field)
+    if keyword.iskeyword(value):  # type: ignore[arg-type]
+        raise ConfigError(f"invalid {field} name {value!r}: a Python keyword cannot be a module name "
+                          f"(jobs.{value})")
+    return value  # type: ignore[return-value]
+
+
+def validate_topic_name(value: object, field: str = "topic") -> str:
+    if (not isinstance(value, str) or TOPIC_PATTERN.fullmatch(value) is None
+            or value in (".", "..")):
+        name = f"{field} name" if field == "topic" else field
+        raise ConfigError(f"invalid {name} {_describe(value)}: must be {TOPIC_RULE}")
+    return value
+
+
+def validate_version_number(value: object, field: str = "version") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"invalid {field} {value!r}: must be a positive integer (1, 2, ...)")
+    return value

@@ -1,0 +1,271 @@
+"""Pipelines: the named derivations kappa knows, declared in `deploy/pipelines.toml`.
+
+A pipeline names its job module (`jobs.<job>`), its source topics, its output key, its rules
+set (if the job takes rules), the serving alias readers use, and the numbers the control plane
+decides with (catch-up threshold and samples, standby grace period, retention, promote limits).
+
+    [pipelines.standardize]
+    job = "standardize"
+    topics = ["member_profiles"]
+    key = "member_id"               # or ["member_id", "window_start"] for a composite key
+    ruleset = "titles"              # jobs/rules/titles/*.toml; omit for jobs without rules
+    alias = "member_profiles_std"
+    catchup_threshold = 0           # records
+    catchup_samples = 3
+    grace_period_seconds = 300
+    keep_versions = 3
+    key_count_tolerance = 0.01
+    max_reject_rate = 0.01
+    max_records_per_batch = 100000
+    description = "..."             # optional
+    [pipelines.standardize.options] # optional: job-specific options, passed as --extra JSON
+
+Loading validates every field and refuses the whole file on the first bad pipeline, with an
+error naming the file, the pipeline and the field. It does not look at the code: the job module
+and the rules directory are checked by `check_job_exists` / `check_ruleset_exists` (both in
+`check_pipeline_code`), which `deploy` calls before allocating a version, or at load with
+`load_pipelines(..., check_code=True)`. Both are file-existence checks; nothing is imported.
+
+Public API:
+- `PipelineSpec` (pydantic, frozen): fields above plus `name`; `key_columns` (tuple),
+  `uses_rules`, `to_dict()`.
+- `load_pipelines(path=None, *, check_code=False, jobs_dir=None, rules_dir=None) -> dict[str, PipelineSpec]`
+  (file order; `path` None means `deploy/pipelines.toml` of the repo).
+- `check_job_exists(spec, *, jobs_dir=None) -> Path` (the module file),
+  `check_ruleset_exists(spec, *, rules_dir=None) -> Path | None` (the ruleset directory),
+  `check_pipeline_code(spec, *, jobs_dir=None, rules_dir=None)`.
+- `jobs_directory() -> Path`, `rules_directory() -> Path`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchestrator.core.settings import DEFAULT_PIPELINES_FILE, REPO_ROOT
+from orchestrator.core.exceptions import ConfigError
+from orchestrator.core.names import (validate_alias_name, validate_job_name, validate_name,
+                                validate_pipeline_name, validate_topic_name)
+
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+Fraction = Annotated[float, Field(strict=True, ge=0.0, le=1.0)]
+
+
+class PipelineSpec(BaseModel):
+    """One pipeline as declared. Frozen: a deploy records the values it used."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    job: str
+    topics: tuple[str, ...]
+    key: str
+    alias: str
+    ruleset: str | None = None
+    catchup_threshold: NonNegativeInt = 0
+    catchup_samples: PositiveInt = 3
+    grace_period_seconds: Annotated[float, Field(strict=True, ge=0.0)] = 300.0
+    keep_versions: PositiveInt = 3
+    key_count_tolerance: Fraction = 0.01
+    max_reject_rate: Fraction = 0.01
+    max_records_per_batch: PositiveInt = 100_000
+    description: str = ""
+    options: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _as_value_error(validate_pipeline_name, v)
+
+    @field_validator("job")
+    @classmethod
+    def _job(cls, v: str) -> str:
+        return _as_value_error(validate_job_name, v)
+
+    @field_validator("alias")
+    @classmethod
+    def _alias(cls, v: str) -> str:
+        return _as_value_error(validate_alias_name, v)
+
+    @field_validator("ruleset")
+    @classmethod
+    def _ruleset(cls, v: str | None) -> str | None:
+        return None if v is None else _as_value_error(lambda x: validate_name(x, field="ruleset name"), v)
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _topics_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(f'must be a list of topic names, e.g. ["{v}"]')
+        return v
+
+    @field_validator("topics")
+    @classmethod
+    def _topics(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("must name at least one topic")
+        for t in v:
+            _as_value_error(validate_topic_name, t)
+        dupes = sorted({t for t in v if v.count(t) > 1})
+        if dupes:
+            raise ValueError(f"lists {', '.join(repr(d) for d in dupes)} more than once")
+        return v
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key(cls, v: Any) -> Any:
+        columns = v if isinstance(v, (list, tuple)) else [v]
+        if not columns or not all(isinstance(c, str) for c in columns):
+            raise ValueError('must be a column name or a list of column names, e.g. "member_id"')
+        for c in columns:
+            if _COLUMN.fullmatch(c) is None:
+                raise ValueError(f"column {c!r} is not a valid column name (letters, digits, underscores, "
+                                 f"not starting with a digit)")
+        if len(set(columns)) != len(columns):
+            raise ValueError("lists a column more than once")
+        return ",".join(columns)
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return tuple(self.key.split(","))
+
+    @property
+    def uses_rules(self) -> bool:
+        return self.ruleset is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.model_dump(mode="json")
+        d["key_columns"] = list(self.key_columns)
+        return d
+
+
+def _as_value_error(check, value):
+    """Run a names check inside a pydantic validator (pydantic reports ValueError per field)."""
+    try:
+        return check(value)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+
+
+def jobs_directory() -> Path:
+    """Where `jobs/<job>.py` live, found without importing the package."""
+    spec = importlib.util.find_spec("jobs")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return REPO_ROOT / "jobs"
+
+
+def rules_directory() -> Path:
+    return jobs_directory() / "rules"
+
+
+def check_job_exists(spec: PipelineSpec, *, jobs_dir: Path | None = None) -> Path:
+    """The job module's file, or ConfigError naming the pipeline, the job and the known jobs."""
+    base = Path(jobs_dir) if jobs_dir is not None else jobs_directory()
+    module = base / f"{spec.job}.py"
+    if module.is_file():
+        return module
+    known = sorted(p.stem for p in base.glob("*.py")
+                   if not p.stem.startswith("_")) if base.is_dir() else []
+    raise ConfigError(
+        f"pipeline {spec.name!r}, field 'job': unknown job module {spec.job!r}: {module} does not exist "
+        f"(jobs found: {', '.join(known) or 'none'}); write jobs/{spec.job}.py or fix 'job' in the pipelines file")
+
+
+def check_ruleset_exists(spec: PipelineSpec, *, rules_dir: Path | None = None) -> Path | None:
+    """The ruleset's directory (holding at least one rules file), None for a job without rules."""
+    if spec.ruleset is None:
+        return None
+    base = Path(rules_dir) if rules_dir is not None else rules_directory()
+    folder = base / spec.ruleset
+    if folder.is_dir() and any(folder.glob("*.toml")):
+        return folder
+    known = sorted(p.name for p in base.iterdir() if p.is_dir() and any(p.glob("*.toml"))) if base.is_dir() else []
+    raise ConfigError(
+        f"pipeline {spec.name!r}, field 'ruleset': unknown ruleset {spec.ruleset!r}: no rules files "
+        f"(*.toml) in {folder} (rulesets found: {', '.join(known) or 'none'}); add "
+        f"jobs/rules/{spec.ruleset}/v1.toml or fix 'ruleset' in the pipelines file")
+
+
+def check_pipeline_code(spec: PipelineSpec, *, jobs_dir: Path | None = None,
+                        rules_dir: Path | None = None) -> None:
+    """Everything a deploy needs from the repo: the job module and, if any, the ruleset."""
+    check_job_exists(spec, jobs_dir=jobs_dir)
+    check_ruleset_exists(spec, rules_dir=rules_dir)
+
+
+def _field_error(path: Path, pipeline: str, err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    field = loc[0] if loc else "?"
+    where = f"pipelines file {path}: pipeline {pipeline!r}, field {field!r}"
+    if err["type"] == "missing":
+        return f"{where}: required but missing; add it to [pipelines.{pipeline}]"
+    if err["type"] == "extra_forbidden":
+        known = ", ".join(n for n in PipelineSpec.model_fields if n != "name")
+        return f"{where}: unknown field; known fields: {known}"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    if len(loc) > 1:
+        msg = f"item {loc[1]}: {msg}"
+    return f"{where}: {msg} (got {got!r})"
+
+
+def load_pipelines(path: str | Path | None = None, *, check_code: bool = False,
+                   jobs_dir: Path | None = None, rules_dir: Path | None = None) -> dict[str, PipelineSpec]:
+    """Read and validate the pipelines file; ConfigError names the file, pipeline and field."""
+    path = Path(path) if path is not None else DEFAULT_PIPELINES_FILE
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"pipelines file {path} does not exist; set KAPPA_PIPELINES or --pipelines-file "
+                          f"to the file that declares your pipelines") from None
+    except OSError as e:
+        raise ConfigError(f"pipelines file {path} cannot be read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"pipelines file {path} is not valid TOML: {e}") from None
+
+    extra = sorted(set(data) - {"pipelines"})
+    if extra:
+        raise ConfigError(f"pipelines file {path}: unknown top-level key(s) {', '.join(map(repr, extra))}; "
+                          f"declare each pipeline as a [pipelines.<name>] table")
+    tables = data.get("pipelines")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"pipelines file {path} declares no pipelines; add a [pipelines.<name>] table")
+
+    specs: dict[str, PipelineSpec] = {}
+    alias_owner: dict[str, str] = {}
+    for name, table in tables.items():
+        try:
+            validate_pipeline_name(name)
+        except ConfigError as e:
+            raise ConfigError(f"pipelines file {path}: [pipelines.{name}]: {e}") from None
+        if not isinstance(table, dict):
+            raise ConfigError(f"pipelines file {path}: pipeline {name!r} must be a table ([pipelines.{name}]), "
+                              f"got {type(table).__name__}")
+        if "name" in table:
+            raise ConfigError(f"pipelines file {path}: pipeline {name!r}, field 'name': the name is the table's "
+                              f"key ([pipelines.{name}]); remove 'name'")
+        try:
+            spec = PipelineSpec(name=name, **table)
+        except ValidationError as e:
+            raise ConfigError("; ".join(_field_error(path, name, err) for err in e.errors())) from None
+        if spec.alias in alias_owner:
+            raise ConfigError(
+                f"pipelines file {path}: pipeline {name!r}, field 'alias': alias {spec.alias!r} is already the "
+                f"alias of pipeline {alias_owner[spec.alias]!r}; every pipeline needs its own alias")
+        alias_owner[spec.alias] = name
+        if check_code:
+            try:
+                check_pipeline_code(spec, jobs_dir=jobs_dir, rules_dir=rules_dir)
+            except ConfigError as e:
+                raise ConfigError(f"pipelines file {path}: {e}") from None
+        specs[name] = spec
+    return specs

@@ -1,0 +1,569 @@
+"""`kappa demo`: the whole Kappa reprocessing story on the embedded stack, from nothing.
+
+It starts an embedded broker, creates the compacted `member_profiles` topic, fills it with a
+changelog of member profiles and keeps a live producer of updates and deletes running; deploys
+v1 of the standardize pipeline with the v1 rules and promotes it once it has caught up; then,
+while updates keep arriving, deploys v2 with the v2 rules (which fix and merge several title
+spellings), shows its lag going down, prints the validation report, promotes it, shows served
+rows before and after, rolls back to v1 and forward to v2 again, and writes the catch-up plot.
+
+Everything printed is read from the running system: the registry, the jobs' status, the Delta
+tables through the published alias. Everything it starts (broker, producer, jobs) it stops by
+PID at the end, also on Ctrl-C, SIGTERM or an error, and it checks that none is left.
+
+The demo ignores KAPPA_* environment variables and the config file: it starts from nothing in
+its own home, with its own broker and a SQLite registry there. Of the global flags given to
+`kappa`, `--home`, `--spark-master` and `--pipelines-file` apply.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.core.exceptions import ConfigError, KappaError
+
+PIPELINE = "standardize"
+ACTOR = "kappa-demo"
+SHOW_COLUMNS = ("member_id", "name", "title_raw", "title", "company", "source_offset")
+
+
+@dataclass
+class DemoOptions:
+    home: Path | None = None
+    records: int = 200_000
+    keys: int = 50_000
+    rate: float = 50.0
+    partitions: int = 4
+    threshold: int | None = None      # default: the pipeline's catchup_threshold
+    deadline: float = 600.0           # per wait for catch-up
+    poll: float = 1.0
+    rows: int = 6
+    clean: bool = False               # delete the home afterwards (default: keep it to explore)
+    seed: int = 7
+    value_size: int | None = None     # pad values to about this many bytes (the benchmark)
+    malformed_share: float = 0.002
+    batch: int | None = 25_000        # records per micro-batch: small, so that lag visibly goes down;
+                                      # None: the pipeline's max_records_per_batch (the benchmark)
+
+
+@dataclass
+class Started:
+    """Everything the demo started, for the cleanup and the final check."""
+
+    broker: Any = None
+    broker_pid: int | None = None
+    producer: threading.Thread | None = None
+    producer_stop: threading.Event = field(default_factory=threading.Event)
+    produced_live: int = 0
+    producer_error: str | None = None
+    job_pids: dict[int, int] = field(default_factory=dict)    # version -> pid
+
+
+def _group_members(pgid: int) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.info["pid"]) == pgid:
+                out.append(p.info["pid"])
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Demo:
+    def __init__(self, opts: DemoOptions, console: Console, overrides: dict[str, Any] | None = None,
+                 config_file: Path | None = None) -> None:
+        self.opts = opts
+        self.c = console
+        self.overrides = dict(overrides or {})
+        self.config_file = config_file
+        self.started = Started()
+        self.k = None
+        self.home: Path | None = None
+        self.temp_home = False
+        self.t0 = time.monotonic()
+        self.step = 0
+
+    # -- output ---------------------------------------------------------------------------------
+    def section(self, title: str) -> None:
+        self.step += 1
+        text = f"{self.step}. {title}"
+        elapsed = f"t+{time.monotonic() - self.t0:.0f}s"
+        self.c.print()
+        if self.c.is_terminal:
+            self.c.rule(f"[bold]{text}[/]  [dim]({elapsed})[/]", align="left")
+        else:
+            self.c.print(f"── {text}  ({elapsed}) " + "─" * max(4, 96 - len(text) - len(elapsed)), highlight=False)
+
+    def say(self, text: str, **kw) -> None:
+        self.c.print(text, highlight=False, **kw)
+
+    # -- setup ----------------------------------------------------------------------------------
+    def _make_home(self) -> Path:
+        home = self.opts.home or self.overrides.get("home")
+        if home is None:
+            self.temp_home = True
+            return Path(tempfile.mkdtemp(prefix="kappa-demo-"))
+        home = Path(home).expanduser().resolve()
+        if (home / "registry.db").exists() or (home / "warehouse").exists():
+            raise ConfigError(f"the demo starts from nothing, but {home} already holds a kappa home "
+                              f"(registry.db or warehouse/); give an empty or new directory with --home, "
+                              f"or none for a fresh temporary one")
+        home.mkdir(parents=True, exist_ok=True)
+        return home
+
+    def _settings(self, bootstrap: str):
+        from orchestrator.core.settings import resolve_settings
+
+        keep = {k: v for k, v in self.overrides.items() if k in ("spark_master", "pipelines_file")}
+        return resolve_settings(None, env={}, home=str(self.home), bootstrap_servers=bootstrap, **keep)
+
+    # -- the story ------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.home = self._make_home()
+        self.section("The embedded stack")
+        self.start_broker()
+        self.section("A compacted topic of member profiles, and live updates")
+        self.fill_topic()
+        self.start_producer()
+        spec = self.k.pipeline(PIPELINE)
+        self.alias = spec.alias
+        threshold = self.threshold()
+
+        self.section("Deploy v1 with the v1 rules, wait until it has caught up, promote it")
+        v1 = self.deploy_and_wait("v1", threshold, "demo: the first version")
+        self.promote(v1, "demo: first version goes live")
+        self.show_rows(self.sample_ids(v1), "served by alias now")
+
+        self.section("Deploy v2 with the v2 rules while updates keep arriving")
+        v2 = self.deploy_and_wait("v2", threshold, "demo: v2 rules keep seniority and merge title spellings")
+
+        self.section("Validation report: what the v2 rules change")
+        from orchestrator.lifecycle.report import validation_report
+
+        report = validation_report(self.k, PIPELINE, v2, save=True)
+        from orchestrator.cli.app import render_report
+
+        render_report(self.c, report.to_dict())
+
+        self.section("Promote v2: served rows before and after")
+        ids = self.changed_ids(v1, v2)
+        before = self.show_rows(ids, "before the promote")
+        self.promote(v2, "demo: v2 rules are better")
+        after = self.show_rows(ids, "after the promote", compare=before)
+
+        self.section("Roll back to v1, then forward to v2 again")
+        self.rollback(None, "demo: rollback drill")
+        back = self.show_rows(ids, "after the rollback", compare=after)
+        self.rollback(v2, "demo: roll forward after the drill")
+        self.show_rows(ids, "after rolling forward", compare=back)
+
+        self.section("The catch-up curve")
+        from orchestrator.observe.lagplot import plot_pipeline_lag
+
+        png = plot_pipeline_lag(self.k, PIPELINE, self.home / "catchup.png")
+        self.say(f"wrote {png} ({png.stat().st_size:,} bytes): the lag of v1 and v2 over time")
+
+        self.section("Audit log")
+        self.show_history()
+
+    def start_broker(self) -> None:
+        from orchestrator.dev.broker import EmbeddedBroker
+        from orchestrator.cli.app import write_broker_file
+
+        self.say(f"kappa home: {self.home}" + (" (a fresh temporary directory)" if self.temp_home else ""))
+        broker = EmbeddedBroker(log_path=self.home / "broker.log")
+        self.started.broker = broker
+        broker.start()
+        self.started.broker_pid = broker.proc.pid
+        write_broker_file(self.home, broker.proc.pid, broker.port, self.home / "broker.log", owner="kappa demo")
+        settings = self._settings(broker.bootstrap_servers)
+        from orchestrator.core.kappa import Kappa
+
+        from orchestrator.core.pipelines import load_pipelines
+
+        pipelines = dict(load_pipelines(settings.pipelines_file))
+        if self.opts.batch is not None:
+            pipelines[PIPELINE] = pipelines[PIPELINE].model_copy(update={"max_records_per_batch": self.opts.batch})
+        self.k = Kappa(settings, pipelines=pipelines)
+        self.say(f"embedded broker (tansu, memory only): {broker.bootstrap_servers}, pid {broker.proc.pid}")
+        self.say(f"registry: {settings.masked_registry_url}")
+        self.say(f"warehouse: {settings.warehouse}")
+        batch = self.k.pipeline(PIPELINE).max_records_per_batch
+        why = ("small, so that lag visibly goes down; the pipeline's backfill setting is larger"
+               if self.opts.batch is not None else "the pipeline's max_records_per_batch")
+        self.say(f"Spark master for the jobs: {settings.spark_master}; micro-batches of at most {batch:,} records ({why})")
+        self.say(f"[dim]in another terminal: kappa --home {self.home} status --watch[/]")
+
+    def fill_topic(self) -> None:
+        from orchestrator.dev.datagen import ensure_topic, generate_changelog, produce
+
+        spec = self.k.pipeline(PIPELINE)
+        topic = spec.topics[0]
+        bootstrap = self.k.bootstrap_servers
+        ensure_topic(bootstrap, topic, self.opts.partitions, compact=True)
+        policy = self._cleanup_policy(topic)
+        self.say(f"created topic {topic!r}: {self.opts.partitions} partitions, cleanup.policy={policy}")
+        stats = produce(bootstrap, topic,
+                        generate_changelog(self.opts.records, self.opts.keys, seed=self.opts.seed,
+                                           delete_share=0.02, malformed_share=self.opts.malformed_share,
+                                           value_size=self.opts.value_size),
+                        batching=True, partitions=self.opts.partitions)
+        kinds = ", ".join(f"{v:,} {k}" for k, v in sorted(stats.by_kind.items(), key=lambda kv: -kv[1]))
+        self.say(f"produced {stats.records:,} records ({stats.bytes / 1e6:.1f} MB) over {self.opts.keys:,} members "
+                 f"in {stats.seconds:.1f} s: {kinds}")
+        from orchestrator.observe.lag import log_offsets
+
+        ends = log_offsets(self.k, [topic])
+        self.say("log end offsets: " + ", ".join(f"{t}:{p}={hi:,}" for (t, p), (_lo, hi) in sorted(ends.items())))
+
+    def _cleanup_policy(self, topic: str) -> str:
+        from confluent_kafka.admin import ConfigResource, ResourceType
+
+        fut = self.k.admin().describe_configs([ConfigResource(ResourceType.TOPIC, topic)], request_timeout=10)
+        entry = next(iter(fut.values())).result().get("cleanup.policy")
+        return entry.value if entry is not None else "?"
+
+    def start_producer(self) -> None:
+        from orchestrator.dev.datagen import produce_live
+
+        spec = self.k.pipeline(PIPELINE)
+        st = self.started
+
+        def progress(n: int) -> None:
+            st.produced_live = n
+
+        def body() -> None:
+            try:
+                st.produced_live = produce_live(self.k.bootstrap_servers, spec.topics[0], rate=self.opts.rate,
+                                                stop=st.producer_stop, keys=self.opts.keys, seed=self.opts.seed + 1,
+                                                delete_share=0.03, on_progress=progress)
+            except Exception as e:  # reported when the demo stops it, never swallowed
+                st.producer_error = f"{type(e).__name__}: {e}"
+
+        st.producer = threading.Thread(target=body, name="kappa-demo-producer", daemon=True)
+        st.producer.start()
+        self.say(f"live producer started (thread in this process): about {self.opts.rate:g} updates and "
+                 f"deletes per second of existing members, until the demo ends")
+
+    def threshold(self) -> int:
+        spec = self.k.pipeline(PIPELINE)
+        t = self.opts.threshold if self.opts.threshold is not None else spec.catchup_threshold
+        origin = "--threshold" if self.opts.threshold is not None else "the pipeline's catchup_threshold"
+        self.say(f"catch-up rule: lag <= {t:,} records ({origin}; live updates keep arriving) for "
+                 f"{spec.catchup_samples} consecutive samples, job healthy")
+        return t
+
+    def deploy_and_wait(self, rules: str, threshold: int, reason: str) -> int:
+        from orchestrator.lifecycle.await_ready import wait_ready
+        from orchestrator.lifecycle.deploy import deploy
+        from orchestrator.observe.progress import LagProgress
+
+        info = deploy(self.k, PIPELINE, rules, actor=ACTOR, reason=reason, threshold=threshold)
+        if info.pid:
+            self.started.job_pids[info.version] = info.pid
+        self.say(info.message)
+        self.say(f"  rules {info.rules_version} (sha256 {(info.rules_hash or '')[:12]}), table {info.table}")
+        t = time.monotonic()
+        with LagProgress(self.c, line_every=2.0) as bars:
+            r = wait_ready(self.k, PIPELINE, info.version, deadline_seconds=self.opts.deadline,
+                           poll_seconds=self.opts.poll, on_sample=bars.update, actor=ACTOR)
+        self.say(f"v{info.version} is ready after {time.monotonic() - t:.0f} s: {r.reason} "
+                 f"(lag now {r.total_lag:,}; {self.started.produced_live:,} live updates produced so far)")
+        return info.version
+
+    def promote(self, version: int, reason: str) -> None:
+        from orchestrator.lifecycle.promote import promote
+
+        res = promote(self.k, PIPELINE, version, actor=ACTOR, reason=reason)
+        for check in res.checks:
+            self.say(f"  check {check['name']}: {'ok' if check['ok'] else 'FAILED'} - {check['detail']}")
+        self.say(f"[bold green]{res.message}[/]")
+        self.say(f"  pointer {self.k.alias_file(self.alias)} -> {res.pointer.get('table')}")
+
+    def rollback(self, to: int | None, reason: str) -> None:
+        from orchestrator.lifecycle.rollback import rollback
+
+        res = rollback(self.k, PIPELINE, to, actor=ACTOR, reason=reason, deadline_seconds=self.opts.deadline,
+                       poll_seconds=self.opts.poll)
+        self.say(f"[bold yellow]{res.message}[/] (waited {res.waited_seconds:.1f} s"
+                 + (", restarted from its checkpoint" if res.restarted else ", it was running as standby") + ")")
+
+    # -- rows -----------------------------------------------------------------------------------
+    def _table(self, version: int):
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(self.k.paths(PIPELINE, version).table)).to_pyarrow_table(
+            columns=["member_id", "title_raw", "title"])
+
+    def sample_ids(self, version: int) -> list[str]:
+        t = self._table(version)
+        return [str(x) for x in t.column("member_id").slice(0, self.opts.rows).to_pylist()]
+
+    def changed_ids(self, old: int, new: int) -> list[str]:
+        """Members whose title the new rules change (same raw title in both tables), one per change."""
+        v1, v2 = self._table(old), self._table(new)
+        joined = v2.join(v1.rename_columns(["member_id", "title_raw_v1", "title_v1"]), keys="member_id")
+        seen, ids = set(), []
+        for row in joined.to_pylist():
+            if row["title_raw"] != row["title_raw_v1"] or row["title"] == row["title_v1"]:
+                continue
+            change = (row["title_v1"], row["title"])
+            if change in seen:
+                continue
+            seen.add(change)
+            ids.append(row["member_id"])
+            if len(ids) >= self.opts.rows:
+                break
+        return sorted(ids)
+
+    def show_rows(self, ids: list[str], when: str, compare: dict[str, dict] | None = None) -> dict[str, dict]:
+        """Read the rows of `ids` through the alias, as any reader would; mark titles that changed."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from orchestrator.serving import open_alias, resolve_alias
+
+        pointer = resolve_alias(self.alias, self.k.settings)
+        t = open_alias(self.alias, self.k.settings).to_pyarrow_table()
+        cols = [c for c in SHOW_COLUMNS if c in t.column_names]
+        t = t.filter(pc.is_in(t.column("member_id"), value_set=pa.array(ids, pa.string()))).select(cols)
+        rows = {r["member_id"]: r for r in t.to_pylist()}
+        table = Table(title=f"alias {self.alias} -> {pointer['pipeline']} v{pointer['version']} ({when})",
+                      title_justify="left")
+        for col in cols:
+            table.add_column(col)
+        for mid in ids:
+            r = rows.get(mid)
+            if r is None:
+                table.add_row(mid, "(deleted by a live update)", *[""] * (len(cols) - 2))
+                continue
+            values = []
+            for col in cols:
+                v = "" if r.get(col) is None else str(r[col])
+                if col == "title" and compare is not None and mid in compare \
+                        and compare[mid].get("title") != r.get("title"):
+                    v = f"[bold]{v}[/] (was {compare[mid].get('title')})"
+                values.append(v)
+            table.add_row(*values)
+        self.c.print(table)
+        return rows
+
+    def show_history(self) -> None:
+        from orchestrator.cli.app import _fmt_time
+
+        entries = self.k.registry.audit_log(PIPELINE, limit=40)
+        table = Table(title_justify="left", title=f"{len(entries)} audit entries of {PIPELINE} (kappa history)")
+        for col in ("at", "action", "version", "outcome", "actor", "reason"):
+            table.add_column(col)
+        for e in entries:
+            table.add_row(_fmt_time(e.at), e.action, "-" if e.version is None else f"v{e.version}", e.outcome,
+                          e.actor, e.reason or "")
+        self.c.print(table)
+
+    # -- cleanup --------------------------------------------------------------------------------
+    def cleanup(self) -> list[tuple[str, int]]:
+        """Stop everything the demo started, by PID; return (what, pid) of each."""
+        from orchestrator.cli.app import broker_file
+
+        stopped: list[tuple[str, int]] = []
+        st = self.started
+        st.producer_stop.set()
+        if st.producer is not None:
+            st.producer.join(timeout=40)
+            if not st.producer.is_alive():
+                self.say(f"stopped the live producer thread ({st.produced_live:,} updates and deletes sent"
+                         + (f"; it had stopped early: {st.producer_error}" if st.producer_error else "") + ")")
+        if self.k is not None:
+            from orchestrator.jobctl.control import inspect_version, stop_version
+
+            try:
+                versions = self.k.registry.list_versions(PIPELINE)
+            except KappaError:
+                versions = []
+            for rec in versions:
+                if rec.pid:
+                    st.job_pids.setdefault(rec.version, rec.pid)
+            for version in sorted(st.job_pids):
+                try:
+                    if inspect_version(self.k, PIPELINE, version).alive:
+                        stop_version(self.k, PIPELINE, version, actor=ACTOR, reason="the demo ends", force=True,
+                                     graceful_timeout=30)
+                except KappaError as e:
+                    self.say(f"[red]could not stop {PIPELINE} v{version} through kappa ({e}); killing it[/]")
+                self._kill_group(st.job_pids[version])
+                stopped.append((f"{PIPELINE} v{version} job", st.job_pids[version]))
+            self.k.close()
+        if st.broker is not None:
+            st.broker.stop()
+            if st.broker_pid:
+                stopped.append(("broker", st.broker_pid))
+            if self.home is not None:
+                broker_file(self.home).unlink(missing_ok=True)
+        return stopped
+
+    @staticmethod
+    def _kill_group(pgid: int) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not _group_members(pgid):
+                return
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + 10
+            while _group_members(pgid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+
+def run_demo(opts: DemoOptions, *, console: Console | None = None, overrides: dict[str, Any] | None = None,
+             config_file: Path | None = None) -> None:
+    """Run the demo; stop everything it started whatever happens (Ctrl-C, SIGTERM, an error)."""
+    console = console or Console(highlight=False)
+    demo = Demo(opts, console, overrides, config_file)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    ok = False
+    try:
+        demo.run()
+        ok = True
+    finally:
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
+        try:
+            demo.section("Stopping everything the demo started" if ok else
+                         "Stopping everything the demo started (it did not finish)")
+            stopped = demo.cleanup()
+            for what, pid in stopped:
+                console.print(f"stopped {what} (pid {pid})", highlight=False)
+            left = [(what, pid) for what, pid in stopped if _alive(pid) or _group_members(pid)]
+            if demo.started.producer is not None and demo.started.producer.is_alive():
+                console.print("[red]the live producer thread did not stop[/]")
+            pids = ", ".join(str(pid) for _, pid in stopped) or "none"
+            if left:
+                console.print(f"[red]still running: {', '.join(f'{w} (pid {p})' for w, p in left)}[/]")
+            else:
+                console.print(f"nothing left running (checked pids: {pids})", highlight=False)
+            if demo.home is not None:
+                if opts.clean:
+                    shutil.rmtree(demo.home, ignore_errors=True)
+                    console.print(f"deleted the demo home {demo.home}", highlight=False)
+                elif ok:
+                    console.print(f"the demo's registry, tables and plot stay in {demo.home}; explore them with "
+                                  f"`kappa --home {demo.home} history` or `... status`", highlight=False)
+            if ok:
+                console.print(f"[bold]demo finished in {time.monotonic() - demo.t0:.0f} s[/]")
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partitions: int = 4, value_size: int = 200,
+                     rules: str = "v2", poll: float = 0.5, deadline: float = 3600.0, console: Console | None = None,
+                     overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Time from `deploy` to a finished `promote` of a version over a `records`-record log, Spark start-up included.
+
+    On the embedded stack in a temporary home, with a quiet topic (no live producer), so the
+    version is ready when its lag is 0 for the pipeline's consecutive samples. Phases: the deploy
+    call (checks, version allocation, job spawn), Spark start-up (until the job reports running),
+    the backfill (until lag is first 0), the readiness confirmation (the consecutive samples), and
+    the promote (checks, report, flip, publish). Everything started is stopped by PID.
+    """
+    from time import perf_counter
+
+    from orchestrator.lifecycle.await_ready import wait_ready
+    from orchestrator.lifecycle.deploy import deploy
+    from orchestrator.observe.progress import LagProgress
+    from orchestrator.lifecycle.promote import promote
+
+    console = console or Console(highlight=False)
+    opts = DemoOptions(records=records, keys=keys, partitions=partitions, value_size=value_size,
+                       malformed_share=0.0, clean=True, batch=None)
+    bench = Demo(opts, console, overrides)
+    figures: dict[str, Any] = {"params": {"records": records, "keys": keys, "partitions": partitions,
+                                          "value_size": value_size, "rules": rules, "poll_seconds": poll}}
+    ok = False
+    try:
+        bench.home = bench._make_home()
+        bench.section("Embedded broker and a compacted topic")
+        bench.start_broker()
+        bench.fill_topic()
+        spec = bench.k.pipeline(PIPELINE)
+        bench.section(f"deploy -> ready -> promote of {records:,} records (rules {rules})")
+        marks: dict[str, float] = {}
+        t0 = perf_counter()
+        info = deploy(bench.k, PIPELINE, rules, actor=ACTOR, reason="deploy-to-promote benchmark", threshold=0)
+        marks["deployed"] = perf_counter()
+        if info.pid:
+            bench.started.job_pids[info.version] = info.pid
+        bench.say(info.message)
+
+        with LagProgress(console, line_every=5.0) as bars:
+            def on_sample(r) -> None:
+                now = perf_counter()
+                if "running" not in marks and r.job.get("health") == "running":
+                    marks["running"] = now
+                if "caught_up" not in marks and r.total_lag is not None and r.total_lag <= r.threshold:
+                    marks["caught_up"] = now
+                bars.update(r)
+
+            wait_ready(bench.k, PIPELINE, info.version, deadline_seconds=deadline, poll_seconds=poll,
+                       on_sample=on_sample, actor=ACTOR)
+        marks["ready"] = perf_counter()
+        res = promote(bench.k, PIPELINE, info.version, actor=ACTOR, reason="deploy-to-promote benchmark")
+        marks["promoted"] = perf_counter()
+        bench.say(res.message)
+        running = marks.get("running", marks["deployed"])
+        caught = marks.get("caught_up", marks["ready"])
+        figures.update({
+            "deploy_to_promote_seconds": round(marks["promoted"] - t0, 2),
+            "phases_seconds": {
+                "deploy_call": round(marks["deployed"] - t0, 2),
+                "spark_startup": round(running - marks["deployed"], 2),
+                "backfill": round(caught - running, 2),
+                "readiness_confirmation": round(marks["ready"] - caught, 2),
+                "promote": round(marks["promoted"] - marks["ready"], 2),
+            },
+            "backfill_records_per_s": round(records / max(caught - running, 1e-9)),
+            "catchup_samples": spec.catchup_samples,
+            "version": info.version,
+        })
+        ok = True
+    finally:
+        stopped = bench.cleanup()
+        for what, pid in stopped:
+            console.print(f"stopped {what} (pid {pid})", highlight=False)
+        if bench.home is not None:
+            shutil.rmtree(bench.home, ignore_errors=True)
+    if ok:
+        ph = figures["phases_seconds"]
+        console.print(f"[bold]deploy -> promote: {figures['deploy_to_promote_seconds']:.1f} s[/] for {records:,} records "
+                      f"(deploy call {ph['deploy_call']:.1f} s, Spark start-up {ph['spark_startup']:.1f} s, backfill "
+                      f"{ph['backfill']:.1f} s = {figures['backfill_records_per_s']:,} records/s, readiness "
+                      f"confirmation {ph['readiness_confirmation']:.1f} s ({spec.catchup_samples} samples every "
+                      f"{poll:g} s), promote {ph['promote']:.1f} s)", highlight=False)
+    return figures

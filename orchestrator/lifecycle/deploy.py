@@ -1,0 +1,238 @@
+"""Deploy: start a new version of a pipeline, reading its source topics from offset zero.
+
+Everything is checked before anything is allocated: the pipeline exists, its job module and
+rules are there, the rules file validates (its content hash is recorded with the version), and
+every source topic exists and is compacted. A topic with `cleanup.policy=delete` has lost old
+records, so reading it from offset zero cannot rebuild the table: refused unless `force`.
+
+Then the registry allocates the next version number (refusing a second reprocess while one is
+in flight, unless queued), the version's job starts with a continuous trigger, and the deploy
+is audited. Re-running a deploy is resumable: a version allocated but never started (the
+orchestrator died in between) with the same rules is started instead of allocating another, and
+one whose job already runs is reported as such.
+
+Public API:
+- `VersionInfo` (`.to_dict()`), `DeployPlan`
+- `check_request(k, pipeline, rules_version=None, *, force=False, threshold=None) -> DeployPlan`
+- `check_topics(k, spec, *, force=False) -> list[str]` (warnings when forced)
+- `deploy(k, pipeline, rules_version=None, *, actor, reason, threshold=None, force=False, queue=False) -> VersionInfo`
+- `code_ref() -> str`
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.exceptions import ConfigError, KappaError, SourceError
+from orchestrator.jobctl.control import inspect_version, mark_failed, start_version
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = ("created", "starting", "backfilling", "caught_up")
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    pipeline: str
+    job: str
+    topics: tuple[str, ...]
+    rules_version: str | None
+    rules_file: str | None
+    rules_hash: str | None
+    threshold: int
+    force: bool
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class VersionInfo:
+    pipeline: str
+    version: int
+    state: str
+    rules_version: str | None
+    rules_hash: str | None
+    code_ref: str | None
+    threshold: int
+    table: str
+    rejects: str
+    checkpoint: str
+    run_dir: str
+    group_id: str
+    pid: int | None
+    job_started: bool
+    resumed: bool
+    message: str
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def code_ref() -> str:
+    """The git commit of the code a version runs ('<sha>' or '<sha>-dirty'), else the package version."""
+    import orchestrator
+
+    root = Path(orchestrator.__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return f"{sha}-dirty" if dirty else sha
+    except (OSError, subprocess.SubprocessError):
+        return f"kappa-{orchestrator.__version__}"
+
+
+def _topic_policies(k, topics: tuple[str, ...]) -> dict[str, str | None]:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    from orchestrator.observe.lag import _kafka_error, topic_partitions
+
+    topic_partitions(k, topics)  # BrokerError naming a missing topic
+    try:
+        futures = k.admin().describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics],
+                                             request_timeout=10)
+        out = {}
+        for res, fut in futures.items():
+            entry = fut.result().get("cleanup.policy")
+            out[res.name] = entry.value if entry is not None else None
+        return out
+    except Exception as e:
+        raise _kafka_error("topic configurations", k, e) from None
+
+
+def check_topics(k, spec, *, force: bool = False) -> list[str]:
+    """Every source topic exists and is compacted; a delete-policy topic only with `force`."""
+    warnings = []
+    for topic, policy in _topic_policies(k, tuple(spec.topics)).items():
+        policies = {p.strip() for p in (policy or "delete").split(",")}
+        if policies == {"compact"}:
+            continue
+        shown = f"cleanup.policy={policy}" if policy else "no cleanup.policy (the broker default, delete)"
+        why = (f"source topic {topic!r} of pipeline {spec.name!r} has {shown}: the broker deletes old "
+               f"records of such a topic, so reading it from offset zero cannot rebuild the whole table")
+        if not force:
+            raise SourceError(f"{why}. Set cleanup.policy=compact on the topic, or pass --force to "
+                              f"reprocess from what the log still holds")
+        warnings.append(why + " (forced)")
+    return warnings
+
+
+def check_request(k, pipeline: str, rules_version: str | None = None, *, force: bool = False,
+                  threshold: int | None = None) -> DeployPlan:
+    """Validate a deploy request without changing anything."""
+    from orchestrator.core.pipelines import check_pipeline_code
+
+    spec = k.pipeline(pipeline)
+    check_pipeline_code(spec)
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0):
+        raise ConfigError(f"invalid catch-up threshold {threshold!r}: expected a number of records >= 0")
+    rules_file = rules_hash = None
+    if spec.ruleset:
+        from jobs.lib.rules import available_rules, load_rules, rules_path
+
+        if rules_version is None:
+            known = available_rules(spec.ruleset)
+            if not known:
+                raise ConfigError(f"pipeline {pipeline!r} uses ruleset {spec.ruleset!r}, which has no rules files")
+            rules_version = known[-1]
+        path = rules_path(spec.ruleset, rules_version)
+        rules = load_rules(path)
+        rules_file, rules_hash = str(path), rules.content_hash
+    elif rules_version is not None:
+        raise ConfigError(f"pipeline {pipeline!r} (job {spec.job!r}) takes no rules, but rules version "
+                          f"{rules_version!r} was given; drop it")
+    warnings = check_topics(k, spec, force=force)
+    return DeployPlan(pipeline, spec.job, tuple(spec.topics), rules_version, rules_file, rules_hash,
+                      spec.catchup_threshold if threshold is None else threshold, force, tuple(warnings))
+
+
+def _info(k, rec, plan: DeployPlan, *, pid, started: bool, resumed: bool, message: str, ref) -> VersionInfo:
+    paths = k.paths(rec.pipeline, rec.version)
+    return VersionInfo(
+        pipeline=rec.pipeline, version=rec.version, state=k.registry.get_version(rec.pipeline, rec.version).state,
+        rules_version=plan.rules_version, rules_hash=plan.rules_hash, code_ref=ref, threshold=plan.threshold,
+        table=str(paths.table), rejects=str(paths.rejects), checkpoint=str(paths.checkpoint),
+        run_dir=str(paths.run_dir), group_id=paths.group_id, pid=pid, job_started=started, resumed=resumed,
+        message=message, warnings=list(plan.warnings))
+
+
+def _resumable(k, plan: DeployPlan, actor: str):
+    """An in-flight version with the same rules, for a re-run deploy to continue with."""
+    reg = k.registry
+    for rec in sorted(reg.list_versions(plan.pipeline), key=lambda r: r.version, reverse=True):
+        if rec.state not in IN_FLIGHT:
+            continue
+        st = inspect_version(k, plan.pipeline, rec.version)
+        if rec.state != "created" and st.failed:
+            mark_failed(k, st, actor=actor)  # no longer in flight: a new version may be allocated
+            continue
+        if getattr(rec, "rules_hash", None) == plan.rules_hash and getattr(rec, "rules_version", None) == plan.rules_version:
+            return rec, st
+    return None, None
+
+
+def deploy(k, pipeline: str, rules_version: str | None = None, *, actor: str, reason: str | None = None,
+           threshold: int | None = None, force: bool = False, queue: bool = False,
+           start: bool = True) -> VersionInfo:
+    """Check the request, allocate the next version, start its job from offset zero, audit."""
+    reg = k.registry
+    try:
+        plan = check_request(k, pipeline, rules_version, force=force, threshold=threshold)
+    except KappaError as e:
+        reg.audit("deploy", actor=actor, pipeline=pipeline, reason=reason, outcome="refused",
+                  details={"rules_version": rules_version, "error": str(e)})
+        raise
+    ref = code_ref()
+
+    rec, st = (None, None) if queue else _resumable(k, plan, actor)
+    if rec is not None:
+        if st is not None and st.alive:
+            msg = (f"{pipeline} v{rec.version} with rules {plan.rules_version} is already deployed and its job "
+                   f"runs (pid {st.pid}); not deploying it twice (pass queue to deploy another version)")
+            reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
+                      outcome="noop", details={"message": msg})
+            return _info(k, rec, plan, pid=st.pid, started=False, resumed=True, message=msg, ref=ref)
+        res = start_version(k, pipeline, rec.version, actor=actor, reason=reason or "resume deploy")
+        reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
+                  details={"resumed": True, "pid": res.pid, **plan.to_dict()})
+        return _info(k, rec, plan, pid=res.pid, started=res.started, resumed=True,
+                     message=f"resumed the deploy of {pipeline} v{rec.version}: {res.message}", ref=ref)
+
+    try:
+        rec = _allocate(k, plan, ref, actor, reason, queue)
+    except KappaError as e:
+        reg.audit("deploy", actor=actor, pipeline=pipeline, reason=reason, outcome="refused",
+                  details={"rules_version": plan.rules_version, "error": str(e)})
+        raise
+    if not start:
+        return _info(k, rec, plan, pid=None, started=False, resumed=False,
+                     message=f"allocated {pipeline} v{rec.version}; its job is not started", ref=ref)
+    try:
+        res = start_version(k, pipeline, rec.version, actor=actor, reason=reason)
+    except KappaError as e:
+        reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
+                  outcome="failed", details={"error": str(e)})
+        raise
+    reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
+              details={"pid": res.pid, "code_ref": ref, **plan.to_dict()})
+    return _info(k, rec, plan, pid=res.pid, started=True, resumed=False,
+                 message=f"deployed {pipeline} v{rec.version} (rules {plan.rules_version or '-'}): {res.message}",
+                 ref=ref)
+
+
+def _allocate(k, plan: DeployPlan, ref: str, actor: str, reason: str | None, queue: bool):
+    """Allocate the next version; its paths follow from the number the registry picks."""
+    return k.registry.allocate_version(
+        plan.pipeline, rules_version=plan.rules_version, rules_hash=plan.rules_hash, code_ref=ref,
+        paths=lambda n: k.paths(plan.pipeline, n), actor=actor, reason=reason, queue=queue,
+        details={"threshold": plan.threshold, "force": plan.force, "rules_file": plan.rules_file,
+                 "warnings": list(plan.warnings)},
+    )

@@ -1,0 +1,117 @@
+"""Monitor: the periodic check (Airflow's kappa_monitor runs it every minute).
+
+For every pipeline: reconcile (publish interrupted flips, record dead jobs), sample the lag of
+every version whose job should run (which also moves states and records failures), and stop
+standby versions whose grace period is over (keeping their table and checkpoint). Then, if a
+serving version is failing, or lagging beyond its threshold for every one of its last N
+samples (a sustained lag, not one busy sample), raise so that the scheduler's alerting fires;
+everything else was done first.
+
+Public API:
+- `MonitorReport` (`.problems`, `.to_dict()`)
+- `monitor(k, *, actor, pipelines=None, lag_threshold=None, raise_on_problem=True) -> MonitorReport`
+  (LifecycleError when a serving job fails, NotReadyError when a serving version lags)
+- `standby_expired(k, pipeline, rec, now=None) -> float | None`
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from orchestrator.lifecycle.await_ready import readiness
+from orchestrator.core.exceptions import KappaError, LifecycleError, NotReadyError
+from orchestrator.jobctl.control import stop_version
+from orchestrator.lifecycle.reconcile import RUNNING_STATES, reconcile
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MonitorReport:
+    at: float
+    versions: list[dict[str, Any]] = field(default_factory=list)
+    reconciled: list[dict[str, Any]] = field(default_factory=list)
+    stopped: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def standby_since(k, pipeline: str, rec: Any) -> float | None:
+    since = (getattr(rec, "details", None) or {}).get("standby_since")
+    if since is not None:
+        return float(since)
+    spec = k.pipeline(pipeline)
+    for h in reversed(k.registry.alias_history(spec.alias)):
+        if h.from_version == rec.version:
+            return h.at
+    return None
+
+
+def standby_expired(k, pipeline: str, rec: Any, now: float | None = None) -> float | None:
+    """Seconds past the grace period of a standby version (None while within it)."""
+    since = standby_since(k, pipeline, rec)
+    if since is None:
+        return None
+    over = (time.time() if now is None else now) - since - k.pipeline(pipeline).grace_period_seconds
+    return over if over >= 0 else None
+
+
+def _serving_problem(k, spec, r, lag_threshold: int | None) -> str | None:
+    if r.state == "failing":
+        return f"{spec.name} v{r.version} serves alias {spec.alias!r} but is failing: {r.reason}"
+    threshold = r.threshold if lag_threshold is None else lag_threshold
+    recent = r.samples[: r.required_samples]
+    if len(recent) >= r.required_samples and all(s["total"] is None or s["total"] > threshold for s in recent):
+        shown = ", ".join("unknown" if s["total"] is None else str(s["total"]) for s in recent)
+        return (f"{spec.name} v{r.version} serves alias {spec.alias!r} and lags beyond its threshold {threshold}: "
+                f"last {len(recent)} samples {shown}")
+    return None
+
+
+def monitor(k, *, actor: str, pipelines: Iterable[str] | None = None, lag_threshold: int | None = None,
+            raise_on_problem: bool = True) -> MonitorReport:
+    """One monitoring pass; raises (after doing everything) when a serving version is unhealthy."""
+    report = MonitorReport(at=time.time())
+    names = list(pipelines) if pipelines is not None else list(k.pipelines)
+    report.reconciled = reconcile(k, actor=actor, pipelines=names)
+    failing_serving = False
+    for name in names:
+        spec = k.pipeline(name)
+        alias = k.registry.get_alias(spec.alias)
+        serving = alias.version if alias is not None and alias.pipeline == name else None
+        for rec in k.registry.list_versions(name):
+            if rec.state not in RUNNING_STATES and rec.version != serving:
+                continue
+            try:
+                r = readiness(k, name, rec.version, record=True, actor=actor)
+            except KappaError as e:
+                report.errors.append(f"{name} v{rec.version}: {e}")
+                continue
+            report.versions.append({"pipeline": name, "version": rec.version, "state": rec.state,
+                                    "readiness": r.state, "lag": r.total_lag, "eta_seconds": r.eta_seconds,
+                                    "job": r.job_health, "reason": r.reason})
+            if rec.version == serving:
+                problem = _serving_problem(k, spec, r, lag_threshold)
+                if problem:
+                    failing_serving |= r.state == "failing"
+                    report.problems.append(problem)
+            elif rec.state == "standby":
+                over = standby_expired(k, name, rec, report.at)
+                if over is not None:
+                    try:
+                        res = stop_version(k, name, rec.version, actor=actor,
+                                           reason=f"standby grace period of {spec.grace_period_seconds:.0f} s is over")
+                        report.stopped.append(res.to_dict())
+                    except KappaError as e:
+                        report.errors.append(f"stopping standby {name} v{rec.version}: {e}")
+    if report.problems and raise_on_problem:
+        k.registry.audit("monitor", actor=actor, outcome="alert", details={"problems": report.problems})
+        msg = "; ".join(report.problems)
+        raise (LifecycleError if failing_serving else NotReadyError)(msg)
+    return report

@@ -1,0 +1,214 @@
+"""Promote: point a pipeline's serving alias at a new version, after checking everything first.
+
+Order, as in dbt-materialize's deploy_promote: every precondition is checked before anything
+changes (the version is ready; its key count is within the pipeline's tolerance of the serving
+version's; its reject rate is under the limit), the validation report is written beside the
+version, then one compare-and-swap on the registry moves the alias ("from vN to vM, only if it
+still points at vN"), then the pointer file readers follow is published, then who/when/why is
+recorded. Of two concurrent promotes exactly one wins the swap; the other gets ConflictError.
+
+The previous version stays running as standby for the pipeline's grace period (instant
+rollback); `monitor` stops it afterwards, keeping its table and checkpoint.
+
+Resumable: a crash between the swap and the publish leaves the registry ahead of the pointer
+(`published_version != version`); running promote again (or rollback, or reconcile) publishes
+what the registry says before doing anything else.
+
+Public API:
+- `Check`, `PromoteResult` (`.to_dict()`)
+- `promote(k, pipeline, version, *, actor, reason, dry_run=False) -> PromoteResult`
+- `flip(k, pipeline, *, expected_version, new_version, actor, reason, action) -> dict` (CAS + publish
+  + states; shared with rollback), `finish_interrupted_flip(k, alias, actor=...) -> dict | None`
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.lifecycle.await_ready import readiness
+from orchestrator.core.exceptions import ConflictError, KappaError, NotReadyError
+from orchestrator.serving import publish_current, set_serving_states
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class PromoteResult:
+    pipeline: str
+    alias: str
+    version: int
+    previous_version: int | None
+    dry_run: bool
+    flipped: bool
+    published: bool
+    would_succeed: bool
+    message: str
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    report: dict[str, Any] | None = None
+    report_path: str | None = None
+    readiness: dict[str, Any] | None = None
+    pointer: dict[str, Any] | None = None
+    actor: str | None = None
+    reason: str | None = None
+    at: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _alias_versions(k, alias: str) -> tuple[int | None, int | None, int | None]:
+    rec = k.registry.get_alias(alias)
+    if rec is None:
+        return None, None, None
+    return rec.version, getattr(rec, "previous_version", None), getattr(rec, "published_version", None)
+
+
+def finish_interrupted_flip(k, alias: str, *, actor: str = "kappa") -> dict[str, Any] | None:
+    """If the registry moved the alias but the pointer was not published, publish it now."""
+    current, _prev, published = _alias_versions(k, alias)
+    if current is None or published == current:
+        return None
+    pointer = publish_current(k, alias)
+    rec = k.registry.get_alias(alias)
+    set_serving_states(k, rec.pipeline, rec.version, rec.previous_version)
+    k.registry.audit("publish", actor=actor, pipeline=pointer["pipeline"] if pointer else None,
+                     version=current, reason="finish a flip interrupted before its publish",
+                     details={"alias": alias, "published_before": published, "pointer": pointer})
+    return pointer
+
+
+def flip(k, pipeline: str, *, expected_version: int | None, new_version: int, actor: str,
+         reason: str | None, action: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Compare-and-swap the alias, publish the pointer, set serving/standby, audit. Returns the pointer."""
+    spec = k.pipeline(pipeline)
+    reg = k.registry
+    t0 = time.perf_counter()
+    try:
+        reg.flip_alias(spec.alias, pipeline, expected_version=expected_version, new_version=new_version,
+                       actor=actor, reason=reason)
+    except ConflictError as e:
+        now = reg.get_alias(spec.alias)
+        reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason,
+                  outcome="conflict", details={"expected_version": expected_version, "error": str(e)})
+        raise ConflictError(
+            f"{action} of {pipeline} v{new_version} lost the race: alias {spec.alias!r} no longer points at "
+            f"{'nothing' if expected_version is None else f'v{expected_version}'} (it points at "
+            f"v{getattr(now, 'version', None)} now, moved by another operation); check `kappa status "
+            f"{pipeline}` and try again if still wanted ({e})") from None
+    flipped = time.perf_counter()
+    pointer = publish_current(k, spec.alias)
+    published = time.perf_counter()
+    set_serving_states(k, pipeline, new_version, expected_version)
+    reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason,
+              details={"alias": spec.alias, "from_version": expected_version, "to_version": new_version,
+                       "cas_ms": round((flipped - t0) * 1000, 3), "publish_ms": round((published - flipped) * 1000, 3),
+                       "pointer": pointer, **(details or {})})
+    return pointer or {}
+
+
+def _checks(k, pipeline: str, version: int, serving: int | None, *, record: bool) -> tuple[list[Check], Any, Any]:
+    from orchestrator.lifecycle.report import validation_report
+
+    checks: list[Check] = []
+    r = readiness(k, pipeline, version, record=record)
+    checks.append(Check("ready", r.ready, r.summary()))
+    report = None
+    try:
+        report = validation_report(k, pipeline, version, save=record, serving_version=serving)
+    except KappaError as e:
+        checks.append(Check("report", False, str(e)))
+    if report is not None:
+        if serving is None:
+            checks.append(Check("key_count", True, f"first promote of {pipeline}: no serving version to compare "
+                                                   f"the key count ({report.keys_new}) with"))
+        else:
+            detail = (f"{report.keys_new} keys vs {report.keys_serving} in serving v{serving} "
+                      f"(difference {report.key_delta_ratio:.2%}, tolerance {report.key_count_tolerance:.2%})")
+            checks.append(Check("key_count", bool(report.key_count_ok),
+                                detail if report.key_count_ok else report.problems()[0]))
+        detail = (f"{report.rejects} rejects of {report.offsets_read} records read ({report.reject_rate:.2%}, "
+                  f"limit {report.max_reject_rate:.2%})")
+        checks.append(Check("reject_rate", report.reject_rate_ok, detail))
+    return checks, r, report
+
+
+def promote(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
+            dry_run: bool = False) -> PromoteResult:
+    """Check, report, flip (CAS), publish, record. `dry_run` says exactly what would happen."""
+    spec = k.pipeline(pipeline)
+    reg = k.registry
+    alias = spec.alias
+    reg.get_version(pipeline, version)  # NotFoundError for an unknown version
+    now = time.time()
+    current, _prev, published = _alias_versions(k, alias)
+    actions: list[str] = []
+    pointer_file = str(k.alias_file(alias))
+    if current is not None and published != current:
+        actions.append(f"publish the interrupted flip to v{current} first (pointer {pointer_file})")
+        if not dry_run:
+            finish_interrupted_flip(k, alias, actor=actor)
+
+    if current == version:
+        msg = f"{pipeline} v{version} already serves alias {alias!r}; nothing to promote"
+        if not dry_run:
+            pointer = publish_current(k, alias)
+            set_serving_states(k, pipeline, version, None)
+            reg.audit("promote", actor=actor, pipeline=pipeline, version=version, reason=reason,
+                      outcome="noop", details={"message": msg})
+        else:
+            pointer = None
+        return PromoteResult(pipeline, alias, version, current, dry_run, False, not dry_run, True, msg,
+                             actions=actions, pointer=pointer, actor=actor, reason=reason, at=now)
+
+    checks, r, report = _checks(k, pipeline, version, current, record=not dry_run)
+    failed = [c for c in checks if not c.ok]
+    error = None
+    if failed:
+        error = (f"cannot promote {pipeline} v{version} to alias {alias!r}: "
+                 + "; ".join(f"{c.name}: {c.detail}" for c in failed))
+    from_txt = "nothing" if current is None else f"v{current}"
+    if report is not None:
+        actions.append(f"write the validation report to {k.paths(pipeline, version).report_file}")
+    actions += [
+        f"flip alias {alias!r} from {from_txt} to v{version} (compare-and-swap in the registry)",
+        f"publish pointer {pointer_file} -> {k.paths(pipeline, version).table}",
+        f"set {pipeline} v{version} to serving",
+    ]
+    if current is not None:
+        actions.append(f"keep v{current} running as standby for {spec.grace_period_seconds:.0f} s, then stop "
+                       f"its job (table and checkpoint kept)")
+    actions.append(f"record the promote by {actor!r}: {reason or '(no reason given)'}")
+    base = dict(pipeline=pipeline, alias=alias, version=version, previous_version=current,
+                checks=[c.to_dict() for c in checks], report=report.to_dict() if report else None,
+                report_path=report.path if report else None, readiness=r.to_dict(), actor=actor,
+                reason=reason, at=now)
+    if dry_run:
+        msg = (f"dry run: would refuse. {error}" if error else
+               f"dry run: would promote {pipeline} v{version} (alias {alias!r} from {from_txt})")
+        return PromoteResult(dry_run=True, flipped=False, published=False, would_succeed=not failed,
+                             message=msg, actions=[] if failed else actions, error=error, **base)
+    if failed:
+        reg.audit("promote", actor=actor, pipeline=pipeline, version=version, reason=reason, outcome="refused",
+                  details={"error": error, "checks": base["checks"], "samples": r.samples})
+        raise NotReadyError(error)
+    pointer = flip(k, pipeline, expected_version=current, new_version=version, actor=actor, reason=reason,
+                   action="promote", details={"checks": base["checks"], "samples": r.samples,
+                                              "report": {k_: v for k_, v in (report.to_dict() if report else {}).items()
+                                                         if k_ not in ("top_changes",)}})
+    msg = f"promoted {pipeline} v{version}: alias {alias!r} moved from {from_txt} to v{version}"
+    if current is not None:
+        msg += f"; v{current} is standby for {spec.grace_period_seconds:.0f} s"
+    return PromoteResult(dry_run=False, flipped=True, published=True, would_succeed=True, message=msg,
+                         actions=actions, pointer=pointer, **base)

@@ -1,0 +1,240 @@
+"""The validation report of a version against the version its alias serves now.
+
+What an operator wants to see before a flip: how many keys each table holds (a rebuild from
+the same log should hold the same keys, within the pipeline's tolerance), how many input
+records the new version rejected, and what the new derivation changed: the rows whose derived
+values differ, and the most frequent changes old -> new with their counts.
+
+The two Delta tables are joined on the pipeline's key with pyarrow. When a table keeps the raw
+input beside a derived column (`title_raw` -> `title`), the comparison is attributed: a row
+counts as changed by the new rules only when its input columns are equal in both tables and a
+derived column differs; rows whose input differs (live updates that one version has read and
+the other not yet) are counted apart. Columns that record where a row came from (`source_*`)
+or are internal (`_*`) are not compared.
+
+The report is saved as JSON beside the version (`<state_dir>/<pipeline>/v<N>/report.json`).
+
+Public API:
+- `Report` (`.ok`, `.problems()`, `.to_dict()`)
+- `validation_report(k, pipeline, version, *, save=True, serving_version=<current>) -> Report`
+- `compare_tables(new, old, key_columns, top=10) -> dict`
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.exceptions import SinkError
+
+TOP_CHANGES = 10
+_UNSET = object()
+
+
+@dataclass
+class Report:
+    pipeline: str
+    version: int
+    serving_version: int | None
+    alias: str
+    generated_at: float
+    keys_new: int
+    keys_serving: int | None
+    key_delta_ratio: float | None
+    key_count_tolerance: float
+    key_count_ok: bool | None              # None: nothing served yet, no comparison
+    offsets_read: int                      # records read, by offsets (an upper bound on compacted logs)
+    rejects: int
+    reject_rate: float
+    max_reject_rate: float
+    reject_rate_ok: bool
+    rules_version: str | None = None
+    serving_rules_version: str | None = None
+    compared_columns: list[str] = field(default_factory=list)
+    input_columns: list[str] = field(default_factory=list)
+    rows_compared: int = 0
+    rows_changed: int = 0
+    rows_input_differs: int = 0
+    keys_only_new: int = 0
+    keys_only_serving: int = 0
+    changed_by_column: dict[str, int] = field(default_factory=dict)
+    top_changes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    path: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.key_count_ok is not False and self.reject_rate_ok
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.key_count_ok is False:
+            out.append(
+                f"key count of v{self.version} ({self.keys_new}) differs from serving v{self.serving_version} "
+                f"({self.keys_serving}) by {self.key_delta_ratio:.2%}, over the tolerance "
+                f"{self.key_count_tolerance:.2%} (key_count_tolerance)")
+        if not self.reject_rate_ok:
+            out.append(
+                f"reject rate of v{self.version} is {self.reject_rate:.2%} ({self.rejects} rejects of "
+                f"{self.offsets_read} records read), over the limit {self.max_reject_rate:.2%} (max_reject_rate)")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        d["problems"] = self.problems()
+        return d
+
+
+def _read(uri: Path, columns: list[str] | None = None):
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(uri)):
+        return None
+    return DeltaTable(str(uri)).to_pyarrow_table(columns=columns)
+
+
+def _schema_names(uri: Path) -> list[str] | None:
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(uri)):
+        return None
+    return [f.name for f in DeltaTable(str(uri)).schema().fields]
+
+
+def _differs(a, b):
+    import pyarrow.compute as pc
+
+    ne = pc.fill_null(pc.not_equal(a, b), False)
+    return pc.or_(ne, pc.xor(pc.is_null(a), pc.is_null(b)))
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        return v.decode("utf-8", "replace")
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return str(v)
+
+
+def compare_tables(new, old, key_columns: list[str], top: int = TOP_CHANGES) -> dict[str, Any]:
+    """Join two tables on the key and count what differs; see the module docstring."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = list(key_columns)
+    common = [c for c in new.column_names if c in old.column_names and c not in keys
+              and not c.startswith("source_") and not c.startswith("_")]
+    raw = [c for c in common if c.endswith("_raw") and c[:-4] in common]
+    derived = [c[:-4] for c in raw]
+    compared = derived or common
+    inputs = [c for c in common if c not in derived] if derived else []
+
+    old_r = old.select(keys + common).rename_columns(keys + [f"{c}__old" for c in common])
+    joined = new.select(keys + common).join(old_r, keys=keys, join_type="inner")
+    n = joined.num_rows
+    same_input = pa.array([True] * n, pa.bool_())
+    for c in inputs:
+        same_input = pc.and_(same_input, pc.invert(_differs(joined[c], joined[f"{c}__old"])))
+    any_change = pa.array([False] * n, pa.bool_())
+    by_column: dict[str, int] = {}
+    top_changes: dict[str, list[dict[str, Any]]] = {}
+    for c in compared:
+        d = pc.and_(_differs(joined[c], joined[f"{c}__old"]), same_input)
+        by_column[c] = pc.sum(d).as_py() or 0
+        any_change = pc.or_(any_change, d)
+        if by_column[c]:
+            pairs = pa.table({"old": joined[f"{c}__old"], "new": joined[c]}).filter(d)
+            counts = pairs.group_by(["old", "new"], use_threads=False).aggregate([([], "count_all")])
+            counts = counts.sort_by([("count_all", "descending"), ("old", "ascending"), ("new", "ascending")])
+            top_changes[c] = [{"old": _jsonable(r["old"]), "new": _jsonable(r["new"]), "count": r["count_all"]}
+                              for r in counts.slice(0, top).to_pylist()]
+    only_new = new.num_rows - n
+    only_old = old.num_rows - n
+    return {
+        "compared_columns": compared, "input_columns": inputs, "rows_compared": n,
+        "rows_changed": pc.sum(any_change).as_py() or 0,
+        "rows_input_differs": (n - (pc.sum(same_input).as_py() or 0)) if inputs else 0,
+        "keys_only_new": only_new, "keys_only_serving": only_old,
+        "changed_by_column": by_column, "top_changes": top_changes,
+    }
+
+
+def _offsets_read(k, pipeline: str, version: int) -> int:
+    from orchestrator.observe.lag import checkpoint_next_offsets, log_offsets
+
+    ckpt, _ = checkpoint_next_offsets(k.paths(pipeline, version).checkpoint)
+    if not ckpt:
+        return 0
+    try:
+        starts = {tp: lo for tp, (lo, _hi) in log_offsets(k, k.pipeline(pipeline).topics).items()}
+    except Exception:
+        starts = {}
+    return sum(max(0, nxt - starts.get(tp, 0)) for tp, nxt in ckpt.items())
+
+
+def validation_report(k, pipeline: str, version: int, *, save: bool = True,
+                      serving_version: Any = _UNSET) -> Report:
+    """Compare version N with the version the alias serves now; save the report beside N."""
+    from jobs.lib.delta_sink import count_rows
+
+    spec = k.pipeline(pipeline)
+    reg = k.registry
+    rec = reg.get_version(pipeline, version)
+    if serving_version is _UNSET:
+        alias = reg.get_alias(spec.alias)
+        serving_version = alias.version if alias is not None and alias.pipeline == pipeline else None
+    if serving_version == version:
+        alias_prev = reg.get_alias(spec.alias)
+        serving_version = getattr(alias_prev, "previous_version", None)
+    paths = k.paths(pipeline, version)
+    new_cols = _schema_names(paths.table)
+    if new_cols is None:
+        raise SinkError(f"{pipeline} v{version} has no output table yet at {paths.table}: its job has not "
+                        f"committed a micro-batch; wait until it is ready")
+    keys_new = count_rows(paths.table)
+    rejects = count_rows(paths.rejects)
+    offsets_read = _offsets_read(k, pipeline, version)
+    reject_rate = rejects / offsets_read if offsets_read else 0.0
+
+    report = Report(
+        pipeline=pipeline, version=version, serving_version=serving_version, alias=spec.alias,
+        generated_at=time.time(), keys_new=keys_new, keys_serving=None, key_delta_ratio=None,
+        key_count_tolerance=spec.key_count_tolerance, key_count_ok=None, offsets_read=offsets_read,
+        rejects=rejects, reject_rate=reject_rate, max_reject_rate=spec.max_reject_rate,
+        reject_rate_ok=reject_rate <= spec.max_reject_rate,
+        rules_version=getattr(rec, "rules_version", None))
+    if serving_version is not None:
+        old_paths = k.paths(pipeline, serving_version)
+        old_rec = reg.get_version(pipeline, serving_version)
+        report.serving_rules_version = getattr(old_rec, "rules_version", None)
+        old_cols = _schema_names(old_paths.table)
+        keys_old = count_rows(old_paths.table) if old_cols is not None else 0
+        report.keys_serving = keys_old
+        delta = abs(keys_new - keys_old)
+        report.key_delta_ratio = (delta / keys_old) if keys_old else (0.0 if delta == 0 else float("inf"))
+        report.key_count_ok = report.key_delta_ratio <= spec.key_count_tolerance
+        if old_cols is not None:
+            keys = list(spec.key_columns)
+            wanted = keys + [c for c in new_cols if c in old_cols and c not in keys
+                             and not c.startswith("source_") and not c.startswith("_")]
+            new_t = _read(paths.table, wanted)
+            old_t = _read(old_paths.table, wanted)
+            for name, value in compare_tables(new_t, old_t, list(spec.key_columns)).items():
+                setattr(report, name, value)
+    if save:
+        from orchestrator.serving import write_pointer
+
+        paths.report_file.parent.mkdir(parents=True, exist_ok=True)
+        report.path = str(paths.report_file)
+        write_pointer(Path(report.path), _json_safe(report.to_dict()))
+    return report
+
+
+def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    ratio = d.get("key_delta_ratio")
+    if isinstance(ratio, float) and ratio == float("inf"):
+        d["key_delta_ratio"] = "inf"
+    return json.loads(json.dumps(d, default=str))

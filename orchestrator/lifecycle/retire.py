@@ -1,0 +1,164 @@
+"""Retention: keep the last K versions of a pipeline, retire the older ones.
+
+Retiring a version stops its job and deletes its output table, its rejects table, its
+checkpoint and run directory, and its consumer group; the registry keeps the version's record
+(state `retired`) and the audit log keeps its history. The version the alias serves and the
+rollback target (the alias's previous version) are never retired. Every step is idempotent, so
+a retire that died half-way is finished by running it again. `dry_run` lists what would go.
+
+Public API:
+- `RetireResult`, `RetentionPlan` (`.to_dict()`)
+- `retire(k, pipeline, version, *, actor, reason, dry_run=False) -> RetireResult`
+- `apply_retention(k, pipeline, *, actor, dry_run=True, keep=None, reason=None) -> RetentionPlan`
+- `protected_versions(k, pipeline) -> dict[int, str]`
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.exceptions import BrokerError, KappaError, LifecycleError
+from orchestrator.jobctl.control import stop_version
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetireResult:
+    pipeline: str
+    version: int
+    dry_run: bool
+    actions: list[str]
+    done: list[str] = field(default_factory=list)
+    bytes_freed: int = 0
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RetentionPlan:
+    pipeline: str
+    keep: int
+    dry_run: bool
+    kept: list[int]
+    protected: dict[int, str]
+    retire: list[int]
+    results: list[dict[str, Any]] = field(default_factory=list)
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["protected"] = {str(k): v for k, v in self.protected.items()}
+        return d
+
+
+def protected_versions(k, pipeline: str) -> dict[int, str]:
+    """{version: why} for the versions that must not be retired."""
+    spec = k.pipeline(pipeline)
+    rec = k.registry.get_alias(spec.alias)
+    out: dict[int, str] = {}
+    if rec is not None and rec.pipeline == pipeline:
+        if rec.version is not None:
+            out[rec.version] = f"it serves alias {spec.alias!r}"
+        prev = getattr(rec, "previous_version", None)
+        if prev is not None and prev not in out:
+            out[prev] = f"it is the rollback target of alias {spec.alias!r}"
+        published = getattr(rec, "published_version", None)
+        if published is not None and published not in out:
+            out[published] = f"readers may still follow the published pointer of alias {spec.alias!r} to it"
+    return out
+
+
+def _size(path: Path) -> int:
+    if not path.exists():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _delete_group(k, group_id: str) -> str:
+    from confluent_kafka import KafkaError
+
+    try:
+        fut = k.admin().delete_consumer_groups([group_id], request_timeout=10)[group_id]
+        fut.result()
+        return "deleted"
+    except Exception as e:
+        err = e.args[0] if e.args else None
+        code = getattr(err, "code", lambda: None)()
+        if code in (KafkaError.GROUP_ID_NOT_FOUND,):
+            return "did not exist"
+        raise BrokerError(f"cannot delete consumer group {group_id!r}: {e}; retry the retire, or delete it "
+                          f"with kafka-consumer-groups --delete --group {group_id}") from None
+
+
+def retire(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
+           dry_run: bool = False) -> RetireResult:
+    """Stop the job and delete table, rejects, checkpoint, run dir and consumer group of a version."""
+    reg = k.registry
+    rec = reg.get_version(pipeline, version)
+    protected = protected_versions(k, pipeline)
+    if version in protected:
+        msg = (f"cannot retire {pipeline} v{version}: {protected[version]}; promote or roll back to another "
+               f"version first")
+        if not dry_run:
+            reg.audit("retire", actor=actor, pipeline=pipeline, version=version, reason=reason,
+                      outcome="refused", details={"error": msg})
+        raise LifecycleError(msg)
+    paths = k.paths(pipeline, version)
+    dirs = [("table", paths.table), ("rejects table", paths.rejects), ("checkpoint and run dir", paths.version_dir)]
+    actions = [f"stop the job of v{version} (if running)"]
+    actions += [f"delete {what} {p} ({_size(p)} bytes)" for what, p in dirs if p.exists()]
+    actions += [f"delete consumer group {paths.group_id}", f"set {pipeline} v{version} to retired"]
+    result = RetireResult(pipeline, version, dry_run, actions)
+    if dry_run:
+        result.message = f"dry run: would retire {pipeline} v{version} ({rec.state})"
+        return result
+    stop_version(k, pipeline, version, actor=actor, reason=f"retire: {reason or ''}".strip(), force=True,
+                 final_state=None)
+    result.done.append("job stopped")
+    for what, p in dirs:
+        if p.exists():
+            result.bytes_freed += _size(p)
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            result.done.append(f"deleted {what} {p}")
+    result.done.append(f"consumer group {paths.group_id}: {_delete_group(k, paths.group_id)}")
+    if rec.state != "retired":
+        reg.set_state(pipeline, version, "retired", pid=None)
+    reg.audit("retire", actor=actor, pipeline=pipeline, version=version, reason=reason,
+              details={"done": result.done, "bytes_freed": result.bytes_freed, "state_before": rec.state})
+    result.message = f"retired {pipeline} v{version}, freed {result.bytes_freed} bytes"
+    return result
+
+
+def apply_retention(k, pipeline: str, *, actor: str, dry_run: bool = True, keep: int | None = None,
+                    reason: str | None = None) -> RetentionPlan:
+    """Retire every version older than the last `keep` (default: the pipeline's keep_versions)."""
+    spec = k.pipeline(pipeline)
+    keep = spec.keep_versions if keep is None else keep
+    versions = sorted(k.registry.list_versions(pipeline), key=lambda r: r.version)
+    live = [r for r in versions if r.state != "retired"]
+    kept = [r.version for r in live[-keep:]] if keep > 0 else []
+    protected = protected_versions(k, pipeline)
+    candidates = [r.version for r in live if r.version not in kept]
+    to_retire = [v for v in candidates if v not in protected]
+    plan = RetentionPlan(pipeline, keep, dry_run, kept, {v: why for v, why in protected.items()
+                                                         if v in candidates}, to_retire)
+    for v in to_retire:
+        try:
+            res = retire(k, pipeline, v, actor=actor, reason=reason or f"retention: keep the last {keep}",
+                         dry_run=dry_run)
+            plan.results.append(res.to_dict())
+        except KappaError as e:
+            plan.results.append({"pipeline": pipeline, "version": v, "error": str(e)})
+    verb = "would retire" if dry_run else "retired"
+    plan.message = (f"{pipeline}: keep {kept}; {verb} {to_retire or 'nothing'}"
+                    + (f"; protected {sorted(plan.protected)}" if plan.protected else ""))
+    return plan

@@ -1,0 +1,264 @@
+"""How far a version's job is behind its source topics.
+
+Per partition: lag = log end offset (the broker's high watermark) - the version's next offset to
+read. The next offset comes from the job's Spark checkpoint (the end offsets of its last
+committed micro-batch, which is the truth the job restarts from); the consumer group's committed
+offsets (which the job commits after each batch, so any Kafka lag tool sees it) are read too, as
+a cross-check and as the fallback when the checkpoint is not readable from here. A version whose
+job has not committed a batch yet has read nothing: its next offset is the log start, and its lag
+is the whole log. Lag that cannot be read (broker down, topic gone) is unknown (None), never 0.
+
+Public API:
+- `PartitionLag`, `LagReading` (`.total`, `.partitions` {"topic:p": lag}, `.to_dict()`, ...)
+- `measure_lag(k, pipeline, version) -> LagReading` (no registry write)
+- `sample_lag(k, pipeline, version) -> LagReading` (measures and stores a lag sample)
+- `lag_from_offsets(...)`: the arithmetic, for tests and tools.
+- `log_offsets(k, topics)`, `group_offsets(k, group_id)`, `checkpoint_next_offsets(path)`
+- `eta_seconds(samples, threshold=0, since=None) -> float | None`
+- `sample_time(sample) -> float`, `partition_key(topic, p)`, `format_partitions(d)`
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from orchestrator.core.exceptions import BrokerError, KappaError
+
+log = logging.getLogger(__name__)
+
+#: Seconds a broker call may take before lag is declared unknown.
+KAFKA_TIMEOUT = 10.0
+
+
+def partition_key(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def format_partitions(partitions: dict[str, int | None], limit: int = 8) -> str:
+    """'member_profiles:0=120, member_profiles:3=7' (largest first), for error messages."""
+    items = sorted(partitions.items(), key=lambda kv: (-(kv[1] if kv[1] is not None else 1 << 62), kv[0]))
+    shown = ", ".join(f"{key}={'unknown' if v is None else v}" for key, v in items[:limit])
+    if len(items) > limit:
+        shown += f", ... ({len(items) - limit} more)"
+    return shown
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    log_start: int
+    log_end: int
+    next_offset: int
+    lag: int
+    source: str                      # checkpoint | group | log-start
+    group_offset: int | None = None  # the group's committed offset, for the cross-check
+
+
+@dataclass(frozen=True)
+class LagReading:
+    """One measurement of a version's lag. `total is None` means unknown."""
+
+    pipeline: str
+    version: int
+    at: float
+    total: int | None
+    partitions: dict[str, int | None]
+    details: tuple[PartitionLag, ...] = ()
+    source: str = "unknown"          # checkpoint | group | log-start | unknown
+    error: str | None = None
+    batch_id: int | None = None      # last committed micro-batch behind the offsets
+
+    @property
+    def known(self) -> bool:
+        return self.total is not None
+
+    def over(self, threshold: int) -> dict[str, int | None]:
+        """Partitions whose lag is above `threshold` (all of them when unknown)."""
+        if self.total is None:
+            return dict(self.partitions) or {"*": None}
+        return {p: lag for p, lag in self.partitions.items() if lag is not None and lag > threshold}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["details"] = [asdict(p) for p in self.details]
+        return d
+
+
+def _kafka_error(what: str, k, e: Exception) -> BrokerError:
+    return BrokerError(
+        f"cannot read {what} from the Kafka broker at {k.settings.bootstrap_servers} ({e}); "
+        f"check that the broker is up and that bootstrap_servers / kafka_config are right"
+    )
+
+
+def topic_partitions(k, topics: Iterable[str], timeout: float = KAFKA_TIMEOUT) -> dict[str, list[int]]:
+    """Partition numbers of each topic; BrokerError if the broker or a topic is missing."""
+    try:
+        md = k.admin().list_topics(timeout=timeout)
+    except KappaError:
+        raise
+    except Exception as e:
+        raise _kafka_error("topic metadata", k, e) from None
+    out: dict[str, list[int]] = {}
+    for topic in topics:
+        tm = md.topics.get(topic)
+        if tm is None or tm.error is not None:
+            raise BrokerError(
+                f"source topic {topic!r} does not exist on {k.settings.bootstrap_servers}"
+                + (f" ({tm.error})" if tm is not None and tm.error is not None else "")
+                + "; create it or fix the pipeline's topics"
+            )
+        out[topic] = sorted(tm.partitions)
+    return out
+
+
+def log_offsets(k, topics: Iterable[str], timeout: float = KAFKA_TIMEOUT) -> dict[tuple[str, int], tuple[int, int]]:
+    """{(topic, partition): (log start, log end)} from the broker (ListOffsets earliest/latest)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    parts = topic_partitions(k, topics, timeout)
+    tps = [(t, p) for t, ps in parts.items() for p in ps]
+    if not tps:
+        return {}
+    admin = k.admin()
+    try:
+        latest = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in tps},
+                                    request_timeout=timeout)
+        earliest = admin.list_offsets({TopicPartition(t, p): OffsetSpec.earliest() for t, p in tps},
+                                      request_timeout=timeout)
+        ends = {(tp.topic, tp.partition): f.result().offset for tp, f in latest.items()}
+        starts = {(tp.topic, tp.partition): f.result().offset for tp, f in earliest.items()}
+    except Exception as e:
+        raise _kafka_error("log end offsets", k, e) from None
+    return {tp: (starts[tp], ends[tp]) for tp in tps}
+
+
+def group_offsets(k, group_id: str, timeout: float = KAFKA_TIMEOUT) -> dict[tuple[str, int], int]:
+    """The consumer group's committed offsets (next offset to read); {} for an unknown group."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    try:
+        futures = k.admin().list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
+                                                         request_timeout=timeout)
+        res = futures[group_id].result()
+    except Exception as e:
+        raise _kafka_error(f"the committed offsets of consumer group {group_id!r}", k, e) from None
+    return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions if tp.offset >= 0}
+
+
+def checkpoint_next_offsets(checkpoint: str | Path) -> tuple[dict[tuple[str, int], int] | None, int | None]:
+    """Next offsets per partition from the last committed micro-batch of a Spark checkpoint.
+
+    Returns (None, None) when the job has not committed a batch yet (or no checkpoint exists).
+    """
+    from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
+
+    path = Path(checkpoint)
+    if not path.exists():
+        return None, None
+    offsets = checkpoint_offsets(str(path))
+    if not offsets:
+        return None, None
+    out = {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()}
+    return out, last_committed_batch(str(path))
+
+
+def lag_from_offsets(pipeline: str, version: int, logs: dict[tuple[str, int], tuple[int, int]],
+                     checkpoint: dict[tuple[str, int], int] | None,
+                     group: dict[tuple[str, int], int] | None = None, *, at: float | None = None,
+                     batch_id: int | None = None) -> LagReading:
+    """The lag arithmetic: checkpoint offsets first, then the group's, then the log start."""
+    group = group or {}
+    if checkpoint:
+        base, source = checkpoint, "checkpoint"
+    elif group:
+        base, source = group, "group"
+    else:
+        base, source = {}, "log-start"
+    details = []
+    for (topic, p), (start, end) in sorted(logs.items()):
+        if (topic, p) in base:
+            nxt, psource = max(base[(topic, p)], start), source
+        else:  # not read yet (new partition, or nothing committed): the whole log is ahead
+            nxt, psource = start, "log-start"
+        details.append(PartitionLag(topic, p, start, end, nxt, end - nxt, psource, group.get((topic, p))))
+    partitions = {partition_key(d.topic, d.partition): d.lag for d in details}
+    return LagReading(pipeline, version, time.time() if at is None else at, sum(partitions.values()),
+                      partitions, tuple(details), source, None, batch_id)
+
+
+def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
+    """Measure the version's lag now; unknown (total None, error set) if it cannot be read."""
+    spec = k.pipeline(pipeline)
+    paths = k.paths(pipeline, version)
+    now = time.time()
+    try:
+        logs = log_offsets(k, spec.topics, timeout)
+    except KappaError as e:
+        return LagReading(pipeline, version, now, None, {}, (), "unknown", str(e))
+    try:
+        group = group_offsets(k, paths.group_id, timeout)
+    except KappaError as e:
+        log.warning("%s v%s: %s", pipeline, version, e)
+        group = {}
+    try:
+        ckpt, batch_id = checkpoint_next_offsets(paths.checkpoint)
+    except Exception as e:  # a checkpoint being written or corrupt: fall back to the group
+        log.warning("%s v%s: cannot read checkpoint %s (%s); using the consumer group's offsets",
+                    pipeline, version, paths.checkpoint, e)
+        ckpt, batch_id = None, None
+    return lag_from_offsets(pipeline, version, logs, ckpt, group, at=now, batch_id=batch_id)
+
+
+def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
+    """Measure the lag and store it as a lag sample in the registry."""
+    reading = measure_lag(k, pipeline, version, timeout=timeout)
+    k.registry.add_lag_sample(pipeline, version, reading.total, dict(reading.partitions), at=reading.at)
+    return reading
+
+
+def sample_time(sample: Any) -> float:
+    """Unix seconds of a lag sample record (datetime or number in `.at`)."""
+    at = sample["at"] if isinstance(sample, dict) else getattr(sample, "at")
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=timezone.utc)
+        return at.timestamp()
+    return float(at)
+
+
+def sample_total(sample: Any) -> int | None:
+    return sample["total"] if isinstance(sample, dict) else getattr(sample, "total")
+
+
+def eta_seconds(samples: Iterable[Any], threshold: int = 0, *, since: float | None = None,
+                window_seconds: float = 120.0) -> float | None:
+    """Seconds until lag reaches `threshold` at the recent rate; 0 if there; None if unknown.
+
+    The rate is the fall of total lag between the oldest and the newest known sample within
+    `window_seconds` of the newest (and after `since`, the job's start). A lag that is not
+    falling has no ETA.
+    """
+    pts = sorted((sample_time(s), sample_total(s)) for s in samples)
+    if since is not None:
+        pts = [p for p in pts if p[0] >= since]
+    if not pts or pts[-1][1] is None:
+        return None
+    t_new, lag_new = pts[-1]
+    if lag_new <= threshold:
+        return 0.0
+    known = [p for p in pts if p[1] is not None and p[0] >= t_new - window_seconds]
+    if len(known) < 2:
+        return None
+    t_old, lag_old = known[0]
+    if t_new <= t_old or lag_old <= lag_new:
+        return None
+    rate = (lag_old - lag_new) / (t_new - t_old)
+    return (lag_new - threshold) / rate

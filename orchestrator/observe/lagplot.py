@@ -1,0 +1,152 @@
+"""The catch-up curve: each version's total lag over time, drawn from the registry's lag samples.
+
+A reprocess starts with a lag of the whole log and, if the job keeps up, falls to the catch-up
+threshold; the shape of that curve (how steep, how long the tail, whether it flattens above
+zero while live updates keep arriving) is what an operator wants to see before trusting a
+version. Samples whose lag could not be read are unknown, never zero: they are drawn as marks
+on the time axis, not as points of the curve.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from orchestrator.core.exceptions import ConfigError, NotFoundError
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class Series:
+    """One version's lag samples: `points` are (unix seconds, total lag or None for unknown)."""
+
+    label: str
+    points: list[tuple[float, int | None]]
+    threshold: int | None = None
+
+
+def _seconds(at: Any) -> float:
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=timezone.utc)
+        return at.timestamp()
+    return float(at)
+
+
+def _field(sample: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(sample, dict):
+            if name in sample:
+                return sample[name]
+        elif hasattr(sample, name):
+            return getattr(sample, name)
+    raise AttributeError(f"lag sample {sample!r} has none of the fields {names}")
+
+
+def series_from_samples(label: str, samples: Iterable[Any], threshold: int | None = None) -> Series:
+    """Build a Series from registry lag samples (records or dicts with `at` and `total`)."""
+    points = []
+    for s in samples:
+        total = _field(s, "total", "total_lag", "lag")
+        points.append((_seconds(_field(s, "at", "sampled_at", "ts")), None if total is None else int(total)))
+    points.sort(key=lambda p: p[0])
+    return Series(label=label, points=points, threshold=threshold)
+
+
+def plot_lag(series: list[Series], out: Path | str, *, title: str = "Catch-up: lag over time") -> Path:
+    """Write a PNG of each series' lag (records) against seconds since its first sample.
+
+    Each curve starts at its own zero so that catch-ups of different versions compare
+    directly. Raises ConfigError when no series holds a sample: an empty plot would look
+    like a version that never lagged.
+    """
+    series = [s for s in series if s.points]
+    if not series:
+        raise ConfigError(
+            "no lag samples to plot: the registry has none for the versions asked for; "
+            "samples are recorded while a version is watched (`kappa status --watch`, "
+            "`kappa deploy --wait`, the monitor DAG)"
+        )
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 5), dpi=110)
+    ax = fig.add_subplot(1, 1, 1)
+    top = 0
+    marks: list[tuple[float, str, str]] = []
+    for s in series:
+        t0 = s.points[0][0]
+        xs = [t - t0 for t, v in s.points if v is not None]
+        ys = [v for _, v in s.points if v is not None]
+        unknown = [t - t0 for t, v in s.points if v is None]
+        (line,) = ax.plot(xs, ys, marker="o", markersize=2.5, linewidth=1.6, label=s.label)
+        if unknown:
+            ax.plot(unknown, [0] * len(unknown), linestyle="none", marker="x", color=line.get_color(),
+                    label=f"{s.label}: lag unknown")
+        if ys:
+            top = max(top, max(ys))
+        if s.threshold is not None and ys:
+            reached = next((x for x, y in zip(xs, ys) if y <= s.threshold), None)
+            if reached is not None:
+                ax.axvline(reached, color=line.get_color(), linestyle=":", linewidth=1)
+                marks.append((reached, line.get_color(), f"{s.label}: lag <= {s.threshold:,} after {reached:.0f} s"))
+    ax.set_xlabel("seconds since the version's first lag sample")
+    ax.set_ylabel("total lag (records)")
+    ax.set_ylim(bottom=0, top=max(1, math.ceil(top * 1.08)))
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+    for i, (x, color, text) in enumerate(marks):
+        ax.annotate(text, (x, top * (0.55 - 0.08 * i)), xytext=(6, 0), textcoords="offset points",
+                    fontsize=8, color=color, va="center")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize=9)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def plot_pipeline_lag(k: Any, pipeline: str, out: Path | str, versions: list[int] | None = None,
+                      limit: int = 100_000) -> Path:
+    """Plot the catch-up curves of a pipeline's versions (default: all with samples) from the registry.
+
+    `k` is an `orchestrator.core.kappa.Kappa`.
+    """
+    spec = k.pipeline(pipeline)
+    known = {v.version: v for v in k.registry.list_versions(pipeline)}
+    wanted = sorted(known) if versions is None else versions
+    for n in wanted:
+        if n not in known:
+            raise NotFoundError(
+                f"pipeline {pipeline!r} has no version {n}; it has "
+                f"{', '.join(f'v{m}' for m in sorted(known)) or 'none'} (see `kappa status {pipeline}`)"
+            )
+    series = []
+    for n in wanted:
+        samples = k.registry.lag_samples(pipeline, n, limit=limit)
+        series.append(series_from_samples(f"{pipeline} v{n}", samples, _threshold(k, spec, pipeline, n)))
+    return plot_lag(series, out, title=f"{pipeline}: catch-up (total lag over time)")
+
+
+def _threshold(k: Any, spec: Any, pipeline: str, n: int) -> int | None:
+    """The version's catch-up threshold: its deploy's override, else the pipeline's."""
+    try:
+        from orchestrator.lifecycle.await_ready import version_threshold
+
+        return version_threshold(k, pipeline, n)
+    except Exception:  # an older layout or a partial home: fall back to the declared threshold
+        return getattr(spec, "catchup_threshold", None)
+
+
+def is_png(path: Path | str) -> bool:
+    p = Path(path)
+    return p.is_file() and p.stat().st_size > len(PNG_SIGNATURE) and p.read_bytes()[:8] == PNG_SIGNATURE
