@@ -1,0 +1,117 @@
+"""Is a recorded process still ours, and how to stop it: the one place kappa checks a PID.
+
+kappa records the PID of every process it starts (jobs, the broker, Airflow's parts) together with
+the process's creation time as the kernel reports it (`create_time`). A PID whose process is gone,
+is a zombie, or now belongs to another process (its creation time differs by more than
+`CREATE_TIME_TOLERANCE`) is not ours: kappa never signals it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+__all__ = ["CREATE_TIME_TOLERANCE", "create_time", "is_ours", "wait_gone", "group_alive", "signal_group",
+           "stop_process", "stop_group"]
+
+#: Seconds two readings of one process's creation time may differ by (the kernel's clock ticks and
+#: boot-time rounding); a reused PID started later than that.
+CREATE_TIME_TOLERANCE = 1.0
+
+
+def create_time(pid: int | None) -> float | None:
+    """When the live process `pid` was created (epoch seconds); None if it is gone or a zombie."""
+    if not pid:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
+    except psutil.Error:
+        return None
+
+
+def is_ours(pid: int | None, created: float | None, *, tolerance: float = CREATE_TIME_TOLERANCE) -> bool:
+    """Whether `pid` runs and is the process created at `created` (None: any live process `pid`)."""
+    actual = create_time(pid)
+    if actual is None:
+        return False
+    return created is None or abs(actual - created) <= tolerance
+
+
+def wait_gone(pid: int, created: float | None, timeout: float, *, poll: float = 0.1,
+              tolerance: float = CREATE_TIME_TOLERANCE) -> bool:
+    """Wait until `pid` is no longer our process; True if it went within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while is_ours(pid, created, tolerance=tolerance):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group `pgid` is left (zombies included)."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Send `sig` to the process group led by `pid` (to `pid` alone where the group is not ours)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_process(pid: int, created: float | None, timeout: float = 10.0, *,
+                 tolerance: float = CREATE_TIME_TOLERANCE) -> bool:
+    """SIGTERM `pid`, then SIGKILL it after `timeout` seconds, if it is still ours.
+
+    True if it was ours (and is now gone), False if there was nothing of ours to stop.
+    """
+    if not is_ours(pid, created, tolerance=tolerance):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+    return True
+
+
+def stop_group(pid: int, created: float | None, timeout: float = 10.0, *,
+               tolerance: float = CREATE_TIME_TOLERANCE) -> bool:
+    """SIGTERM the process group led by `pid`, SIGKILL what is left of it after `timeout` seconds.
+
+    Only if `pid` is still ours; True if it was. Stragglers of the group (Spark's workers, task
+    supervisors) are killed with it.
+    """
+    if not is_ours(pid, created, tolerance=tolerance):
+        return False
+    signal_group(pid, signal.SIGTERM)
+    if not wait_gone(pid, created, timeout, tolerance=tolerance):
+        signal_group(pid, signal.SIGKILL)
+        wait_gone(pid, created, 5.0, tolerance=tolerance)
+    elif group_alive(pid):
+        signal_group(pid, signal.SIGKILL)
+    return True
