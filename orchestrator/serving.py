@@ -1,92 +1,62 @@
 """Publishing a serving alias to readers: an atomically replaced pointer file next to the tables.
 
 The registry is the truth of which version an alias serves; the pointer file
-`<warehouse>/_aliases/<alias>.json` is where readers look, so a reader needs nothing but the
-warehouse path (any Delta reader can follow `table`). A pointer is written to a temporary file
-in the same directory, fsynced, then `os.replace`d over the old one and the directory fsynced:
-a reader sees the old pointer or the new one, never a half-written file.
+`<warehouse>/_aliases/<alias>.json` (`orchestrator.core.paths.alias_pointer_path`) is where
+readers look, so a reader needs nothing but the warehouse path (any Delta reader can follow
+`table`). A pointer is replaced atomically (`orchestrator.core.files.write_atomic`: temporary
+file, fsync, rename, directory fsync): a reader sees the old pointer or the new one, never a
+half-written file.
 
 `publish_current` is the only way the orchestrator publishes: under an exclusive file lock it
 reads what the registry says the alias serves *now* and writes that, then marks it published.
 So two publishers that race (a promote and a rollback, or a reconcile) always leave the
 pointer equal to the registry, whatever order they finish in.
-
-Public API:
-- `resolve_alias(alias, settings=None) -> dict` (pointer file only; NotFoundError if missing)
-- `open_alias(alias, settings=None) -> deltalake.DeltaTable`
-- `write_pointer(path, pointer)`, `pointer_path(warehouse, alias)`
-- `publish_current(k, alias) -> dict | None`
-- `set_serving_states(k, pipeline, new_version, old_version)`: serving / standby in the registry
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
-import os
-import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.exceptions import NotFoundError, SinkError
-from orchestrator.core.names import validate_alias_name
+from orchestrator.core.files import write_json_atomic
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.paths import alias_pointer_path
+from orchestrator.core.settings import Settings, resolve_settings
+from orchestrator.core.states import VersionState
 
-ALIASES_DIR = "_aliases"
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
-
-def pointer_path(warehouse: str | Path, alias: str) -> Path:
-    validate_alias_name(alias)
-    return Path(warehouse) / ALIASES_DIR / f"{alias}.json"
-
-
-def _settings(settings: Any):
-    if settings is None:
-        from orchestrator.core.settings import resolve_settings
-
-        settings = resolve_settings()
-    return settings
+__all__ = ["alias_lock", "open_alias", "publish_current", "read_pointer", "resolve_alias", "set_serving_states",
+           "write_pointer"]
 
 
 def write_pointer(path: Path, pointer: dict[str, Any]) -> None:
-    """Atomically replace `path` with `pointer` as JSON (tmp + fsync + os.replace + dir fsync)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(pointer, sort_keys=True) + "\n").encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    """Atomically replace `path` with `pointer` as one line of JSON (readable by its owner only)."""
+    write_json_atomic(path, pointer, mode=0o600, indent=None)
 
 
 def read_pointer(path: Path) -> dict[str, Any] | None:
+    """The pointer in `path`; None when there is none yet."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
 
 
-def resolve_alias(alias: str, settings: Any = None) -> dict[str, Any]:
+def resolve_alias(alias: str, settings: Settings | None = None) -> dict[str, Any]:
     """The alias's published pointer: {"alias","pipeline","version","table","published_at"}.
 
     Reads the pointer file only (no registry), which is all a reader needs.
     """
-    settings = _settings(settings)
-    path = pointer_path(settings.warehouse, alias)
+    settings = resolve_settings() if settings is None else settings
+    path = alias_pointer_path(settings.warehouse, alias)
     pointer = read_pointer(path)
     if pointer is None:
         raise NotFoundError(
@@ -96,8 +66,8 @@ def resolve_alias(alias: str, settings: Any = None) -> dict[str, Any]:
     return pointer
 
 
-def open_alias(alias: str, settings: Any = None):
-    """The Delta table the alias serves now, as a `deltalake.DeltaTable`."""
+def open_alias(alias: str, settings: Settings | None = None) -> DeltaTable:
+    """The Delta table the alias serves now."""
     from deltalake import DeltaTable
 
     pointer = resolve_alias(alias, settings)
@@ -124,7 +94,7 @@ def alias_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def publish_current(k, alias: str) -> dict[str, Any] | None:
+def publish_current(k: Kappa, alias: str) -> dict[str, Any] | None:
     """Publish the version the registry says `alias` serves now; return the pointer written.
 
     Returns None when the registry has no such alias (nothing to publish). Idempotent.
@@ -132,7 +102,7 @@ def publish_current(k, alias: str) -> dict[str, Any] | None:
     path = k.alias_file(alias)
     with alias_lock(path):
         rec = k.registry.get_alias(alias)
-        if rec is None or rec.version is None:
+        if rec is None:
             return None
         table = str(k.paths(rec.pipeline, rec.version).table)
         pointer = {
@@ -145,20 +115,20 @@ def publish_current(k, alias: str) -> dict[str, Any] | None:
             pointer = current
         else:
             write_pointer(path, pointer)
-        if getattr(rec, "published_version", None) != rec.version:
+        if rec.needs_publish:
             k.registry.mark_published(alias, rec.version)
         return pointer
 
 
-def set_serving_states(k, pipeline: str, new_version: int, old_version: int | None) -> None:
+def set_serving_states(k: Kappa, pipeline: str, new_version: int, old_version: int | None) -> None:
     """The new version serves; the one it replaced is standby from now (its grace period starts)."""
     reg = k.registry
     rec = reg.get_version(pipeline, new_version)
-    if rec.state != "serving":
-        details = {kk: v for kk, v in (rec.details or {}).items() if kk != "standby_since"}
-        reg.set_state(pipeline, new_version, "serving", error=None, details=details)
+    if rec.state != VersionState.SERVING:
+        details = {kk: v for kk, v in rec.details.items() if kk != "standby_since"}
+        reg.set_state(pipeline, new_version, VersionState.SERVING, error=None, details=details)
     if old_version is not None and old_version != new_version:
         old = reg.get_version(pipeline, old_version)
-        if old.state == "serving":
-            reg.set_state(pipeline, old_version, "standby",
-                          details={**(old.details or {}), "standby_since": time.time()})
+        if old.state == VersionState.SERVING:
+            reg.set_state(pipeline, old_version, VersionState.STANDBY,
+                          details={**old.details, "standby_since": time.time()})

@@ -4,14 +4,6 @@ One `Kappa` object per process (CLI command, Airflow task, test) is enough: it o
 registry (migrating it on first use), loads the pipelines file, and hands out one cached
 AdminClient. Everything that depends on a broker connects lazily, so building a `Kappa`
 never touches Kafka or Spark.
-
-Public API:
-- `Kappa(settings=None, *, registry=None, pipelines=None)`: `.settings`, `.registry`,
-  `.pipelines` (dict name -> PipelineSpec), `.pipeline(name)`, `.paths(pipeline, n)`,
-  `.kafka_config()`, `.admin()`, `.alias_file(alias)`, `.version_dir(pipeline, n)`, `.close()`.
-- `.paths()` returns `orchestrator.core.settings.VersionPaths`: table, rejects, checkpoint, run_dir,
-  group_id, app_id, and the files of the run dir (status.json, job.log, STOP), the version dir
-  (report.json, launch.json).
 """
 
 from __future__ import annotations
@@ -19,10 +11,19 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.core.settings import VersionPaths
 from orchestrator.core.exceptions import ConfigError, NotFoundError
+from orchestrator.core.paths import VersionPaths, alias_pointer_path, version_paths
+from orchestrator.core.pipelines import PipelineSpec, load_pipelines
+from orchestrator.core.settings import Settings, resolve_settings
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+
+    from orchestrator.registry import Registry
+
+__all__ = ["KAFKA_LOGGER", "Kappa"]
 
 log = logging.getLogger(__name__)
 
@@ -37,38 +38,32 @@ class Kappa:
     `settings.registry_url` and `settings.pipelines_file`.
     """
 
-    def __init__(self, settings: Any = None, *, registry: Any = None,
-                 pipelines: dict[str, Any] | None = None) -> None:
-        if settings is None:
-            from orchestrator.core.settings import resolve_settings
-
-            settings = resolve_settings()
-        self.settings = settings
+    def __init__(self, settings: Settings | None = None, *, registry: Registry | None = None,
+                 pipelines: dict[str, PipelineSpec] | None = None) -> None:
+        self.settings: Settings = resolve_settings() if settings is None else settings
         self._registry = registry
         self._pipelines = dict(pipelines) if pipelines is not None else None
-        self._admin = None
+        self._admin: AdminClient | None = None
         self._lock = threading.Lock()
 
     # -- registry and pipelines ---------------------------------------------------------------
     @property
-    def registry(self):
+    def registry(self) -> Registry:
         if self._registry is None:
             with self._lock:
                 if self._registry is None:
-                    from orchestrator.registry.store import Registry
+                    from orchestrator.registry import Registry
 
                     self._registry = Registry(self.settings.registry_url)
         return self._registry
 
     @property
-    def pipelines(self) -> dict[str, Any]:
+    def pipelines(self) -> dict[str, PipelineSpec]:
         if self._pipelines is None:
-            from orchestrator.core.pipelines import load_pipelines
-
             self._pipelines = dict(load_pipelines(self.settings.pipelines_file))
         return self._pipelines
 
-    def pipeline(self, name: str):
+    def pipeline(self, name: str) -> PipelineSpec:
         """The PipelineSpec named `name`; NotFoundError listing the declared ones."""
         spec = self.pipelines.get(name)
         if spec is None:
@@ -79,26 +74,12 @@ class Kappa:
             )
         return spec
 
-    def pipeline_for_alias(self, alias: str):
-        for spec in self.pipelines.values():
-            if spec.alias == alias:
-                return spec
-        raise NotFoundError(f"no pipeline declares the serving alias {alias!r} in "
-                            f"{self.settings.pipelines_file}")
-
     # -- paths ------------------------------------------------------------------------------
-    def version_dir(self, pipeline: str, n: int) -> Path:
-        return self.paths(pipeline, n).version_dir
-
     def paths(self, pipeline: str, n: int) -> VersionPaths:
-        from orchestrator.core.settings import version_paths
-
         return version_paths(self.settings, pipeline, n)
 
     def alias_file(self, alias: str) -> Path:
-        from orchestrator.core.settings import alias_pointer_path
-
-        return alias_pointer_path(self.settings, alias)
+        return alias_pointer_path(self.settings.warehouse, alias)
 
     # -- Kafka ------------------------------------------------------------------------------
     @property
@@ -116,7 +97,7 @@ class Kappa:
         """librdkafka settings for any client: bootstrap servers plus `settings.kafka_config`."""
         return self.settings.kafka_client_config(**{"bootstrap.servers": self.bootstrap_servers})
 
-    def admin(self):
+    def admin(self) -> AdminClient:
         """One AdminClient per Kappa (each holds threads and sockets)."""
         if self._admin is None:
             with self._lock:
@@ -129,15 +110,14 @@ class Kappa:
     def close(self) -> None:
         self._admin = None
         reg, self._registry = self._registry, None
-        dispose = getattr(reg, "dispose", None) or getattr(reg, "close", None)
-        if callable(dispose):
+        if reg is not None:
             try:
-                dispose()
+                reg.close()
             except Exception:  # closing is best effort
                 log.debug("registry close failed", exc_info=True)
 
-    def __enter__(self) -> "Kappa":
+    def __enter__(self) -> Kappa:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

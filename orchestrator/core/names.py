@@ -12,15 +12,8 @@ Every check raises `ConfigError` naming the field, the value and the rule, and r
 value unchanged when it is valid, so it can be used inline:
 `validate_pipeline_name(name)`.
 
-Public API:
-- `NAME_PATTERN`, `TOPIC_PATTERN` (compiled regexes), `NAME_RULE`, `TOPIC_RULE` (prose).
-- `validate_name(value, *, field) -> str`: the pipeline/alias rule, for any field.
-- `validate_pipeline_name(value, field="pipeline") -> str`
-- `validate_alias_name(value, field="alias") -> str`
-- `validate_job_name(value, field="job") -> str`: the name rule, and not a Python keyword
-  (it becomes the module `jobs.<job>`).
-- `validate_topic_name(value, field="topic") -> str`
-- `validate_version_number(value, field="version") -> int`: a positive integer (not a bool).
+`app_id` is the one definition of a version's Delta application id, `kappa.<pipeline>.v<N>`:
+the sink records each committed batch under it, so a restarted job skips what is already in.
 """
 
 from __future__ import annotations
@@ -29,6 +22,10 @@ import keyword
 import re
 
 from orchestrator.core.exceptions import ConfigError
+
+__all__ = ["NAME_PATTERN", "NAME_RULE", "TOPIC_PATTERN", "TOPIC_RULE", "app_id", "validate_alias_name",
+           "validate_job_name", "validate_name", "validate_pipeline_name", "validate_topic_name",
+           "validate_version_number"]
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 NAME_RULE = ("a lowercase letter followed by at most 62 lowercase letters, digits or underscores "
@@ -81,3 +78,8 @@ def validate_version_number(value: object, field: str = "version") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"invalid {field} {value!r}: must be a positive integer (1, 2, ...)")
     return value
+
+
+def app_id(pipeline: str, version: int | str) -> str:
+    """The Delta application id of a pipeline version (contract: `kappa.<pipeline>.v<N>`)."""
+    return f"kappa.{pipeline}.v{version}"

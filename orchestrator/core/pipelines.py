@@ -26,15 +26,8 @@ and the rules directory are checked by `check_job_exists` / `check_ruleset_exist
 `check_pipeline_code`), which `deploy` calls before allocating a version, or at load with
 `load_pipelines(..., check_code=True)`. Both are file-existence checks; nothing is imported.
 
-Public API:
-- `PipelineSpec` (pydantic, frozen): fields above plus `name`; `key_columns` (tuple),
-  `uses_rules`, `to_dict()`.
-- `load_pipelines(path=None, *, check_code=False, jobs_dir=None, rules_dir=None) -> dict[str, PipelineSpec]`
-  (file order; `path` None means `deploy/pipelines.toml` of the repo).
-- `check_job_exists(spec, *, jobs_dir=None) -> Path` (the module file),
-  `check_ruleset_exists(spec, *, rules_dir=None) -> Path | None` (the ruleset directory),
-  `check_pipeline_code(spec, *, jobs_dir=None, rules_dir=None)`.
-- `jobs_directory() -> Path`, `rules_directory() -> Path`.
+Without a path, `load_pipelines` reads the default pipelines file: the checkout's
+`deploy/pipelines.toml`, or the copy a regular install ships.
 """
 
 from __future__ import annotations
@@ -45,12 +38,15 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
 
-from orchestrator.core.settings import DEFAULT_PIPELINES_FILE, REPO_ROOT
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import (validate_alias_name, validate_job_name, validate_name,
-                                validate_pipeline_name, validate_topic_name)
+                                     validate_pipeline_name, validate_topic_name)
+from orchestrator.core.resources import checkout_root, default_pipelines_file
+
+__all__ = ["PipelineSpec", "check_job_exists", "check_pipeline_code", "check_ruleset_exists", "jobs_directory",
+           "load_pipelines", "rules_directory"]
 
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -133,18 +129,15 @@ class PipelineSpec(BaseModel):
             raise ValueError("lists a column more than once")
         return ",".join(columns)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def key_columns(self) -> tuple[str, ...]:
+        """The key as columns; part of `model_dump` so that `kappa pipelines --json` shows it."""
         return tuple(self.key.split(","))
 
     @property
     def uses_rules(self) -> bool:
         return self.ruleset is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = self.model_dump(mode="json")
-        d["key_columns"] = list(self.key_columns)
-        return d
 
 
 def _as_value_error(check, value):
@@ -160,7 +153,7 @@ def jobs_directory() -> Path:
     spec = importlib.util.find_spec("jobs")
     if spec is not None and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0])
-    return REPO_ROOT / "jobs"
+    return checkout_root() / "jobs"
 
 
 def rules_directory() -> Path:
@@ -220,8 +213,8 @@ def _field_error(path: Path, pipeline: str, err: dict[str, Any]) -> str:
 
 def load_pipelines(path: str | Path | None = None, *, check_code: bool = False,
                    jobs_dir: Path | None = None, rules_dir: Path | None = None) -> dict[str, PipelineSpec]:
-    """Read and validate the pipelines file; ConfigError names the file, pipeline and field."""
-    path = Path(path) if path is not None else DEFAULT_PIPELINES_FILE
+    """Read and validate the pipelines file (in file order); ConfigError names the file, pipeline and field."""
+    path = Path(path) if path is not None else default_pipelines_file()
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

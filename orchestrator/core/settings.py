@@ -13,7 +13,7 @@ One precedence, resolved in one function, `resolve_settings`:
 | `bootstrap_servers` | `--bootstrap-servers` | `KAPPA_BOOTSTRAP_SERVERS` | None (the embedded broker)       |
 | `kafka_config`      | `--kafka-config`      | `KAPPA_KAFKA_CONFIG`      | `{}` (JSON object / TOML table)  |
 | `group_prefix`      | `--group-prefix`      | `KAPPA_GROUP_PREFIX`      | `kappa`                          |
-| `pipelines_file`    | `--pipelines-file`    | `KAPPA_PIPELINES`         | `<repo>/deploy/pipelines.toml`   |
+| `pipelines_file`    | `--pipelines-file`    | `KAPPA_PIPELINES`         | the shipped `pipelines.toml`     |
 | `spark_master`      | `--spark-master`      | `KAPPA_SPARK_MASTER`      | `local[2]`                       |
 
 The config file is `--config FILE` (`config_file=`), else `KAPPA_CONFIG`, else `kappa.toml`
@@ -26,25 +26,16 @@ a `Settings` is absolute, so a spawned job sees the same files whatever its work
 `kafka_config` is merged key by key (file, then environment, then flags), so a flag can
 override one librdkafka setting without repeating the others. Values are strings (librdkafka
 parses them); keys that hold secrets (`sasl.password`, `ssl.key.password`, `*.secret`, ...) are
-kept as `SecretStr` and masked in repr and in `to_dict()`. The registry URL's password is
-masked the same way. `kafka_client_config()` / `kafka_config_json()` reveal them, for the
-clients that need them.
+kept as `SecretStr` (see `orchestrator.core.secrets`) and masked in repr and in
+`model_dump(mode="json")`. The registry URL's password is masked the same way.
+`kafka_client_config()` / `kafka_config_json()` reveal them, for the clients that need them.
+
+The default pipelines file is `deploy/pipelines.toml` of a checkout, or the copy a regular install
+ships (`orchestrator.core.resources.default_pipelines_file`). A version's paths are in
+`orchestrator.core.paths`.
 
 Empty environment variables count as unset. CLI overrides that are None count as unset (what
 typer passes for an option the user did not give).
-
-Public API:
-- `Settings` (pydantic, frozen); `Settings()` alone gives the defaults for the current directory.
-  Methods: `version_paths(pipeline, n)`, `alias_pointer_path(alias)`, `kafka_client_config(**extra)`,
-  `kafka_config_json()`, `to_env()` (every setting as KAPPA_* variables, for child processes),
-  `source_of(field)`, `to_dict()`, properties `masked_registry_url`, `config_file`.
-- `resolve_settings(config_file=None, *, env=None, cwd=None, **cli_overrides) -> Settings`
-- `version_paths(settings, pipeline, n) -> VersionPaths` (table, rejects, checkpoint, run_dir,
-  group_id, app_id, version_dir; `.to_dict()`).
-- `alias_pointer_path(settings, alias) -> Path`: `<warehouse>/_aliases/<alias>.json`.
-- `mask_url(url) -> str`; `is_secret_key(key) -> bool`.
-- Constants: `ENV_VARS`, `CLI_FLAGS`, `CONFIG_ENV` ("KAPPA_CONFIG"), `CONFIG_FILE_NAME` ("kappa.toml"),
-  `REPO_ROOT`, `DEFAULT_PIPELINES_FILE`.
 """
 
 from __future__ import annotations
@@ -54,18 +45,18 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import (BaseModel, ConfigDict, PrivateAttr, SecretStr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_serializer,
+                      field_validator, model_validator)
 
 from orchestrator.core.exceptions import ConfigError
-from orchestrator.core.names import validate_alias_name, validate_pipeline_name, validate_version_number
+from orchestrator.core.resources import default_pipelines_file
+from orchestrator.core.secrets import is_secret_key, mask_url, reveal
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PIPELINES_FILE = REPO_ROOT / "deploy" / "pipelines.toml"
+__all__ = ["CLI_FLAGS", "CONFIG_ENV", "CONFIG_FILE_NAME", "ENV_VARS", "Settings", "resolve_settings"]
+
 CONFIG_ENV = "KAPPA_CONFIG"
 CONFIG_FILE_NAME = "kappa.toml"
 
@@ -83,24 +74,8 @@ ENV_VARS: dict[str, str] = {
 CLI_FLAGS: dict[str, str] = {name: "--" + name.replace("_", "-") for name in ENV_VARS}
 PATH_FIELDS = ("home", "warehouse", "state_dir", "pipelines_file")
 
-_SECRET_KEY = re.compile(r"password|secret|token|credential|jaas|oauthbearer\.config|\.pem$", re.I)
 _GROUP_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _REGISTRY_URL_HINT = "expected sqlite:///<path> or postgresql+psycopg2://<user>[:<password>]@<host>:<port>/<db>"
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a librdkafka setting holds a secret (password, token, private key...)."""
-    return _SECRET_KEY.search(key) is not None
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and logs."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
 
 
 def _kafka_value(key: str, value: Any) -> str | SecretStr:
@@ -130,45 +105,6 @@ def _normalize_kafka_config(v: Any) -> dict[str, str | SecretStr]:
     return out
 
 
-@dataclass(frozen=True)
-class VersionPaths:
-    """Everything version N of a pipeline writes to, and the ids it uses (see the contract)."""
-
-    pipeline: str
-    version: int
-    table: Path
-    rejects: Path
-    version_dir: Path
-    checkpoint: Path
-    run_dir: Path
-    group_id: str
-    app_id: str
-
-    @property
-    def status_file(self) -> Path:
-        return self.run_dir / "status.json"
-
-    @property
-    def log_file(self) -> Path:
-        return self.run_dir / "job.log"
-
-    @property
-    def stop_file(self) -> Path:
-        return self.run_dir / "STOP"
-
-    @property
-    def report_file(self) -> Path:
-        return self.version_dir / "report.json"
-
-    @property
-    def launch_file(self) -> Path:
-        """What lifecycle launched (command line, mode, PID): read by inspect and restart."""
-        return self.version_dir / "launch.json"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-
-
 class Settings(BaseModel):
     """Resolved settings. Build with `resolve_settings()`; `Settings(home=...)` is fine in tests."""
 
@@ -181,7 +117,7 @@ class Settings(BaseModel):
     bootstrap_servers: str | None = None
     kafka_config: dict[str, str | SecretStr] = {}
     group_prefix: str = "kappa"
-    pipelines_file: Path = DEFAULT_PIPELINES_FILE
+    pipelines_file: Path = Field(default_factory=default_pipelines_file)
     spark_master: str = "local[2]"
 
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -262,16 +198,9 @@ class Settings(BaseModel):
     def masked_registry_url(self) -> str:
         return mask_url(self.registry_url)
 
-    def version_paths(self, pipeline: str, n: int) -> VersionPaths:
-        return version_paths(self, pipeline, n)
-
-    def alias_pointer_path(self, alias: str) -> Path:
-        return alias_pointer_path(self, alias)
-
     def kafka_client_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka config with secrets revealed and `bootstrap.servers` if set; `extra` wins."""
-        conf: dict[str, Any] = {k: (v.get_secret_value() if isinstance(v, SecretStr) else v)
-                                for k, v in self.kafka_config.items()}
+        conf: dict[str, Any] = {k: reveal(v) for k, v in self.kafka_config.items()}
         if self.bootstrap_servers is not None:
             conf["bootstrap.servers"] = self.bootstrap_servers
         conf.update(extra)
@@ -279,8 +208,7 @@ class Settings(BaseModel):
 
     def kafka_config_json(self) -> str:
         """`kafka_config` as JSON with secrets revealed (the job's `--kafka-config`)."""
-        return json.dumps({k: (v.get_secret_value() if isinstance(v, SecretStr) else v)
-                           for k, v in self.kafka_config.items()}, sort_keys=True)
+        return json.dumps({k: reveal(v) for k, v in self.kafka_config.items()}, sort_keys=True)
 
     def to_env(self) -> dict[str, str]:
         """Every setting as the KAPPA_* environment variable `resolve_settings` reads (secrets revealed).
@@ -307,11 +235,10 @@ class Settings(BaseModel):
         found = self._sources.get("config_file")
         return Path(found) if found else None
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, secrets masked."""
-        d = self.model_dump(mode="json")
-        d["registry_url"] = self.masked_registry_url
-        return d
+    @field_serializer("registry_url", when_used="json")
+    def _masked_in_json(self, v: str) -> str:
+        """`model_dump(mode="json")` is for showing: the password is masked, as kafka_config's secrets are."""
+        return mask_url(v)
 
     def __repr_args__(self):
         for name, value in super().__repr_args__():
@@ -334,30 +261,6 @@ def _parse_json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object, got {type(value).__name__}")
     return value
-
-
-def version_paths(settings: Settings, pipeline: str, n: int) -> VersionPaths:
-    """Table, rejects table, checkpoint, run dir, consumer group and Delta app id of version N."""
-    validate_pipeline_name(pipeline)
-    validate_version_number(n)
-    vdir = settings.state_dir / pipeline / f"v{n}"
-    return VersionPaths(
-        pipeline=pipeline,
-        version=n,
-        table=settings.warehouse / pipeline / f"v{n}",
-        rejects=settings.warehouse / pipeline / f"v{n}__rejects",
-        version_dir=vdir,
-        checkpoint=vdir / "checkpoint",
-        run_dir=vdir / "run",
-        group_id=f"{settings.group_prefix}.{pipeline}.v{n}",
-        app_id=f"kappa.{pipeline}.v{n}",
-    )
-
-
-def alias_pointer_path(settings: Settings, alias: str) -> Path:
-    """The pointer file readers follow: `<warehouse>/_aliases/<alias>.json`."""
-    validate_alias_name(alias)
-    return settings.warehouse / "_aliases" / f"{alias}.json"
 
 
 # -- resolution ---------------------------------------------------------------------------------

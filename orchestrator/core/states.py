@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["VersionState", "ALL", "IN_FLIGHT", "RUNNING", "LIVE"]
+__all__ = ["VersionState", "ALL", "IN_FLIGHT", "RUNNING", "LIVE", "RunState", "ENDED_RUNS"]
 
 
 class VersionState(StrEnum):
@@ -34,3 +34,23 @@ IN_FLIGHT: frozenset[VersionState] = frozenset({S.CREATED, S.STARTING, S.BACKFIL
 RUNNING: frozenset[VersionState] = frozenset({S.STARTING, S.BACKFILLING, S.CAUGHT_UP, S.SERVING, S.STANDBY})
 #: What `kappa status` shows by default: running versions (the same set, named for the reader).
 LIVE: frozenset[VersionState] = RUNNING
+
+
+class RunState(StrEnum):
+    """A job process's own `state` in its status.json, not a version state.
+
+    ``starting -> running``, then ``stopping`` on a stop request, and one of the final states
+    ``stopped``, ``finished`` (available-now reached its end) or ``failed``. The job writes it;
+    job control reads it (jobs import this module without pulling in Spark on the other side).
+    """
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+#: Run states in which the job has ended without failing.
+ENDED_RUNS: frozenset[RunState] = frozenset({RunState.STOPPED, RunState.FINISHED})

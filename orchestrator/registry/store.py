@@ -1,73 +1,25 @@
-"""The registry: the durable record of pipelines, versions, aliases, lag samples and the audit log.
+"""The Registry: every query and change of the registry database, one transaction each.
 
-SQLAlchemy Core on SQLite (the embedded default, one file) or PostgreSQL (anything shared, such
-as Airflow workers on several hosts). Every method is one transaction. The writes that decide
-something are serialized where it matters:
+The writes that decide something are serialized where it matters:
 
 - a version number is allocated under a lock: `BEGIN IMMEDIATE` on SQLite (one writer at a
   time, others wait up to `busy_timeout`), `SELECT ... FOR UPDATE` of the pipeline's row on
   PostgreSQL. Numbers come from a per-pipeline counter and are never reused.
 - an alias flip is a compare-and-swap: `UPDATE aliases ... WHERE alias = :a AND version = :expected`
-  (`RETURNING` the row),
-  and the row count says who won. Exactly one of two concurrent flips wins; the other gets a
-  ConflictError naming where the alias points now, who moved it and why.
+  (`RETURNING` the row), and the row count says who won. Exactly one of two concurrent flips
+  wins; the other gets a ConflictError naming where the alias points now, who moved it and why.
 
-Schema migrations are numbered steps (`MIGRATIONS`) applied in order inside one transaction and
-recorded in `schema_migrations`, so a registry created by an older kappa is brought forward by
-`migrate()` (idempotent; `Registry(url)` runs it unless `auto_migrate=False`). A registry newer
-than this code is refused with a message naming both schema versions.
+A version is *in flight* while it is created/starting/backfilling/caught_up and has never served
+(no alias ever pointed at it); a deploy refuses to start a second one unless queued. `set_state`
+fills timestamps: `started_at` on "starting", `stopped_at` on stopped/failed/retired,
+`caught_up_at` the first time "caught_up", `served_at` the first time "serving" (a flip to the
+version sets `served_at` too). A version an alias points at cannot be set to "retired", and a
+flip to a retired version is refused (both ConflictError). `allocate_version` and `flip_alias`
+write their own audit entries (actions "allocate_version", "flip_alias"; outcome
+ok/conflict/noop/not_found) unless `audit=False`.
 
-SQLite runs in WAL mode (readers never wait for the writer) with `synchronous=NORMAL` by
-default: a commit survives the process crashing (what "resumable" needs), and costs no fsync,
-which keeps a flip in the low milliseconds; only an OS crash or power loss may roll back the last
-commits. Pass `sqlite_synchronous="FULL"` to fsync every commit. PostgreSQL is the choice for
-anything shared.
-
-Times are unix seconds (float, UTC) in the database and in the records; methods that take a
-time also accept an aware or naive-UTC `datetime`.
-
-Version states: created, starting, backfilling, caught_up, serving, standby, stopped, failed,
-retired. A version is *in flight* while it is created/starting/backfilling/caught_up and has
-never served (no alias ever pointed at it); a deploy refuses to start a second one unless
-queued. `set_state` fills timestamps: `started_at` on "starting", `stopped_at` on
-stopped/failed/retired, `caught_up_at` the first time "caught_up", `served_at` the first time
-"serving" (a flip to the version sets `served_at` too). A version an alias points at cannot
-be set to "retired", and a flip to a retired version is refused (both ConflictError).
-
-Public API (records are frozen dataclasses with `.to_dict()`):
-- `Registry(url, *, auto_migrate=True, busy_timeout=30.0, echo=False, sqlite_synchronous="NORMAL")`; `.url` (password masked),
-  `.dialect`, `.migrate(target=None) -> list[int]` (steps applied), `.schema_version() -> int`,
-  `.close()` / `.dispose()`, context manager.
-- `allocate_version(pipeline, *, rules_version, rules_hash, code_ref, table_path=None,
-  checkpoint_path=None, group_id=None, actor, reason, queue=False, paths=None, run_dir=None,
-  rejects_path=None, details=None, audit=True) -> VersionRecord`.
-  The number is only known inside the transaction, so `table_path`, `checkpoint_path`,
-  `group_id`, `run_dir`, `rejects_path` may be strings containing `{n}` (or `{version}`), or
-  callables `n -> str|Path`; or pass `paths=lambda n: version_paths(settings, pipeline, n)`
-  (anything with .table/.checkpoint/.group_id/.run_dir/.rejects) to fill them all.
-  ConflictError for an in-flight version has `.in_flight_version`.
-- `get_version(pipeline, n)` (NotFoundError), `list_versions(pipeline, states=None) -> list` (ascending),
-  `in_flight(pipeline) -> VersionRecord | None`,
-  `set_state(pipeline, n, state, *, expected=None, **fields) -> VersionRecord` (CAS when
-  `expected`, a state or a collection of states, is given; fields: pid, run_dir, rejects_path,
-  error, started_at, stopped_at, caught_up_at, details).
-- `list_pipelines() -> list[PipelineRecord]`.
-- `get_alias(alias) -> AliasRecord | None`, `list_aliases() -> list[AliasRecord]`,
-  `flip_alias(alias, pipeline, *, expected_version, new_version, actor, reason, audit=True) -> AliasRecord`
-  (`expected_version=None` creates the alias; flipping to the version it already points at, with
-  that as expected, is a logged no-op), `mark_published(alias, version) -> AliasRecord` (records
-  what the pointer file now holds: no CAS; `AliasRecord.needs_publish` tells reconcile to act),
-  `alias_history(alias, limit=None) -> list[AliasHistoryRecord]` (oldest first).
-- `add_lag_sample(pipeline, n, total, partitions, at=None) -> LagSampleRecord`,
-  `lag_samples(pipeline, n, limit=None, since=None) -> list` (oldest first, the most recent `limit`).
-- `audit(action, *, actor, pipeline=None, version=None, reason=None, outcome="ok", details=None) -> AuditRecord`,
-  `audit_log(pipeline=None, limit=100, *, version=None, action=None) -> list` (oldest first, the
-  most recent `limit`). `allocate_version` and `flip_alias` write their own audit entries
-  (actions "allocate_version", "flip_alias"; outcome ok/conflict/noop/not_found) unless `audit=False`.
-
-PostgreSQL connections get `lock_timeout` = `busy_timeout`, so a write waiting on a row lock
-gives up with a RegistryError instead of hanging. A Registry survives `fork()`: the child opens
-its own connections.
+Methods that take a time accept unix seconds or an aware or naive-UTC `datetime`. A Registry
+survives `fork()`: the child opens its own connections.
 """
 
 from __future__ import annotations
@@ -78,372 +30,33 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.engine import Connection
 
-from orchestrator.core.settings import mask_url
-from orchestrator.core.exceptions import (ConfigError, ConflictError, KappaError, NotFoundError, RegistryError)
+from orchestrator.core.exceptions import ConflictError, KappaError, NotFoundError, RegistryError
 from orchestrator.core.names import validate_alias_name, validate_pipeline_name, validate_version_number
+from orchestrator.core.paths import VersionPaths
+from orchestrator.core.states import ALL as ALL_STATES
+from orchestrator.core.states import IN_FLIGHT, VersionState
+from orchestrator.registry.engine import create_engine, transaction
+from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord, LagSampleRecord,
+                                           PipelineRecord, VersionRecord)
+from orchestrator.registry.schema import (HEAD, alias_history, aliases, apply_migrations, audit_log,
+                                          lag_samples_table, pipelines, schema_version, versions)
 
-STATES = ("created", "starting", "backfilling", "caught_up", "serving", "standby", "stopped", "failed",
-          "retired")
-IN_FLIGHT_STATES = ("created", "starting", "backfilling", "caught_up")
+__all__ = ["Registry", "SET_STATE_FIELDS"]
+
+S = VersionState
+
+#: What `set_state` may change besides the state.
 SET_STATE_FIELDS = ("pid", "run_dir", "rejects_path", "error", "started_at", "stopped_at", "caught_up_at",
                     "details")
 _TIME_FIELDS = ("started_at", "stopped_at", "caught_up_at")
-_PG_MIGRATION_LOCK = 0x6B61707061  # "kappa"
-
-# -- head schema (what the queries use; MIGRATIONS must build exactly this) -----------------------
-
-metadata = sa.MetaData()
-
-schema_migrations = sa.Table(
-    "schema_migrations", metadata,
-    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("name", sa.String(200), nullable=False),
-    sa.Column("applied_at", sa.Double, nullable=False),
-)
-
-pipelines = sa.Table(
-    "pipelines", metadata,
-    sa.Column("name", sa.String(63), primary_key=True),
-    sa.Column("last_version", sa.Integer, nullable=False),
-    sa.Column("created_at", sa.Double, nullable=False),
-)
-
-versions = sa.Table(
-    "versions", metadata,
-    sa.Column("pipeline", sa.String(63), sa.ForeignKey("pipelines.name"), primary_key=True),
-    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("rules_version", sa.String(100)),
-    sa.Column("rules_hash", sa.String(128)),
-    sa.Column("code_ref", sa.String(200)),
-    sa.Column("table_path", sa.Text, nullable=False),
-    sa.Column("checkpoint_path", sa.Text, nullable=False),
-    sa.Column("group_id", sa.String(255), nullable=False),
-    sa.Column("run_dir", sa.Text),
-    sa.Column("pid", sa.Integer),
-    sa.Column("error", sa.Text),
-    sa.Column("actor", sa.String(200), nullable=False),
-    sa.Column("reason", sa.Text),
-    sa.Column("created_at", sa.Double, nullable=False),
-    sa.Column("updated_at", sa.Double, nullable=False),
-    sa.Column("started_at", sa.Double),
-    sa.Column("stopped_at", sa.Double),
-    sa.Column("caught_up_at", sa.Double),
-    sa.Column("served_at", sa.Double),          # step 2
-    sa.Column("rejects_path", sa.Text),         # step 2
-    sa.Column("details", sa.JSON),              # step 2
-)
-
-aliases = sa.Table(
-    "aliases", metadata,
-    sa.Column("alias", sa.String(63), primary_key=True),
-    sa.Column("pipeline", sa.String(63), sa.ForeignKey("pipelines.name"), nullable=False),
-    sa.Column("version", sa.Integer, nullable=False),
-    sa.Column("previous_version", sa.Integer),
-    sa.Column("updated_at", sa.Double, nullable=False),
-    sa.Column("updated_by", sa.String(200), nullable=False),
-    sa.Column("reason", sa.Text),
-    sa.Column("published_version", sa.Integer),  # step 2
-    sa.Column("published_at", sa.Double),        # step 2
-)
-
-alias_history = sa.Table(
-    "alias_history", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("alias", sa.String(63), nullable=False),
-    sa.Column("pipeline", sa.String(63), nullable=False),
-    sa.Column("from_version", sa.Integer),
-    sa.Column("to_version", sa.Integer, nullable=False),
-    sa.Column("actor", sa.String(200), nullable=False),
-    sa.Column("reason", sa.Text),
-    sa.Column("at", sa.Double, nullable=False),
-    sa.Index("ix_alias_history_alias", "alias", "id"),
-)
-
-audit_log = sa.Table(
-    "audit_log", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("at", sa.Double, nullable=False),
-    sa.Column("actor", sa.String(200), nullable=False),
-    sa.Column("action", sa.String(100), nullable=False),
-    sa.Column("pipeline", sa.String(63)),
-    sa.Column("version", sa.Integer),
-    sa.Column("reason", sa.Text),
-    sa.Column("outcome", sa.String(32), nullable=False),
-    sa.Column("details", sa.JSON),
-    sa.Index("ix_audit_log_pipeline", "pipeline", "id"),
-)
-
-lag_samples_table = sa.Table(  # step 2
-    "lag_samples", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("pipeline", sa.String(63), nullable=False),
-    sa.Column("version", sa.Integer, nullable=False),
-    sa.Column("at", sa.Double, nullable=False),
-    sa.Column("total", sa.BigInteger),
-    sa.Column("partitions", sa.JSON, nullable=False),
-    sa.ForeignKeyConstraint(["pipeline", "version"], ["versions.pipeline", "versions.version"]),
-    sa.Index("ix_lag_samples_version", "pipeline", "version", "at"),
-)
-
-
-# -- migrations ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    apply: Callable[[Connection], None]
-
-
-def _step1_initial(conn: Connection) -> None:
-    """The first released schema: pipelines, versions, aliases, alias history, audit log."""
-    m = sa.MetaData()
-    sa.Table("pipelines", m,
-             sa.Column("name", sa.String(63), primary_key=True),
-             sa.Column("last_version", sa.Integer, nullable=False),
-             sa.Column("created_at", sa.Double, nullable=False))
-    sa.Table("versions", m,
-             sa.Column("pipeline", sa.String(63), sa.ForeignKey("pipelines.name"), primary_key=True),
-             sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-             sa.Column("state", sa.String(16), nullable=False),
-             sa.Column("rules_version", sa.String(100)),
-             sa.Column("rules_hash", sa.String(128)),
-             sa.Column("code_ref", sa.String(200)),
-             sa.Column("table_path", sa.Text, nullable=False),
-             sa.Column("checkpoint_path", sa.Text, nullable=False),
-             sa.Column("group_id", sa.String(255), nullable=False),
-             sa.Column("run_dir", sa.Text),
-             sa.Column("pid", sa.Integer),
-             sa.Column("error", sa.Text),
-             sa.Column("actor", sa.String(200), nullable=False),
-             sa.Column("reason", sa.Text),
-             sa.Column("created_at", sa.Double, nullable=False),
-             sa.Column("updated_at", sa.Double, nullable=False),
-             sa.Column("started_at", sa.Double),
-             sa.Column("stopped_at", sa.Double),
-             sa.Column("caught_up_at", sa.Double))
-    sa.Table("aliases", m,
-             sa.Column("alias", sa.String(63), primary_key=True),
-             sa.Column("pipeline", sa.String(63), sa.ForeignKey("pipelines.name"), nullable=False),
-             sa.Column("version", sa.Integer, nullable=False),
-             sa.Column("previous_version", sa.Integer),
-             sa.Column("updated_at", sa.Double, nullable=False),
-             sa.Column("updated_by", sa.String(200), nullable=False),
-             sa.Column("reason", sa.Text))
-    sa.Table("alias_history", m,
-             sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-             sa.Column("alias", sa.String(63), nullable=False),
-             sa.Column("pipeline", sa.String(63), nullable=False),
-             sa.Column("from_version", sa.Integer),
-             sa.Column("to_version", sa.Integer, nullable=False),
-             sa.Column("actor", sa.String(200), nullable=False),
-             sa.Column("reason", sa.Text),
-             sa.Column("at", sa.Double, nullable=False),
-             sa.Index("ix_alias_history_alias", "alias", "id"))
-    sa.Table("audit_log", m,
-             sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-             sa.Column("at", sa.Double, nullable=False),
-             sa.Column("actor", sa.String(200), nullable=False),
-             sa.Column("action", sa.String(100), nullable=False),
-             sa.Column("pipeline", sa.String(63)),
-             sa.Column("version", sa.Integer),
-             sa.Column("reason", sa.Text),
-             sa.Column("outcome", sa.String(32), nullable=False),
-             sa.Column("details", sa.JSON),
-             sa.Index("ix_audit_log_pipeline", "pipeline", "id"))
-    m.create_all(conn)
-
-
-def _add_column(conn: Connection, table: str, column: sa.Column) -> None:
-    ddl_type = column.type.compile(dialect=conn.dialect)
-    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {ddl_type}")
-
-
-def _step2_publish_and_lag(conn: Connection) -> None:
-    """Publish tracking (reconcile), first-served time, rejects path, details, lag samples.
-
-    Versions an alias ever pointed at get `served_at` from the alias history, so a version
-    served under the old schema does not count as in flight. `published_version` stays NULL:
-    unknown, so the next reconcile republishes (which is idempotent).
-    """
-    _add_column(conn, "versions", sa.Column("served_at", sa.Double))
-    _add_column(conn, "versions", sa.Column("rejects_path", sa.Text))
-    _add_column(conn, "versions", sa.Column("details", sa.JSON))
-    _add_column(conn, "aliases", sa.Column("published_version", sa.Integer))
-    _add_column(conn, "aliases", sa.Column("published_at", sa.Double))
-    conn.exec_driver_sql(
-        "UPDATE versions SET served_at = (SELECT MIN(h.at) FROM alias_history h "
-        "WHERE h.pipeline = versions.pipeline AND h.to_version = versions.version) "
-        "WHERE served_at IS NULL")
-    conn.exec_driver_sql(
-        "UPDATE versions SET served_at = updated_at WHERE served_at IS NULL AND state = 'serving'")
-    m = sa.MetaData()
-    sa.Table("versions", m, sa.Column("pipeline", sa.String(63), primary_key=True),
-             sa.Column("version", sa.Integer, primary_key=True, autoincrement=False))
-    sa.Table("lag_samples", m,
-             sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-             sa.Column("pipeline", sa.String(63), nullable=False),
-             sa.Column("version", sa.Integer, nullable=False),
-             sa.Column("at", sa.Double, nullable=False),
-             sa.Column("total", sa.BigInteger),
-             sa.Column("partitions", sa.JSON, nullable=False),
-             sa.ForeignKeyConstraint(["pipeline", "version"], ["versions.pipeline", "versions.version"]),
-             sa.Index("ix_lag_samples_version", "pipeline", "version", "at"))
-    m.tables["lag_samples"].create(conn)
-
-
-MIGRATIONS: tuple[Migration, ...] = (
-    Migration(1, "initial schema: pipelines, versions, aliases, alias history, audit log", _step1_initial),
-    Migration(2, "publish tracking, served_at, rejects path, version details, lag samples",
-              _step2_publish_and_lag),
-)
-HEAD = MIGRATIONS[-1].version
-
-
-# -- records ------------------------------------------------------------------------------------
-
-class _Record:
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
-
-
-@dataclass(frozen=True)
-class PipelineRecord(_Record):
-    name: str
-    last_version: int
-    created_at: float
-
-
-@dataclass(frozen=True)
-class VersionRecord(_Record):
-    pipeline: str
-    version: int
-    state: str
-    rules_version: str | None
-    rules_hash: str | None
-    code_ref: str | None
-    table_path: str
-    checkpoint_path: str
-    group_id: str
-    run_dir: str | None
-    rejects_path: str | None
-    pid: int | None
-    error: str | None
-    actor: str
-    reason: str | None
-    created_at: float
-    updated_at: float
-    started_at: float | None
-    stopped_at: float | None
-    caught_up_at: float | None
-    served_at: float | None
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ever_served(self) -> bool:
-        return self.served_at is not None
-
-    @property
-    def in_flight(self) -> bool:
-        return self.state in IN_FLIGHT_STATES and self.served_at is None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["in_flight"] = self.in_flight
-        return d
-
-
-@dataclass(frozen=True)
-class AliasRecord(_Record):
-    alias: str
-    pipeline: str
-    version: int
-    previous_version: int | None
-    updated_at: float
-    updated_by: str
-    reason: str | None
-    published_version: int | None
-    published_at: float | None
-
-    @property
-    def needs_publish(self) -> bool:
-        """The CAS is done but the pointer file does not (knowingly) hold this version yet."""
-        return self.published_version != self.version
-
-
-@dataclass(frozen=True)
-class AliasHistoryRecord(_Record):
-    id: int
-    alias: str
-    pipeline: str
-    from_version: int | None
-    to_version: int
-    actor: str
-    reason: str | None
-    at: float
-
-
-@dataclass(frozen=True)
-class LagSampleRecord(_Record):
-    id: int
-    pipeline: str
-    version: int
-    at: float
-    total: int | None
-    partitions: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class AuditRecord(_Record):
-    id: int
-    at: float
-    actor: str
-    action: str
-    pipeline: str | None
-    version: int | None
-    reason: str | None
-    outcome: str
-    details: dict[str, Any]
-
-
-def _version_record(row: Any) -> VersionRecord:
-    m = row._mapping
-    return VersionRecord(**{f: m[f] for f in VersionRecord.__dataclass_fields__ if f != "details"},
-                         details=m["details"] or {})
-
-
-def _alias_record(row: Any) -> AliasRecord:
-    m = row._mapping
-    return AliasRecord(**{f: m[f] for f in AliasRecord.__dataclass_fields__})
-
-
-def _history_record(row: Any) -> AliasHistoryRecord:
-    m = row._mapping
-    return AliasHistoryRecord(**{f: m[f] for f in AliasHistoryRecord.__dataclass_fields__})
-
-
-def _lag_record(row: Any) -> LagSampleRecord:
-    m = row._mapping
-    return LagSampleRecord(id=m["id"], pipeline=m["pipeline"], version=m["version"], at=m["at"],
-                           total=m["total"], partitions=m["partitions"] or {})
-
-
-def _audit_record(row: Any) -> AuditRecord:
-    m = row._mapping
-    return AuditRecord(**{f: m[f] for f in AuditRecord.__dataclass_fields__ if f != "details"},
-                       details=m["details"] or {})
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -482,9 +95,10 @@ def _actor(actor: Any) -> str:
 
 
 def _check_state(state: Any, what: str = "state") -> str:
-    if state not in STATES:
-        raise RegistryError(f"unknown version {what} {state!r}; states are {', '.join(STATES)}")
-    return state
+    """The state's plain value, or RegistryError naming the states there are."""
+    if state not in ALL_STATES:
+        raise RegistryError(f"unknown version {what} {state!r}; states are {', '.join(ALL_STATES)}")
+    return VersionState(state).value
 
 
 def _render(value: Any, n: int, what: str) -> str | None:
@@ -501,52 +115,18 @@ def _by(actor: str | None, reason: str | None, at: float | None) -> str:
     return f"{text} (reason: {reason!r})" if reason else text
 
 
-def _use_wal(cur: Any, timeout: float) -> None:
-    """Switch a SQLite database to WAL once (the mode persists in the file).
-
-    Connections opened at the same moment on a fresh file race for the switch, and SQLite answers
-    the losers "database is locked" at once, without its busy handler: retry until `timeout`.
-    """
-    import sqlite3
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
-                cur.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 class Registry:
-    """One registry database. Thread-safe: each call takes its own pooled connection."""
+    """One registry database. Thread-safe: each call takes its own pooled connection.
+
+    `Registry(url)` brings the schema to head (`migrate()`, idempotent) unless `auto_migrate=False`.
+    `.url` is the URL with its password masked; `.dialect` is "sqlite" or "postgresql".
+    """
 
     def __init__(self, url: str, *, auto_migrate: bool = True, busy_timeout: float = 30.0,
                  echo: bool = False, sqlite_synchronous: str = "NORMAL") -> None:
-        if sqlite_synchronous not in ("NORMAL", "FULL", "EXTRA"):
-            raise ConfigError(f"sqlite_synchronous must be NORMAL, FULL or EXTRA, not {sqlite_synchronous!r}")
-        try:
-            parsed = make_url(url)
-        except sa.exc.ArgumentError:
-            raise ConfigError(f"registry URL {mask_url(str(url))!r} is not a database URL; expected "
-                              f"sqlite:///<path> or postgresql+psycopg2://<user>@<host>:5432/<db> "
-                              f"(KAPPA_REGISTRY_URL)") from None
-        self.dialect = parsed.get_backend_name()
-        self.url = parsed.render_as_string(hide_password=True)
+        self._engine, self.dialect, self.url = create_engine(
+            url, busy_timeout=busy_timeout, echo=echo, sqlite_synchronous=sqlite_synchronous)
         self.busy_timeout = busy_timeout
-        if self.dialect == "sqlite":
-            self._engine = self._sqlite_engine(parsed, busy_timeout, echo, sqlite_synchronous)
-        elif self.dialect == "postgresql":
-            # lock_timeout: a flip or allocation waiting on a row lock gives up like SQLite's busy timeout
-            self._engine = sa.create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args={
-                "connect_timeout": max(1, int(busy_timeout)),
-                "options": f"-c lock_timeout={int(busy_timeout * 1000)}"})
-        else:
-            raise ConfigError(f"registry URL {self.url!r}: the registry runs on SQLite or PostgreSQL, not "
-                              f"{self.dialect} (KAPPA_REGISTRY_URL)")
         # A forked child (Airflow's task runner, multiprocessing "fork") must not reuse the
         # parent's pooled connections: it opens its own, and leaves the parent's alone.
         ref = weakref.ref(self)
@@ -557,62 +137,10 @@ class Registry:
     def __repr__(self) -> str:
         return f"Registry({self.url!r})"
 
-    @staticmethod
-    def _sqlite_engine(url: sa.URL, busy_timeout: float, echo: bool, synchronous: str) -> Engine:
-        database = url.database
-        memory = database in (None, "", ":memory:")
-        kwargs: dict[str, Any] = {"echo": echo,
-                                  "connect_args": {"timeout": busy_timeout, "check_same_thread": False}}
-        if memory:
-            kwargs["poolclass"] = StaticPool
-        else:
-            try:
-                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise RegistryError(f"cannot create the directory of the SQLite registry {database}: "
-                                    f"{e.strerror}; set KAPPA_HOME or KAPPA_REGISTRY_URL to a writable "
-                                    f"place") from None
-        engine = sa.create_engine(url, **kwargs)
-
-        @sa.event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn, _record):
-            # Let us emit BEGIN ourselves (pysqlite would defer it, and never IMMEDIATE).
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            cur.execute("PRAGMA foreign_keys = ON")
-            if not memory:
-                _use_wal(cur, busy_timeout)
-                cur.execute(f"PRAGMA synchronous = {synchronous}")
-            cur.close()
-
-        @sa.event.listens_for(engine, "begin")
-        def _on_begin(conn):
-            write = conn.get_execution_options().get("kappa_write", False)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
-
-        return engine
-
-    # -- plumbing -------------------------------------------------------------------------------
-
     @contextmanager
     def _tx(self, what: str, *, write: bool) -> Iterator[Connection]:
-        try:
-            with self._engine.connect() as conn:
-                if write:
-                    conn.execution_options(kappa_write=True)
-                with conn.begin():
-                    yield conn
-        except KappaError:
-            raise
-        except sa.exc.OperationalError as e:
-            raise RegistryError(
-                f"registry {self.url}: {what} failed: {str(e.orig).strip()}; check that the database is "
-                f"reachable and not locked for longer than {self.busy_timeout:.0f}s (KAPPA_REGISTRY_URL)"
-            ) from e
-        except sa.exc.SQLAlchemyError as e:
-            orig = getattr(e, "orig", None) or e
-            raise RegistryError(f"registry {self.url}: {what} failed: {str(orig).strip()}") from e
+        with transaction(self._engine, what, write=write, url=self.url, busy_timeout=self.busy_timeout) as conn:
+            yield conn
 
     def close(self) -> None:
         self._engine.dispose()
@@ -630,36 +158,15 @@ class Registry:
     def schema_version(self) -> int:
         """The highest migration step applied (0 for an empty database)."""
         with self._tx("reading the schema version", write=False) as conn:
-            return self._schema_version(conn)
-
-    @staticmethod
-    def _schema_version(conn: Connection) -> int:
-        if not sa.inspect(conn).has_table("schema_migrations"):
-            return 0
-        return conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0
+            return schema_version(conn)
 
     def migrate(self, target: int | None = None) -> list[int]:
         """Apply the missing migration steps up to `target` (default: head), in one transaction."""
         target = HEAD if target is None else target
         if not 0 <= target <= HEAD:
             raise RegistryError(f"no schema version {target}: this kappa knows 1 to {HEAD}")
-        applied: list[int] = []
         with self._tx("migrating the schema", write=True) as conn:
-            if self.dialect == "postgresql":
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
-            schema_migrations.create(conn, checkfirst=True)
-            current = self._schema_version(conn)
-            if current > HEAD:
-                raise RegistryError(
-                    f"registry {self.url} has schema version {current}, newer than this kappa knows "
-                    f"({HEAD}): upgrade kappa, or point KAPPA_REGISTRY_URL at another registry")
-            for step in MIGRATIONS:
-                if current < step.version <= target:
-                    step.apply(conn)
-                    conn.execute(schema_migrations.insert().values(
-                        version=step.version, name=step.name, applied_at=time.time()))
-                    applied.append(step.version)
-        return applied
+            return apply_migrations(conn, dialect=self.dialect, url=self.url, target=target)
 
     # -- audit ----------------------------------------------------------------------------------
 
@@ -685,7 +192,7 @@ class Registry:
                                           version=version, reason=reason, outcome=outcome[:32],
                                           details=details)
             row = conn.execute(sa.select(audit_log).where(audit_log.c.id == entry_id)).one()
-        return _audit_record(row)
+        return AuditRecord.from_row(row)
 
     def _audit_quietly(self, action: str, **kwargs: Any) -> None:
         """Record a refusal after its transaction rolled back; never hides the refusal itself."""
@@ -709,14 +216,14 @@ class Registry:
             q = q.limit(limit)
         with self._tx("reading the audit log", write=False) as conn:
             rows = conn.execute(q).all()
-        return [_audit_record(r) for r in reversed(rows)]
+        return [AuditRecord.from_row(r) for r in reversed(rows)]
 
     # -- pipelines and versions -----------------------------------------------------------------
 
     def list_pipelines(self) -> list[PipelineRecord]:
         with self._tx("listing pipelines", write=False) as conn:
             rows = conn.execute(sa.select(pipelines).order_by(pipelines.c.name)).all()
-        return [PipelineRecord(**r._mapping) for r in rows]
+        return [PipelineRecord.from_row(r) for r in rows]
 
     def _ensure_pipeline(self, conn: Connection, pipeline: str) -> None:
         insert = (pg_dialect.insert if self.dialect == "postgresql" else sqlite_dialect.insert)(pipelines)
@@ -727,17 +234,23 @@ class Registry:
     def _in_flight(conn: Connection, pipeline: str) -> Any:
         return conn.execute(
             sa.select(versions)
-            .where(versions.c.pipeline == pipeline, versions.c.state.in_(IN_FLIGHT_STATES),
+            .where(versions.c.pipeline == pipeline, versions.c.state.in_(sorted(IN_FLIGHT)),
                    versions.c.served_at.is_(None))
             .order_by(versions.c.version)).first()
 
     def allocate_version(self, pipeline: str, *, rules_version: str | None, rules_hash: str | None,
                          code_ref: str | None, table_path: Any = None, checkpoint_path: Any = None,
                          group_id: Any = None, actor: str, reason: str | None, queue: bool = False,
-                         paths: Callable[[int], Any] | None = None, run_dir: Any = None,
+                         paths: Callable[[int], VersionPaths] | None = None, run_dir: Any = None,
                          rejects_path: Any = None, details: dict[str, Any] | None = None,
                          audit: bool = True) -> VersionRecord:
-        """Allocate the next version number of `pipeline` and record it in state "created"."""
+        """Allocate the next version number of `pipeline` and record it in state "created".
+
+        The number is only known inside the transaction, so `table_path`, `checkpoint_path`,
+        `group_id`, `run_dir` and `rejects_path` may be strings holding `{n}` (or `{version}`), or
+        callables `n -> str | Path`; or `paths=lambda n: k.paths(pipeline, n)` fills them all.
+        A ConflictError for a version in flight carries its number as `.in_flight_version`.
+        """
         validate_pipeline_name(pipeline)
         actor = _actor(actor)
         if paths is None and (table_path is None or checkpoint_path is None or group_id is None):
@@ -768,14 +281,13 @@ class Registry:
                     "checkpoint_path": _render(checkpoint_path if p is None else p.checkpoint, n,
                                                "checkpoint_path"),
                     "group_id": _render(group_id if p is None else p.group_id, n, "group_id"),
-                    "run_dir": _render(run_dir if p is None else getattr(p, "run_dir", run_dir), n, "run_dir"),
-                    "rejects_path": _render(rejects_path if p is None else getattr(p, "rejects", rejects_path),
-                                            n, "rejects_path"),
+                    "run_dir": _render(run_dir if p is None else p.run_dir, n, "run_dir"),
+                    "rejects_path": _render(rejects_path if p is None else p.rejects, n, "rejects_path"),
                 }
                 now = time.time()
                 conn.execute(pipelines.update().where(pipelines.c.name == pipeline).values(last_version=n))
                 conn.execute(versions.insert().values(
-                    pipeline=pipeline, version=n, state="created", rules_version=rules_version,
+                    pipeline=pipeline, version=n, state=S.CREATED.value, rules_version=rules_version,
                     rules_hash=rules_hash, code_ref=code_ref, actor=actor, reason=reason, created_at=now,
                     updated_at=now, details=details, **values))
                 if audit:
@@ -788,7 +300,7 @@ class Registry:
                 self._audit_quietly("allocate_version", actor=actor, pipeline=pipeline, reason=reason,
                                     outcome="conflict", details={**audit_details, "error": str(e)})
             raise
-        return _version_record(row)
+        return VersionRecord.from_row(row)
 
     def _missing_version(self, conn: Connection, pipeline: str, n: int) -> NotFoundError:
         known = conn.execute(sa.select(versions.c.version).where(versions.c.pipeline == pipeline)
@@ -805,7 +317,7 @@ class Registry:
                                                          versions.c.version == n)).first()
             if row is None:
                 raise self._missing_version(conn, pipeline, n)
-        return _version_record(row)
+        return VersionRecord.from_row(row)
 
     def list_versions(self, pipeline: str, states: Iterable[str] | None = None) -> list[VersionRecord]:
         """Versions of `pipeline` (only those in `states` if given), ascending."""
@@ -815,23 +327,22 @@ class Registry:
             q = q.where(versions.c.state.in_(wanted))
         with self._tx(f"listing versions of {pipeline}", write=False) as conn:
             rows = conn.execute(q.order_by(versions.c.version)).all()
-        return [_version_record(r) for r in rows]
+        return [VersionRecord.from_row(r) for r in rows]
 
     def in_flight(self, pipeline: str) -> VersionRecord | None:
         """The (oldest) version of `pipeline` in flight, which would make a deploy refuse."""
         with self._tx(f"reading versions of {pipeline}", write=False) as conn:
             row = self._in_flight(conn, pipeline)
-        return None if row is None else _version_record(row)
+        return None if row is None else VersionRecord.from_row(row)
 
     def set_state(self, pipeline: str, n: int, state: str, *, expected: str | Iterable[str] | None = None,
                   **fields: Any) -> VersionRecord:
         """Move a version to `state`; with `expected`, only if it is in that state (or one of them)."""
-        _check_state(state)
+        state = _check_state(state)
         expected_states: tuple[str, ...] | None = None
         if expected is not None:
-            expected_states = (expected,) if isinstance(expected, str) else tuple(expected)
-            for s in expected_states:
-                _check_state(s, "expected state")
+            expected_states = tuple(_check_state(s, "expected state")
+                                    for s in ((expected,) if isinstance(expected, str) else expected))
         unknown = sorted(set(fields) - set(SET_STATE_FIELDS))
         if unknown:
             raise RegistryError(f"set_state cannot change {', '.join(unknown)}; it sets "
@@ -846,13 +357,13 @@ class Registry:
             elif name in ("run_dir", "rejects_path") and value is not None:
                 value = str(value)
             values[name] = value
-        if state == "starting" and "started_at" not in fields:
+        if state == S.STARTING and "started_at" not in fields:
             values["started_at"] = now
-        if state in ("stopped", "failed", "retired") and "stopped_at" not in fields:
+        if state in (S.STOPPED, S.FAILED, S.RETIRED) and "stopped_at" not in fields:
             values["stopped_at"] = now
-        if state == "caught_up" and "caught_up_at" not in fields:
+        if state == S.CAUGHT_UP and "caught_up_at" not in fields:
             values["caught_up_at"] = sa.func.coalesce(versions.c.caught_up_at, now)
-        if state == "serving":
+        if state == S.SERVING:
             values["served_at"] = sa.func.coalesce(versions.c.served_at, now)
         where = [versions.c.pipeline == pipeline, versions.c.version == n]
         if expected_states is not None:
@@ -863,7 +374,7 @@ class Registry:
                                                          versions.c.version == n)).first()
             if row is None:
                 raise self._missing_version(conn, pipeline, n)
-            if count == 1 and state == "retired":
+            if count == 1 and state == S.RETIRED:
                 serving = conn.execute(sa.select(aliases.c.alias).where(
                     aliases.c.pipeline == pipeline, aliases.c.version == n)).scalar()
                 if serving is not None:
@@ -876,19 +387,19 @@ class Registry:
                     f"{pipeline} v{n} is {row._mapping['state']}, not {want} as expected: another operation "
                     f"changed it since it was read; nothing was changed. Re-read it (kappa status {pipeline}) "
                     f"and retry if the move still makes sense")
-        return _version_record(row)
+        return VersionRecord.from_row(row)
 
     # -- aliases --------------------------------------------------------------------------------
 
     def get_alias(self, alias: str) -> AliasRecord | None:
         with self._tx(f"reading alias {alias!r}", write=False) as conn:
             row = conn.execute(sa.select(aliases).where(aliases.c.alias == alias)).first()
-        return None if row is None else _alias_record(row)
+        return None if row is None else AliasRecord.from_row(row)
 
     def list_aliases(self) -> list[AliasRecord]:
         with self._tx("listing aliases", write=False) as conn:
             rows = conn.execute(sa.select(aliases).order_by(aliases.c.alias)).all()
-        return [_alias_record(r) for r in rows]
+        return [AliasRecord.from_row(r) for r in rows]
 
     def _alias_moved(self, alias: str, pipeline: str, expected: int | None, row: Any) -> ConflictError:
         if row is None:
@@ -935,7 +446,7 @@ class Registry:
                 marked = conn.execute(
                     versions.update()
                     .where(versions.c.pipeline == pipeline, versions.c.version == new_version,
-                           versions.c.state != "retired")
+                           versions.c.state != S.RETIRED.value)
                     .values(served_at=sa.func.coalesce(versions.c.served_at, now))
                     .returning(versions.c.version)).first()
                 if marked is None:
@@ -978,7 +489,7 @@ class Registry:
                 self._audit_quietly("flip_alias", actor=actor, pipeline=pipeline, version=new_version,
                                     reason=reason, outcome=outcome, details={**details, "error": str(e)})
             raise
-        return _alias_record(row)
+        return AliasRecord.from_row(row)
 
     def mark_published(self, alias: str, version: int) -> AliasRecord:
         """Record that the pointer file of `alias` now holds `version` (called after writing it).
@@ -994,7 +505,7 @@ class Registry:
                                .returning(*aliases.c)).first()
             if row is None:
                 raise NotFoundError(f"no alias {alias!r} in the registry {self.url}; promote a version first")
-        return _alias_record(row)
+        return AliasRecord.from_row(row)
 
     def alias_history(self, alias: str, limit: int | None = None) -> list[AliasHistoryRecord]:
         """Every move of `alias` (the most recent `limit`), oldest first."""
@@ -1003,7 +514,7 @@ class Registry:
             q = q.limit(limit)
         with self._tx(f"reading the history of alias {alias!r}", write=False) as conn:
             rows = conn.execute(q).all()
-        return [_history_record(r) for r in reversed(rows)]
+        return [AliasHistoryRecord.from_row(r) for r in reversed(rows)]
 
     # -- lag samples ----------------------------------------------------------------------------
 
@@ -1035,4 +546,4 @@ class Registry:
             q = q.limit(limit)
         with self._tx(f"reading lag samples of {pipeline} v{n}", write=False) as conn:
             rows = conn.execute(q).all()
-        return [_lag_record(r) for r in reversed(rows)]
+        return [LagSampleRecord.from_row(r) for r in reversed(rows)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.registry.store import Registry
+from orchestrator.registry import Registry
 
 
 @pytest.fixture

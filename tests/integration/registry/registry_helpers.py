@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from orchestrator.registry.store import Registry
+from orchestrator.registry import Registry
 
 
 def iso(ts: float) -> str:

@@ -13,7 +13,7 @@ import pytest
 from registry_helpers import allocate
 
 from orchestrator.core.exceptions import ConflictError
-from orchestrator.registry.store import HEAD, Registry
+from orchestrator.registry import HEAD, Registry
 
 pytestmark = pytest.mark.integration
 

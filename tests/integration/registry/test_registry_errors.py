@@ -7,7 +7,7 @@ from registry_helpers import allocate
 
 from orchestrator.dev.broker import free_port
 from orchestrator.core.exceptions import ConfigError, RegistryError
-from orchestrator.registry.store import HEAD, Registry
+from orchestrator.registry import HEAD, Registry
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from registry_helpers import allocate
 
 from orchestrator.core.exceptions import ConflictError, RegistryError
-from orchestrator.registry.store import HEAD, MIGRATIONS, Registry, metadata
+from orchestrator.registry import HEAD, MIGRATIONS, Registry, metadata
 
 pytestmark = pytest.mark.integration
 

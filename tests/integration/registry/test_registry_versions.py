@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from registry_helpers import allocate, iso
 
-from orchestrator.core.settings import Settings, version_paths
+from orchestrator.core.paths import version_paths
+from orchestrator.core.settings import Settings
 from orchestrator.core.exceptions import ConflictError, NotFoundError, RegistryError
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from orchestrator.core.settings import (CLI_FLAGS, DEFAULT_PIPELINES_FILE, ENV_VARS, Settings, alias_pointer_path,
-                                 resolve_settings, version_paths)
 from orchestrator.core.exceptions import ConfigError
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.paths import alias_pointer_path, version_paths
+from orchestrator.core.resources import default_pipelines_file
+from orchestrator.core.settings import CLI_FLAGS, ENV_VARS, Settings, resolve_settings
 
 
 def write_config(path: Path, text: str) -> Path:
@@ -29,7 +31,7 @@ def test_defaults_follow_cwd(tmp_path):
     assert s.bootstrap_servers is None
     assert s.kafka_config == {}
     assert s.group_prefix == "kappa"
-    assert s.pipelines_file == DEFAULT_PIPELINES_FILE
+    assert s.pipelines_file == default_pipelines_file()
     assert s.spark_master == "local[2]"
     assert all(s.source_of(f) == "default" for f in ENV_VARS)
     assert s.config_file is None
@@ -117,7 +119,7 @@ def test_kafka_config_merges_key_by_key_and_masks_secrets(tmp_path):
         "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "env-user",
         "sasl.password": "cli-secret", "enable.ssl.certificate.verification": "true"}
     assert "cli-secret" not in repr(s)
-    assert "cli-secret" not in json.dumps(s.to_dict())
+    assert "cli-secret" not in json.dumps(s.model_dump(mode="json"))
     assert json.loads(s.kafka_config_json())["sasl.password"] == "cli-secret"
     assert s.source_of("kafka_config") == f"config file {cfg} + KAPPA_KAFKA_CONFIG + --kafka-config"
 
@@ -134,7 +136,7 @@ def test_registry_password_is_masked(tmp_path):
                          cwd=tmp_path)
     assert s.registry_url.endswith("kappa:s3cret@db:5432/kappa")
     assert "s3cret" not in repr(s)
-    assert s.to_dict()["registry_url"] == "postgresql+psycopg2://kappa:***@db:5432/kappa"
+    assert s.model_dump(mode="json")["registry_url"] == "postgresql+psycopg2://kappa:***@db:5432/kappa"
 
 
 def test_settings_is_frozen(tmp_path):
@@ -152,9 +154,10 @@ def test_version_paths_follow_the_contract(tmp_path):
     assert p.run_dir == tmp_path / "state" / "standardize" / "v3" / "run"
     assert p.group_id == "acme.standardize.v3"
     assert p.app_id == "kappa.standardize.v3"
-    assert s.version_paths("standardize", 3) == p
-    assert p.to_dict()["table"] == str(tmp_path / "warehouse" / "standardize" / "v3")
-    assert alias_pointer_path(s, "member_profiles_std") == tmp_path / "warehouse" / "_aliases" / "member_profiles_std.json"
+    assert Kappa(s).paths("standardize", 3) == p
+    assert p.model_dump(mode="json")["table"] == str(tmp_path / "warehouse" / "standardize" / "v3")
+    assert alias_pointer_path(s.warehouse, "member_profiles_std") == tmp_path / "warehouse" / "_aliases" / "member_profiles_std.json"
+    assert Kappa(s).alias_file("member_profiles_std") == alias_pointer_path(s.warehouse, "member_profiles_std")
 
 
 def test_version_paths_refuse_bad_names(tmp_path):
@@ -164,7 +167,7 @@ def test_version_paths_refuse_bad_names(tmp_path):
     with pytest.raises(ConfigError, match="invalid version 0: must be a positive integer"):
         version_paths(s, "standardize", 0)
     with pytest.raises(ConfigError, match=r"invalid alias name 'a/b'"):
-        alias_pointer_path(s, "a/b")
+        alias_pointer_path(s.warehouse, "a/b")
 
 
 # -- errors name the setting, where it came from and how to fix it -----------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.core.settings import DEFAULT_PIPELINES_FILE
+from orchestrator.core.resources import default_pipelines_file
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.pipelines import (PipelineSpec, check_job_exists, check_pipeline_code, check_ruleset_exists,
                                     load_pipelines)
@@ -41,7 +41,7 @@ def load_error(path: Path) -> str:
 
 
 def test_repo_pipelines_file_declares_the_seed_jobs():
-    specs = load_pipelines(DEFAULT_PIPELINES_FILE)
+    specs = load_pipelines(default_pipelines_file())
     assert list(specs) == ["standardize", "pageviews_hourly", "profile_settings_join", "pageview_enrich",
                            "ad_click_join"]
     std = specs["standardize"]
@@ -69,7 +69,7 @@ def test_defaults_and_options(tmp_path):
     assert spec.ruleset is None and not spec.uses_rules
     assert (spec.catchup_samples, spec.keep_versions, spec.max_records_per_batch) == (3, 3, 100000)
     assert spec.options == {"window": "1 hour"}
-    assert spec.to_dict()["key_columns"] == ["member_id"]
+    assert spec.model_dump(mode="json")["key_columns"] == ["member_id"]
 
 
 def test_spec_is_frozen(tmp_path):

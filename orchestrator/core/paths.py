@@ -1,0 +1,83 @@
+"""Where a version writes and what it is called: the path and id contract of kappa.
+
+Version N of a pipeline writes its table to `<warehouse>/<pipeline>/v<N>`, its rejects to
+`<warehouse>/<pipeline>/v<N>__rejects`, its checkpoint and run files under
+`<state_dir>/<pipeline>/v<N>/`, reads as consumer group `<group_prefix>.<pipeline>.v<N>` and
+commits to Delta as `kappa.<pipeline>.v<N>`. A serving alias is published as the pointer file
+`<warehouse>/_aliases/<alias>.json`, which is all a reader needs. Nothing is created here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from orchestrator.core.names import app_id, validate_alias_name, validate_pipeline_name, validate_version_number
+from orchestrator.core.settings import Settings
+
+__all__ = ["ALIASES_DIR", "VersionPaths", "alias_pointer_path", "version_paths"]
+
+#: The folder of the warehouse that holds the alias pointer files.
+ALIASES_DIR = "_aliases"
+
+
+class VersionPaths(BaseModel):
+    """Everything version N of a pipeline writes to, and the ids it uses."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pipeline: str
+    version: int
+    table: Path
+    rejects: Path
+    version_dir: Path
+    checkpoint: Path
+    run_dir: Path
+    group_id: str
+    app_id: str
+
+    @property
+    def status_file(self) -> Path:
+        return self.run_dir / "status.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / "job.log"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.run_dir / "STOP"
+
+    @property
+    def report_file(self) -> Path:
+        return self.version_dir / "report.json"
+
+    @property
+    def launch_file(self) -> Path:
+        """What job control launched (command line, mode, PID): read by inspect and restart."""
+        return self.version_dir / "launch.json"
+
+
+def version_paths(settings: Settings, pipeline: str, n: int) -> VersionPaths:
+    """Table, rejects table, checkpoint, run dir, consumer group and Delta app id of version N."""
+    validate_pipeline_name(pipeline)
+    validate_version_number(n)
+    vdir = settings.state_dir / pipeline / f"v{n}"
+    return VersionPaths(
+        pipeline=pipeline,
+        version=n,
+        table=settings.warehouse / pipeline / f"v{n}",
+        rejects=settings.warehouse / pipeline / f"v{n}__rejects",
+        version_dir=vdir,
+        checkpoint=vdir / "checkpoint",
+        run_dir=vdir / "run",
+        group_id=f"{settings.group_prefix}.{pipeline}.v{n}",
+        app_id=app_id(pipeline, n),
+    )
+
+
+def alias_pointer_path(warehouse: str | Path, alias: str) -> Path:
+    """The pointer file readers of `alias` follow: `<warehouse>/_aliases/<alias>.json`."""
+    validate_alias_name(alias)
+    return Path(warehouse) / ALIASES_DIR / f"{alias}.json"

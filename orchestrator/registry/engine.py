@@ -1,0 +1,135 @@
+"""Connections to the registry database: SQLite or PostgreSQL, and one transaction per call.
+
+SQLite runs in WAL mode (readers never wait for the writer) with `synchronous=NORMAL` by
+default: a commit survives the process crashing (what "resumable" needs), and costs no fsync,
+which keeps a flip in the low milliseconds; only an OS crash or power loss may roll back the last
+commits. `sqlite_synchronous="FULL"` fsyncs every commit. A write transaction is
+`BEGIN IMMEDIATE` on SQLite: one writer at a time, the others wait up to `busy_timeout`.
+
+PostgreSQL is the choice for anything shared (Airflow workers on several hosts). Its
+connections get `lock_timeout` = `busy_timeout`, so a write waiting on a row lock gives up with a
+RegistryError instead of hanging.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.pool import StaticPool
+
+from orchestrator.core.exceptions import ConfigError, KappaError, RegistryError
+from orchestrator.core.secrets import mask_url
+
+__all__ = ["SQLITE_SYNCHRONOUS", "create_engine", "transaction"]
+
+SQLITE_SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
+
+
+def create_engine(url: str, *, busy_timeout: float, echo: bool, sqlite_synchronous: str
+                  ) -> tuple[Engine, str, str]:
+    """The engine for `url`, its dialect ("sqlite" or "postgresql") and the URL with its password masked."""
+    if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
+        raise ConfigError(f"sqlite_synchronous must be NORMAL, FULL or EXTRA, not {sqlite_synchronous!r}")
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise ConfigError(f"registry URL {mask_url(str(url))!r} is not a database URL; expected "
+                          f"sqlite:///<path> or postgresql+psycopg2://<user>@<host>:5432/<db> "
+                          f"(KAPPA_REGISTRY_URL)") from None
+    dialect = parsed.get_backend_name()
+    masked = parsed.render_as_string(hide_password=True)
+    if dialect == "sqlite":
+        engine = _sqlite_engine(parsed, busy_timeout, echo, sqlite_synchronous)
+    elif dialect == "postgresql":
+        # lock_timeout: a flip or allocation waiting on a row lock gives up like SQLite's busy timeout
+        engine = sa.create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args={
+            "connect_timeout": max(1, int(busy_timeout)),
+            "options": f"-c lock_timeout={int(busy_timeout * 1000)}"})
+    else:
+        raise ConfigError(f"registry URL {masked!r}: the registry runs on SQLite or PostgreSQL, not "
+                          f"{dialect} (KAPPA_REGISTRY_URL)")
+    return engine, dialect, masked
+
+
+def _sqlite_engine(url: sa.URL, busy_timeout: float, echo: bool, synchronous: str) -> Engine:
+    database = url.database
+    memory = database in (None, "", ":memory:")
+    kwargs: dict[str, Any] = {"echo": echo,
+                              "connect_args": {"timeout": busy_timeout, "check_same_thread": False}}
+    if memory:
+        kwargs["poolclass"] = StaticPool
+    else:
+        try:
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RegistryError(f"cannot create the directory of the SQLite registry {database}: "
+                                f"{e.strerror}; set KAPPA_HOME or KAPPA_REGISTRY_URL to a writable "
+                                f"place") from None
+    engine = sa.create_engine(url, **kwargs)
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        # Let us emit BEGIN ourselves (pysqlite would defer it, and never IMMEDIATE).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        cur.execute("PRAGMA foreign_keys = ON")
+        if not memory:
+            _use_wal(cur, busy_timeout)
+            cur.execute(f"PRAGMA synchronous = {synchronous}")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        write = conn.get_execution_options().get("kappa_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _use_wal(cur: Any, timeout: float) -> None:
+    """Switch a SQLite database to WAL once (the mode persists in the file).
+
+    Connections opened at the same moment on a fresh file race for the switch, and SQLite answers
+    the losers "database is locked" at once, without its busy handler: retry until `timeout`.
+    """
+    import sqlite3
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextmanager
+def transaction(engine: Engine, what: str, *, write: bool, url: str, busy_timeout: float) -> Iterator[Connection]:
+    """One transaction (a write one takes SQLite's write lock at BEGIN); database errors become RegistryError
+    naming `what` failed on the registry at `url` (masked)."""
+    try:
+        with engine.connect() as conn:
+            if write:
+                conn.execution_options(kappa_write=True)
+            with conn.begin():
+                yield conn
+    except KappaError:
+        raise
+    except sa.exc.OperationalError as e:
+        raise RegistryError(
+            f"registry {url}: {what} failed: {str(e.orig).strip()}; check that the database is "
+            f"reachable and not locked for longer than {busy_timeout:.0f}s (KAPPA_REGISTRY_URL)"
+        ) from e
+    except sa.exc.SQLAlchemyError as e:
+        orig = getattr(e, "orig", None) or e
+        raise RegistryError(f"registry {url}: {what} failed: {str(orig).strip()}") from e

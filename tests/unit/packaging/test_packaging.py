@@ -1,0 +1,57 @@
+"""A regular install carries what kappa reads at run time: pipelines file, DAGs, rulesets."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core import resources
+from orchestrator.core.pipelines import load_pipelines
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_a_checkout_reads_deploy_and_dags_in_place():
+    assert not (ROOT / "orchestrator" / "_data").exists(), "orchestrator/_data is made by the build, not kept"
+    assert resources.default_pipelines_file() == ROOT / "deploy" / "pipelines.toml"
+    assert resources.dags_folder() == ROOT / "dags"
+
+
+def test_an_install_reads_the_shipped_copies(tmp_path, monkeypatch):
+    (tmp_path / "dags").mkdir()
+    (tmp_path / "pipelines.toml").write_text("")
+    monkeypatch.setattr(resources, "PACKAGE_DATA", tmp_path)
+    assert resources.default_pipelines_file() == tmp_path / "pipelines.toml"
+    assert resources.dags_folder() == tmp_path / "dags"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    """A wheel built from a copy of the checkout (the build leaves build/ and *.egg-info behind)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("orchestrator", "jobs", "deploy", "dags"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (built,) = out.glob("kappa-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def test_the_wheel_ships_the_pipelines_file_the_dags_and_the_rulesets(wheel):
+    names = set(wheel.namelist())
+    assert wheel.read("orchestrator/_data/pipelines.toml") == (ROOT / "deploy" / "pipelines.toml").read_bytes()
+    dags = sorted(p.name for p in (ROOT / "dags").glob("*.py"))
+    assert dags and sorted(n.rpartition("/")[2] for n in names if n.startswith("orchestrator/_data/dags/")) == dags
+    rules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "jobs" / "rules").rglob("*.toml")}
+    assert rules and rules <= names
+    jobs = {f"jobs/{spec.job}.py" for spec in load_pipelines(ROOT / "deploy" / "pipelines.toml").values()}
+    assert jobs <= names
