@@ -11,18 +11,18 @@ AirflowError line that says what to do.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
 import requests
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from orchestrator.core.exceptions import AirflowError
 
-FINISHED = {"success", "failed"}
+__all__ = ["AirflowClient", "TaskOutcome", "RunOutcome", "reprocess_conf", "promote_conf", "rollback_conf",
+           "error_from_log", "follow", "trigger_and_follow"]
 
-#: `kappa trigger <verb>` -> the DAG it runs.
-DAG_IDS = {"reprocess": "kappa_reprocess", "promote": "kappa_promote", "rollback": "kappa_rollback"}
+FINISHED = {"success", "failed"}
 
 
 def _conf(**params: Any) -> dict[str, Any]:
@@ -52,29 +52,35 @@ def rollback_conf(pipeline: str, to_version: int | None = None, *, reason: str,
                  catchup_deadline_minutes=catchup_deadline_minutes)
 
 
-@dataclass
-class TaskOutcome:
+class TaskOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     task_id: str
     state: str | None
     try_number: int
     error: str | None = None  # the exception line from its log, when it failed
-    log_tail: list[str] = field(default_factory=list)
+    log_tail: list[str] = []
 
 
-@dataclass
-class RunOutcome:
+class RunOutcome(BaseModel):
+    """How a DAG run ended; its JSON form carries `ok` and `error` too."""
+
+    model_config = ConfigDict(frozen=True)
+
     dag_id: str
     run_id: str
     state: str
     url: str  # the run in the Airflow UI
-    conf: dict
+    conf: dict[str, Any]
     tasks: list[TaskOutcome]
-    xcom: dict[str, Any] = field(default_factory=dict)  # return values of successful tasks
+    xcom: dict[str, Any] = {}  # return values of successful tasks
 
+    @computed_field
     @property
     def ok(self) -> bool:
         return self.state == "success"
 
+    @computed_field
     @property
     def error(self) -> str | None:
         """The first failed task's error: usually kappa's own message."""
@@ -87,9 +93,6 @@ class RunOutcome:
         if not self.ok:
             raise AirflowError(f"{self.dag_id} run {self.run_id} {self.state}: {self.error} ({self.url})")
         return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok, "error": self.error}
 
 
 def _detail(resp: requests.Response) -> str:
@@ -190,10 +193,11 @@ class AirflowClient:
     def import_errors(self) -> list[dict]:
         return self._request("GET", "/api/v2/importErrors", what="list DAG import errors").json().get("import_errors", [])
 
-    def wait_for_dags(self, dag_ids, timeout: float = 120.0) -> None:
+    def wait_for_dags(self, dag_ids: Iterable[str], timeout: float = 120.0) -> None:
         """Return when every DAG in `dag_ids` is parsed; an import error of a kappa DAG file raises at once."""
         deadline = time.monotonic() + timeout
-        missing = list(dag_ids)
+        dag_ids = list(dag_ids)
+        missing = dag_ids
         while True:
             resp = self._request("GET", "/api/v2/dags", params={"limit": 100}, what="list DAGs")
             known = {d["dag_id"] for d in resp.json().get("dags", [])}
@@ -298,17 +302,18 @@ def follow(client: AirflowClient, dag_id: str, run_id: str, *, timeout: float, p
         time.sleep(poll_seconds)
     tasks, xcom = [], {}
     for t in tis:
-        outcome = TaskOutcome(task_id=t["task_id"], state=t.get("state"), try_number=int(t.get("try_number") or 0))
-        if outcome.state == "failed" and outcome.try_number > 0:
-            events = client.task_log(dag_id, run_id, outcome.task_id, outcome.try_number)
-            outcome.error = error_from_log(events)
-            outcome.log_tail = [_log_line(e) for e in events[-20:]]
-        elif outcome.state == "success":
+        task_id, state, tries = t["task_id"], t.get("state"), int(t.get("try_number") or 0)
+        error, log_tail = None, []
+        if state == "failed" and tries > 0:
+            events = client.task_log(dag_id, run_id, task_id, tries)
+            error = error_from_log(events)
+            log_tail = [_log_line(e) for e in events[-20:]]
+        elif state == "success":
             try:
-                xcom[outcome.task_id] = client.xcom(dag_id, run_id, outcome.task_id)
+                xcom[task_id] = client.xcom(dag_id, run_id, task_id)
             except AirflowError:
                 pass  # a task without a return value has no XCom entry
-        tasks.append(outcome)
+        tasks.append(TaskOutcome(task_id=task_id, state=state, try_number=tries, error=error, log_tail=log_tail))
     return RunOutcome(dag_id=dag_id, run_id=run_id, state=run["state"], url=client.ui_run_url(dag_id, run_id),
                       conf=run.get("conf") or conf or {}, tasks=tasks, xcom=xcom)
 

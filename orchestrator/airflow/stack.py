@@ -1,16 +1,18 @@
 """Run Airflow for kappa on one machine: api-server, scheduler, dag-processor and triggerer.
 
-Everything binds to 127.0.0.1. AIRFLOW_HOME is `<kappa home>/airflow`, the dags folder is this
-repository's `dags/`, the executor is LocalExecutor, the login is SimpleAuthManager's
-(`admin:admin` unless told otherwise), the metadata database is SQLite in AIRFLOW_HOME unless a
-PostgreSQL URL is given. The four processes inherit kappa's settings as `KAPPA_*` environment
-variables, so the tasks they run see the same registry, warehouse and broker as the CLI.
+Everything binds to 127.0.0.1. AIRFLOW_HOME is `<kappa home>/airflow`, the dags folder is kappa's
+(`orchestrator.core.resources.dags_folder()`: the checkout's `dags/` or an install's copy), the
+executor is LocalExecutor, the login is SimpleAuthManager's (`admin:admin` unless told otherwise),
+the metadata database is SQLite in AIRFLOW_HOME unless a PostgreSQL URL is given. The four
+processes inherit kappa's settings as `KAPPA_*` environment variables, so the tasks they run see
+the same registry, warehouse and broker as the CLI.
 
-`start()` runs `airflow db migrate`, spawns the processes (each in its own process group),
-records their PIDs in `<AIRFLOW_HOME>/stack.json`, and returns once the API answers, every
-component heartbeats and the kappa DAGs are parsed. `stop()` (or `AirflowStack.stop()`) stops
-exactly those process groups: SIGTERM, then SIGKILL after a timeout. Version jobs that tasks
-started are kappa's, not Airflow's: they run in their own sessions and survive a stop.
+`start()` runs `airflow db migrate`, spawns the processes (each in its own process group), records
+their PIDs and creation times in `<AIRFLOW_HOME>/stack.json`, and returns once the API answers,
+every component heartbeats and the kappa DAGs are parsed. `stop()` (or `AirflowStack.stop()`)
+stops exactly those process groups, and only while each PID is still the process started:
+SIGTERM, then SIGKILL after a timeout. Version jobs that tasks started are kappa's, not
+Airflow's: they run in their own sessions and survive a stop.
 """
 
 from __future__ import annotations
@@ -18,19 +20,28 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
-from orchestrator.dev.broker import free_port
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_serializer
+
 from orchestrator.core.exceptions import AirflowError
+from orchestrator.core.files import read_json, tail, write_json_atomic
+from orchestrator.core.resources import dags_folder as _dags_folder
+from orchestrator.core.secrets import mask_url
+from orchestrator.core.settings import Settings
+from orchestrator.dev.broker import free_port
+from orchestrator.jobctl.process import create_time, is_ours, stop_group
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DAGS_FOLDER = REPO_ROOT / "dags"
+__all__ = ["AirflowStack", "DAGS_FOLDER", "KAPPA_DAG_IDS", "airflow_home", "sqlite_url", "check_db_url",
+           "airflow_env", "kappa_env", "running", "migrate", "start", "stop"]
+
+#: Where Airflow reads kappa's DAG files: the checkout's `dags/`, or the copy a regular install ships.
+DAGS_FOLDER = _dags_folder()
+#: The DAGs a started stack must have parsed before `start()` returns.
 KAPPA_DAG_IDS = ("kappa_reprocess", "kappa_promote", "kappa_rollback", "kappa_monitor")
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 STATE_FILE = "stack.json"
@@ -38,7 +49,7 @@ STATE_FILE = "stack.json"
 STOP_ORDER = ("scheduler", "triggerer", "dag-processor", "api-server")
 
 
-def airflow_home(settings) -> Path:
+def airflow_home(settings: Settings) -> Path:
     return Path(settings.home) / "airflow"
 
 
@@ -57,7 +68,7 @@ def check_db_url(db_url: str) -> str:
     try:
         backend = make_url(db_url).get_backend_name()
     except ArgumentError:
-        raise AirflowError(f"not a database URL for Airflow's metadata: {_redact(db_url)!r}; {hint}") from None
+        raise AirflowError(f"not a database URL for Airflow's metadata: {mask_url(db_url)!r}; {hint}") from None
     if backend not in ("sqlite", "postgresql"):
         raise AirflowError(f"kappa runs Airflow's metadata database on SQLite or PostgreSQL, not {backend}; {hint}")
     if backend == "postgresql" and find_spec("asyncpg") is None:
@@ -105,7 +116,7 @@ def airflow_env(home: Path, *, db_url: str | None = None, port: int | None = Non
     return env
 
 
-def kappa_env(settings) -> dict[str, str]:
+def kappa_env(settings: Settings) -> dict[str, str]:
     """kappa's resolved settings as the environment variables `resolve_settings()` reads first.
 
     So Airflow's tasks see exactly the settings `kappa airflow start` resolved (flags, config
@@ -134,41 +145,37 @@ def _commands(port: int) -> dict[str, list[str]]:
     }
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(text[-lines:])
+#: What `<AIRFLOW_HOME>/stack.json` records, so that another kappa process can find and stop the stack.
+_STATE_FIELDS = {"port", "username", "db_url", "pids", "created", "started_at"}
 
 
-def _create_time(pid: int) -> float | None:
-    """When the live process `pid` started (None if there is none: zombies count as gone)."""
-    import psutil
+class AirflowStack(BaseModel):
+    """A running Airflow for kappa. `.url`, `.username`, `.password`; `.stop()` ends it.
 
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except psutil.Error:
-        return None
+    `pids` and `created` are each component's PID and creation time: a component counts as
+    running only while its PID is still that process. `procs` are the processes this very
+    process started (to learn their exit codes while starting); its JSON form masks the
+    database password and leaves out the login password.
+    """
 
-
-@dataclass
-class AirflowStack:
-    """A running Airflow for kappa. `.url`, `.username`, `.password`; `.stop()` ends it."""
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     home: Path
     port: int
     username: str
-    password: str
+    password: str = Field(default="", exclude=True, repr=False)
     db_url: str
-    pids: dict[str, int] = field(default_factory=dict)
-    created: dict[str, float] = field(default_factory=dict)
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+    pids: dict[str, int] = {}
+    created: dict[str, float] = {}
+    started_at: float | None = None
+    procs: dict[str, subprocess.Popen] = Field(default_factory=dict, exclude=True, repr=False)
     already_running: bool = False
 
+    @field_serializer("db_url")
+    def _masked(self, url: str) -> str:
+        return mask_url(url)
+
+    @computed_field
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -180,13 +187,13 @@ class AirflowStack:
     def log_path(self, component: str) -> Path:
         return self.log_dir / f"{component}.log"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "home": str(self.home), "port": self.port, "username": self.username,
-                "db_url": _redact(self.db_url), "pids": dict(self.pids), "created": dict(self.created),
-                "logs": {c: str(self.log_path(c)) for c in self.pids}}
+    @computed_field
+    @property
+    def logs(self) -> dict[str, str]:
+        return {c: str(self.log_path(c)) for c in self.pids}
 
     def alive(self) -> dict[str, bool]:
-        return {c: _create_time(pid) == self.created.get(c) for c, pid in self.pids.items()}
+        return {c: c in self.created and is_ours(pid, self.created[c]) for c, pid in self.pids.items()}
 
     def client(self):
         from orchestrator.airflow.client import AirflowClient
@@ -199,10 +206,10 @@ class AirflowStack:
             if code is not None:
                 raise AirflowError(
                     f"Airflow's {comp} exited with code {code} while starting; last lines of "
-                    f"{self.log_path(comp)}:\n{_tail(self.log_path(comp))}"
+                    f"{self.log_path(comp)}:\n{tail(self.log_path(comp), 15)}"
                 )
 
-    def wait_ready(self, timeout: float = 180.0, dag_ids=KAPPA_DAG_IDS) -> None:
+    def wait_ready(self, timeout: float = 180.0, dag_ids: tuple[str, ...] = KAPPA_DAG_IDS) -> None:
         """Return when the API answers, every component heartbeats and `dag_ids` are parsed."""
         import requests
 
@@ -233,59 +240,18 @@ class AirflowStack:
         stopped = []
         for comp in STOP_ORDER:
             pid = self.pids.get(comp)
-            if pid is None:
+            if pid is None or comp not in self.created:
                 continue
+            if stop_group(pid, self.created[comp], timeout):
+                stopped.append(comp)
             proc = self.procs.get(comp)
             if proc is not None:
-                if proc.poll() is None:
-                    _stop_group(pid, timeout, proc.wait)
-                    stopped.append(comp)
-            elif _create_time(pid) == self.created.get(comp):
-                _stop_group(pid, timeout, lambda t, pid=pid: _wait_gone(pid, t))
-                stopped.append(comp)
+                proc.poll()  # reap our own child
         self.procs.clear()
         state = self.home / STATE_FILE
         if state.exists():
             state.unlink()
         return stopped
-
-
-def _redact(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    """Wait for a process this process did not start (a zombie awaiting its reaper counts as gone)."""
-    deadline = time.monotonic() + timeout
-    while _create_time(pid) is not None:
-        if time.monotonic() > deadline:
-            raise subprocess.TimeoutExpired(str(pid), timeout)
-        time.sleep(0.2)
-
-
-def _stop_group(pid: int, timeout: float, wait) -> None:
-    """SIGTERM the process group led by `pid`, then SIGKILL it if `pid` outlives `timeout`."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        wait(timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(pid, signal.SIGKILL)  # stragglers of the group (workers, task supervisors)
-    except ProcessLookupError:
-        pass
-    try:
-        wait(5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _load_state(home: Path) -> AirflowStack | None:
@@ -294,25 +260,25 @@ def _load_state(home: Path) -> AirflowStack | None:
         return None
     try:
         data = json.loads(path.read_text())
-        passwords = json.loads((home / PASSWORDS_FILE).read_text()) if (home / PASSWORDS_FILE).exists() else {}
-        return AirflowStack(home=home, port=int(data["port"]), username=data["username"],
-                            password=passwords.get(data["username"], ""), db_url=data["db_url"],
-                            pids={k: int(v) for k, v in data["pids"].items()},
-                            created={k: float(v) for k, v in data["created"].items()})
-    except (ValueError, KeyError, TypeError) as e:
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        passwords = read_json(home / PASSWORDS_FILE) or {}
+        stack = AirflowStack.model_validate({**{k: v for k, v in data.items() if k in _STATE_FIELDS}, "home": home})
+    except ValidationError as e:
+        raise AirflowError(f"{path} is not a kappa Airflow state file ({e.error_count()} bad fields: "
+                           f"{', '.join(str(err['loc'][0]) for err in e.errors())}); delete it if no Airflow runs") from None
+    except ValueError as e:
         raise AirflowError(f"{path} is not a kappa Airflow state file ({e}); delete it if no Airflow runs") from None
+    stack.password = passwords.get(stack.username, "") if isinstance(passwords, dict) else ""
+    return stack
 
 
 def _write_state(stack: AirflowStack) -> None:
-    data = {"port": stack.port, "username": stack.username, "db_url": _redact(stack.db_url), "pids": stack.pids, "created": stack.created,
-            "started_at": time.time()}
-    path = stack.home / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    stack.started_at = time.time()
+    write_json_atomic(stack.home / STATE_FILE, stack.model_dump(mode="json", include=_STATE_FIELDS), indent=2)
 
 
-def running(settings) -> AirflowStack | None:
+def running(settings: Settings) -> AirflowStack | None:
     """The stack `start()` left running for these settings, or None (a stale state file is left for start to replace)."""
     home = airflow_home(settings)
     stack = _load_state(home)
@@ -336,14 +302,14 @@ def migrate(env: Mapping[str, str], log_path: Path, timeout: float = 600.0) -> N
             raise AirflowError(f"`airflow db migrate` did not finish in {timeout:.0f}s; see {log_path}") from None
     if proc.returncode != 0:
         raise AirflowError(
-            f"`airflow db migrate` failed on {_redact(env['AIRFLOW__DATABASE__SQL_ALCHEMY_CONN'])} "
-            f"(exit {proc.returncode}); last lines of {log_path}:\n{_tail(log_path)}"
+            f"`airflow db migrate` failed on {mask_url(env['AIRFLOW__DATABASE__SQL_ALCHEMY_CONN'])} "
+            f"(exit {proc.returncode}); last lines of {log_path}:\n{tail(log_path, 15)}"
         )
 
 
-def start(settings, port: int | None = None, *, db_url: str | None = None, username: str = "admin",
+def start(settings: Settings, port: int | None = None, *, db_url: str | None = None, username: str = "admin",
           password: str = "admin", timeout: float = 180.0, paused_at_creation: bool = False,
-          extra_env: Mapping[str, str] | None = None, dag_ids=KAPPA_DAG_IDS) -> AirflowStack:
+          extra_env: Mapping[str, str] | None = None, dag_ids: tuple[str, ...] = KAPPA_DAG_IDS) -> AirflowStack:
     """Start Airflow for kappa, or return the one already running for these settings (`.already_running`).
 
     A stack recorded for these settings with a component gone is stopped first, then started afresh.
@@ -363,9 +329,7 @@ def start(settings, port: int | None = None, *, db_url: str | None = None, usern
     (home / "logs").mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     db_url = check_db_url(db_url or sqlite_url(home))
-    pw_file = home / PASSWORDS_FILE
-    pw_file.write_text(json.dumps({username: password}))
-    pw_file.chmod(0o600)
+    write_json_atomic(home / PASSWORDS_FILE, {username: password}, mode=0o600)
     env = {
         **os.environ,
         **kappa_env(settings),
@@ -385,7 +349,7 @@ def start(settings, port: int | None = None, *, db_url: str | None = None, usern
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             stack.procs[comp] = proc
             stack.pids[comp] = proc.pid
-            stack.created[comp] = _create_time(proc.pid) or 0.0
+            stack.created[comp] = create_time(proc.pid) or 0.0
         _write_state(stack)
         stack.wait_ready(timeout, dag_ids=dag_ids)
     except BaseException:
@@ -394,7 +358,7 @@ def start(settings, port: int | None = None, *, db_url: str | None = None, usern
     return stack
 
 
-def stop(settings, timeout: float = 30.0) -> list[str]:
+def stop(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Stop the stack `start()` recorded for these settings, by its PIDs. Returns the components stopped."""
     stack = _load_state(airflow_home(settings))
     if stack is None:

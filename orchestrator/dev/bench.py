@@ -1,6 +1,9 @@
-"""`kappa bench reprocess`: how fast a full standardize reprocess reads a log, against a raw consumer.
+"""`kappa bench reprocess|deploy`: how fast a full standardize reprocess reads a log, and how long
+a deploy takes to become a promoted version.
 
-One run, on an embedded broker started for it (or on `bootstrap` if given):
+`run_deploy_bench` times deploy -> ready -> promote on the demo's embedded stack (see its
+docstring). `run_reprocess_bench` measures a reprocess against a raw consumer; one run, on an
+embedded broker started for it (or on `bootstrap` if given):
 
 1. produce `records` member-profile changes over `keys` members into a `partitions`-partition
    compacted topic. The producer batches (lz4) for speed, then sends the last record of each
@@ -27,9 +30,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.exceptions import BrokerError, LifecycleError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["raw_consume", "run_reprocess_bench", "run_deploy_bench", "main"]
 
 SPARK_NOTE = "excluding Spark start-up"
 #: The raw consumer fetches like the Kafka source's consumers (jobs.lib.kafka), so the two
@@ -315,6 +323,96 @@ def _print(console, f: dict) -> None:
         verdict = "[green]yes[/]" if f["output_matches"] else "[red]NO[/]"
         console.print(f"output matches the expected table: {verdict} ({f.get('output_rows', 0):,} rows, expected "
                       f"{f.get('expected_rows', 0):,}); rejects match: {f.get('rejects_match')}")
+
+
+def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partitions: int = 4, value_size: int = 200,
+                     rules: str = "v2", poll: float = 0.5, deadline: float = 3600.0, console: Console | None = None,
+                     overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Time from `deploy` to a finished `promote` of a version over a `records`-record log, Spark start-up included.
+
+    On the embedded stack in a temporary home, with a quiet topic (no live producer), so the
+    version is ready when its lag is 0 for the pipeline's consecutive samples. Phases: the deploy
+    call (checks, version allocation, job spawn), Spark start-up (until the job reports running),
+    the backfill (until lag is first 0), the readiness confirmation (the consecutive samples), and
+    the promote (checks, report, flip, publish). Everything started is stopped by PID.
+    """
+    from time import perf_counter
+
+    from rich.console import Console
+
+    from orchestrator.dev.demo import ACTOR, PIPELINE, Demo, DemoOptions
+    from orchestrator.lifecycle.await_ready import wait_ready
+    from orchestrator.lifecycle.deploy import deploy
+    from orchestrator.lifecycle.promote import promote
+    from orchestrator.observe.progress import LagProgress
+
+    console = console or Console(highlight=False)
+    opts = DemoOptions(records=records, keys=keys, partitions=partitions, value_size=value_size,
+                       malformed_share=0.0, clean=True, batch=None)
+    bench = Demo(opts, console, overrides)
+    figures: dict[str, Any] = {"params": {"records": records, "keys": keys, "partitions": partitions,
+                                          "value_size": value_size, "rules": rules, "poll_seconds": poll}}
+    ok = False
+    try:
+        bench.home = bench._make_home()
+        bench.section("Embedded broker and a compacted topic")
+        bench.start_broker()
+        bench.fill_topic()
+        spec = bench.k.pipeline(PIPELINE)
+        bench.section(f"deploy -> ready -> promote of {records:,} records (rules {rules})")
+        marks: dict[str, float] = {}
+        t0 = perf_counter()
+        info = deploy(bench.k, PIPELINE, rules, actor=ACTOR, reason="deploy-to-promote benchmark", threshold=0)
+        marks["deployed"] = perf_counter()
+        if info.pid:
+            bench.started.job_pids[info.version] = info.pid
+        bench.say(info.message)
+
+        with LagProgress(console, line_every=5.0) as bars:
+            def on_sample(r) -> None:
+                now = perf_counter()
+                if "running" not in marks and r.job.get("health") == "running":
+                    marks["running"] = now
+                if "caught_up" not in marks and r.total_lag is not None and r.total_lag <= r.threshold:
+                    marks["caught_up"] = now
+                bars.update(r)
+
+            wait_ready(bench.k, PIPELINE, info.version, deadline_seconds=deadline, poll_seconds=poll,
+                       on_sample=on_sample, actor=ACTOR)
+        marks["ready"] = perf_counter()
+        res = promote(bench.k, PIPELINE, info.version, actor=ACTOR, reason="deploy-to-promote benchmark")
+        marks["promoted"] = perf_counter()
+        bench.say(res.message)
+        running = marks.get("running", marks["deployed"])
+        caught = marks.get("caught_up", marks["ready"])
+        figures.update({
+            "deploy_to_promote_seconds": round(marks["promoted"] - t0, 2),
+            "phases_seconds": {
+                "deploy_call": round(marks["deployed"] - t0, 2),
+                "spark_startup": round(running - marks["deployed"], 2),
+                "backfill": round(caught - running, 2),
+                "readiness_confirmation": round(marks["ready"] - caught, 2),
+                "promote": round(marks["promoted"] - marks["ready"], 2),
+            },
+            "backfill_records_per_s": round(records / max(caught - running, 1e-9)),
+            "catchup_samples": spec.catchup_samples,
+            "version": info.version,
+        })
+        ok = True
+    finally:
+        stopped = bench.cleanup()
+        for what, pid in stopped:
+            console.print(f"stopped {what} (pid {pid})", highlight=False)
+        if bench.home is not None:
+            shutil.rmtree(bench.home, ignore_errors=True)
+    if ok:
+        ph = figures["phases_seconds"]
+        console.print(f"[bold]deploy -> promote: {figures['deploy_to_promote_seconds']:.1f} s[/] for {records:,} records "
+                      f"(deploy call {ph['deploy_call']:.1f} s, Spark start-up {ph['spark_startup']:.1f} s, backfill "
+                      f"{ph['backfill']:.1f} s = {figures['backfill_records_per_s']:,} records/s, readiness "
+                      f"confirmation {ph['readiness_confirmation']:.1f} s ({spec.catchup_samples} samples every "
+                      f"{poll:g} s), promote {ph['promote']:.1f} s)", highlight=False)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> None:

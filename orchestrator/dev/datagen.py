@@ -25,12 +25,18 @@ import random
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, Iterator
 
-from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
+from pydantic import BaseModel, ConfigDict
+
 from orchestrator.core.exceptions import BrokerError, ConfigError
+from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
+
+__all__ = ["ChangeRecord", "LogRecord", "ProduceStats", "Expected", "generate_changelog", "member_key",
+           "partition_for", "ensure_topic", "topic_partitions", "produce", "produce_live", "iter_log",
+           "validate_value", "expected_table"]
 
 PROFILE_FIELDS = ("name", "title", "company", "location", "updated_at")
 
@@ -241,18 +247,17 @@ BATCHING = {"linger.ms": 50, "batch.num.messages": 10000, "batch.size": 1_000_00
             "queue.buffering.max.kbytes": 512 * 1024}
 
 
-@dataclass
-class ProduceStats:
+class ProduceStats(BaseModel):
+    """What `produce` sent: records and key + value bytes, how long it took, records by kind."""
+
+    model_config = ConfigDict(frozen=True)
+
     records: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    by_kind: dict[str, int] = field(default_factory=dict)
+    by_kind: dict[str, int] = {}
     batching: bool = False
     singles: int = 0  # records sent alone at the end of each partition (batching mode)
-
-    def to_dict(self) -> dict:
-        return {"records": self.records, "bytes": self.bytes, "seconds": round(self.seconds, 3),
-                "by_kind": dict(self.by_kind), "batching": self.batching, "singles": self.singles}
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[ChangeRecord], *, config: dict | None = None,
@@ -276,7 +281,8 @@ def produce(bootstrap: str, topic: str, records: Iterable[ChangeRecord], *, conf
         if err is not None and len(errors) < 5:
             errors.append(f"partition {msg.partition()}: {err}")
 
-    stats = ProduceStats(batching=batching)
+    counts = {"records": 0, "bytes": 0, "singles": 0}
+    by_kind: dict[str, int] = {}
     held: dict[int, ChangeRecord] = {}
     start = time.perf_counter()
 
@@ -287,9 +293,9 @@ def produce(bootstrap: str, topic: str, records: Iterable[ChangeRecord], *, conf
                 break
             except BufferError:
                 producer.poll(0.05)
-        stats.records += 1
-        stats.bytes += len(rec.value or b"") + len(rec.key or b"")
-        stats.by_kind[rec.kind] = stats.by_kind.get(rec.kind, 0) + 1
+        counts["records"] += 1
+        counts["bytes"] += len(rec.value or b"") + len(rec.key or b"")
+        by_kind[rec.kind] = by_kind.get(rec.kind, 0) + 1
 
     for seq, rec in enumerate(records):
         part = partition_for(rec.key, n_parts, seq)
@@ -300,19 +306,19 @@ def produce(bootstrap: str, topic: str, records: Iterable[ChangeRecord], *, conf
                 continue
             rec = prev
         send(rec, part)
-        if stats.records % 10000 == 0:
+        if counts["records"] % 10000 == 0:
             producer.poll(0)
     if held:
         _flush(producer, timeout, topic)
         for part, rec in sorted(held.items()):
             send(rec, part)
             _flush(producer, timeout, topic)
-            stats.singles += 1
+            counts["singles"] += 1
     _flush(producer, timeout, topic)
-    stats.seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start
     if errors:
         raise BrokerError(f"{len(errors)}+ records to {topic!r} were not delivered: {'; '.join(errors)}")
-    return stats
+    return ProduceStats(seconds=seconds, by_kind=by_kind, batching=batching, **counts)
 
 
 def _flush(producer, timeout: float, topic: str) -> None:
@@ -423,7 +429,7 @@ def expected_table(log: Iterable[LogRecord], rules) -> Expected:
     """
     import pyarrow as pa
 
-    from jobs.standardize import OUTPUT_SCHEMA
+    from jobs.lib.profiles import OUTPUT_SCHEMA
 
     latest: dict[str, tuple] = {}
     rejects: list[tuple[int, int, str]] = []

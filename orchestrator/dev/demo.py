@@ -18,7 +18,6 @@ its own home, with its own broker and a SQLite registry there. Of the global fla
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import tempfile
@@ -32,6 +31,9 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.core.exceptions import ConfigError, KappaError
+from orchestrator.jobctl.process import create_time, end_group, group_alive
+
+__all__ = ["DemoOptions", "Demo", "run_demo"]
 
 PIPELINE = "standardize"
 ACTOR = "kappa-demo"
@@ -68,28 +70,6 @@ class Started:
     produced_live: int = 0
     producer_error: str | None = None
     job_pids: dict[int, int] = field(default_factory=dict)    # version -> pid
-
-
-def _group_members(pgid: int) -> list[int]:
-    import psutil
-
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(p.info["pid"]) == pgid:
-                out.append(p.info["pid"])
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return out
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 class Demo:
@@ -164,9 +144,9 @@ class Demo:
         from orchestrator.lifecycle.report import validation_report
 
         report = validation_report(self.k, PIPELINE, v2, save=True)
-        from orchestrator.cli.app import render_report
+        from orchestrator.observe.render import render_report
 
-        render_report(self.c, report.to_dict())
+        render_report(self.c, report.model_dump(mode="json"))
 
         self.section("Promote v2: served rows before and after")
         ids = self.changed_ids(v1, v2)
@@ -191,7 +171,7 @@ class Demo:
 
     def start_broker(self) -> None:
         from orchestrator.dev.broker import EmbeddedBroker
-        from orchestrator.cli.app import write_broker_file
+        from orchestrator.dev.broker_home import write_broker_file
 
         self.say(f"kappa home: {self.home}" + (" (a fresh temporary directory)" if self.temp_home else ""))
         broker = EmbeddedBroker(log_path=self.home / "broker.log")
@@ -299,7 +279,7 @@ class Demo:
 
         res = promote(self.k, PIPELINE, version, actor=ACTOR, reason=reason)
         for check in res.checks:
-            self.say(f"  check {check['name']}: {'ok' if check['ok'] else 'FAILED'} - {check['detail']}")
+            self.say(f"  check {check.name}: {'ok' if check.ok else 'FAILED'} - {check.detail}")
         self.say(f"[bold green]{res.message}[/]")
         self.say(f"  pointer {self.k.alias_file(self.alias)} -> {res.pointer.get('table')}")
 
@@ -372,7 +352,7 @@ class Demo:
         return rows
 
     def show_history(self) -> None:
-        from orchestrator.cli.app import _fmt_time
+        from orchestrator.observe.render import fmt_time as _fmt_time
 
         entries = self.k.registry.audit_log(PIPELINE, limit=40)
         table = Table(title_justify="left", title=f"{len(entries)} audit entries of {PIPELINE} (kappa history)")
@@ -386,7 +366,7 @@ class Demo:
     # -- cleanup --------------------------------------------------------------------------------
     def cleanup(self) -> list[tuple[str, int]]:
         """Stop everything the demo started, by PID; return (what, pid) of each."""
-        from orchestrator.cli.app import broker_file
+        from orchestrator.dev.broker_home import broker_file
 
         stopped: list[tuple[str, int]] = []
         st = self.started
@@ -397,7 +377,7 @@ class Demo:
                 self.say(f"stopped the live producer thread ({st.produced_live:,} updates and deletes sent"
                          + (f"; it had stopped early: {st.producer_error}" if st.producer_error else "") + ")")
         if self.k is not None:
-            from orchestrator.jobctl.control import inspect_version, stop_version
+            from orchestrator.jobctl import inspect_version, stop_version
 
             try:
                 versions = self.k.registry.list_versions(PIPELINE)
@@ -413,7 +393,7 @@ class Demo:
                                      graceful_timeout=30)
                 except KappaError as e:
                     self.say(f"[red]could not stop {PIPELINE} v{version} through kappa ({e}); killing it[/]")
-                self._kill_group(st.job_pids[version])
+                end_group(st.job_pids[version], 10.0)
                 stopped.append((f"{PIPELINE} v{version} job", st.job_pids[version]))
             self.k.close()
         if st.broker is not None:
@@ -423,19 +403,6 @@ class Demo:
             if self.home is not None:
                 broker_file(self.home).unlink(missing_ok=True)
         return stopped
-
-    @staticmethod
-    def _kill_group(pgid: int) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not _group_members(pgid):
-                return
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + 10
-            while _group_members(pgid) and time.monotonic() < deadline:
-                time.sleep(0.2)
 
 
 def run_demo(opts: DemoOptions, *, console: Console | None = None, overrides: dict[str, Any] | None = None,
@@ -460,7 +427,7 @@ def run_demo(opts: DemoOptions, *, console: Console | None = None, overrides: di
             stopped = demo.cleanup()
             for what, pid in stopped:
                 console.print(f"stopped {what} (pid {pid})", highlight=False)
-            left = [(what, pid) for what, pid in stopped if _alive(pid) or _group_members(pid)]
+            left = [(what, pid) for what, pid in stopped if create_time(pid) is not None or group_alive(pid)]
             if demo.started.producer is not None and demo.started.producer.is_alive():
                 console.print("[red]the live producer thread did not stop[/]")
             pids = ", ".join(str(pid) for _, pid in stopped) or "none"
@@ -480,90 +447,3 @@ def run_demo(opts: DemoOptions, *, console: Console | None = None, overrides: di
         finally:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
-
-
-def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partitions: int = 4, value_size: int = 200,
-                     rules: str = "v2", poll: float = 0.5, deadline: float = 3600.0, console: Console | None = None,
-                     overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Time from `deploy` to a finished `promote` of a version over a `records`-record log, Spark start-up included.
-
-    On the embedded stack in a temporary home, with a quiet topic (no live producer), so the
-    version is ready when its lag is 0 for the pipeline's consecutive samples. Phases: the deploy
-    call (checks, version allocation, job spawn), Spark start-up (until the job reports running),
-    the backfill (until lag is first 0), the readiness confirmation (the consecutive samples), and
-    the promote (checks, report, flip, publish). Everything started is stopped by PID.
-    """
-    from time import perf_counter
-
-    from orchestrator.lifecycle.await_ready import wait_ready
-    from orchestrator.lifecycle.deploy import deploy
-    from orchestrator.observe.progress import LagProgress
-    from orchestrator.lifecycle.promote import promote
-
-    console = console or Console(highlight=False)
-    opts = DemoOptions(records=records, keys=keys, partitions=partitions, value_size=value_size,
-                       malformed_share=0.0, clean=True, batch=None)
-    bench = Demo(opts, console, overrides)
-    figures: dict[str, Any] = {"params": {"records": records, "keys": keys, "partitions": partitions,
-                                          "value_size": value_size, "rules": rules, "poll_seconds": poll}}
-    ok = False
-    try:
-        bench.home = bench._make_home()
-        bench.section("Embedded broker and a compacted topic")
-        bench.start_broker()
-        bench.fill_topic()
-        spec = bench.k.pipeline(PIPELINE)
-        bench.section(f"deploy -> ready -> promote of {records:,} records (rules {rules})")
-        marks: dict[str, float] = {}
-        t0 = perf_counter()
-        info = deploy(bench.k, PIPELINE, rules, actor=ACTOR, reason="deploy-to-promote benchmark", threshold=0)
-        marks["deployed"] = perf_counter()
-        if info.pid:
-            bench.started.job_pids[info.version] = info.pid
-        bench.say(info.message)
-
-        with LagProgress(console, line_every=5.0) as bars:
-            def on_sample(r) -> None:
-                now = perf_counter()
-                if "running" not in marks and r.job.get("health") == "running":
-                    marks["running"] = now
-                if "caught_up" not in marks and r.total_lag is not None and r.total_lag <= r.threshold:
-                    marks["caught_up"] = now
-                bars.update(r)
-
-            wait_ready(bench.k, PIPELINE, info.version, deadline_seconds=deadline, poll_seconds=poll,
-                       on_sample=on_sample, actor=ACTOR)
-        marks["ready"] = perf_counter()
-        res = promote(bench.k, PIPELINE, info.version, actor=ACTOR, reason="deploy-to-promote benchmark")
-        marks["promoted"] = perf_counter()
-        bench.say(res.message)
-        running = marks.get("running", marks["deployed"])
-        caught = marks.get("caught_up", marks["ready"])
-        figures.update({
-            "deploy_to_promote_seconds": round(marks["promoted"] - t0, 2),
-            "phases_seconds": {
-                "deploy_call": round(marks["deployed"] - t0, 2),
-                "spark_startup": round(running - marks["deployed"], 2),
-                "backfill": round(caught - running, 2),
-                "readiness_confirmation": round(marks["ready"] - caught, 2),
-                "promote": round(marks["promoted"] - marks["ready"], 2),
-            },
-            "backfill_records_per_s": round(records / max(caught - running, 1e-9)),
-            "catchup_samples": spec.catchup_samples,
-            "version": info.version,
-        })
-        ok = True
-    finally:
-        stopped = bench.cleanup()
-        for what, pid in stopped:
-            console.print(f"stopped {what} (pid {pid})", highlight=False)
-        if bench.home is not None:
-            shutil.rmtree(bench.home, ignore_errors=True)
-    if ok:
-        ph = figures["phases_seconds"]
-        console.print(f"[bold]deploy -> promote: {figures['deploy_to_promote_seconds']:.1f} s[/] for {records:,} records "
-                      f"(deploy call {ph['deploy_call']:.1f} s, Spark start-up {ph['spark_startup']:.1f} s, backfill "
-                      f"{ph['backfill']:.1f} s = {figures['backfill_records_per_s']:,} records/s, readiness "
-                      f"confirmation {ph['readiness_confirmation']:.1f} s ({spec.catchup_samples} samples every "
-                      f"{poll:g} s), promote {ph['promote']:.1f} s)", highlight=False)
-    return figures

@@ -8,11 +8,8 @@ makes (`Registry.flip_alias`, then `serving.publish_current`), while `readers` r
 alias from the pointer file, open the Delta table, read its key column. Flipping starts once
 every reader has read once. Any exception in a reader is a reader error (the goal is none:
 readers never see a half-switched alias). The alias ends where it started, so version states
-are untouched; the flips are in the alias history, and one audit entry holds the figures.
-
-Public API: `flip_benchmark(k, pipeline, *, versions=None, flips=100, readers=4,
-reader_mode="process", actor="flipbench") -> dict` (p50_ms, p99_ms, max_ms, mean_ms, reads,
-reads_by_version, reader_errors, reader_error_samples, goal_met, ...).
+are untouched; the flips are in the alias history, and one audit entry holds the figures
+(p50_ms, p99_ms, max_ms, mean_ms, reads, reads_by_version, reader_errors, goal_met, ...).
 """
 
 from __future__ import annotations
@@ -30,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError, NotReadyError
-from orchestrator.serving import pointer_path, publish_current, read_pointer
+from orchestrator.core.paths import alias_pointer_path as pointer_path
+from orchestrator.serving import publish_current, read_pointer
+
+__all__ = ["flip_benchmark"]
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -19,6 +19,10 @@ from typing import Iterable
 from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
 from orchestrator.core.exceptions import BrokerError
 
+__all__ = ["SeedRecord", "DEMO_TOPICS", "member_ids", "page_views", "member_profiles", "member_settings",
+           "ad_events", "by_time", "create_topics", "produce", "produce_demo_events", "to_ms", "iso", "encode",
+           "profile_value"]
+
 LANGUAGES = ("en", "de", "fr", "es", "pt", "ja", "zh")
 VISIBILITY = ("public", "connections", "private")
 PAGES = ("/feed", "/jobs", "/jobs/view/4711", "/in/ana-müller", "/company/acme", "/messaging",

@@ -15,7 +15,7 @@ import time
 import psutil
 
 __all__ = ["CREATE_TIME_TOLERANCE", "create_time", "is_ours", "wait_gone", "group_alive", "signal_group",
-           "stop_process", "stop_group"]
+           "stop_process", "stop_group", "end_group"]
 
 #: Seconds two readings of one process's creation time may differ by (the kernel's clock ticks and
 #: boot-time rounding); a reused PID started later than that.
@@ -115,3 +115,20 @@ def stop_group(pid: int, created: float | None, timeout: float = 10.0, *,
     elif group_alive(pid):
         signal_group(pid, signal.SIGKILL)
     return True
+
+
+def end_group(pgid: int, timeout: float = 10.0, *, poll: float = 0.2) -> bool:
+    """SIGTERM what is left of the process group `pgid`, SIGKILL it if anything outlives `timeout`.
+
+    For the stragglers of a group whose leader kappa has already stopped through its own
+    ownership check (a job's JVM and Python workers): they are known by the group id, the
+    leader's PID. True if the group is gone afterwards.
+    """
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        if not group_alive(pgid):
+            return True
+        signal_group(pgid, sig)
+        deadline = time.monotonic() + wait
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(poll)
+    return not group_alive(pgid)

@@ -8,26 +8,24 @@ a cross-check and as the fallback when the checkpoint is not readable from here.
 job has not committed a batch yet has read nothing: its next offset is the log start, and its lag
 is the whole log. Lag that cannot be read (broker down, topic gone) is unknown (None), never 0.
 
-Public API:
-- `PartitionLag`, `LagReading` (`.total`, `.partitions` {"topic:p": lag}, `.to_dict()`, ...)
-- `measure_lag(k, pipeline, version) -> LagReading` (no registry write)
-- `sample_lag(k, pipeline, version) -> LagReading` (measures and stores a lag sample)
-- `lag_from_offsets(...)`: the arithmetic, for tests and tools.
-- `log_offsets(k, topics)`, `group_offsets(k, group_id)`, `checkpoint_next_offsets(path)`
-- `eta_seconds(samples, threshold=0, since=None) -> float | None`
-- `sample_time(sample) -> float`, `partition_key(topic, p)`, `format_partitions(d)`
+`measure_lag` only measures; `sample_lag` also stores the reading as a lag sample in the registry.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from pydantic import BaseModel, ConfigDict
+
 from orchestrator.core.exceptions import BrokerError, KappaError
+
+__all__ = ["KAFKA_TIMEOUT", "PartitionLag", "LagReading", "measure_lag", "sample_lag", "lag_from_offsets",
+           "topic_partitions", "log_offsets", "group_offsets", "checkpoint_next_offsets", "eta_seconds",
+           "sample_time", "sample_total", "partition_key", "format_partitions"]
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +46,9 @@ def format_partitions(partitions: dict[str, int | None], limit: int = 8) -> str:
     return shown
 
 
-@dataclass(frozen=True)
-class PartitionLag:
+class PartitionLag(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     topic: str
     partition: int
     log_start: int
@@ -60,9 +59,10 @@ class PartitionLag:
     group_offset: int | None = None  # the group's committed offset, for the cross-check
 
 
-@dataclass(frozen=True)
-class LagReading:
+class LagReading(BaseModel):
     """One measurement of a version's lag. `total is None` means unknown."""
+
+    model_config = ConfigDict(frozen=True)
 
     pipeline: str
     version: int
@@ -83,11 +83,6 @@ class LagReading:
         if self.total is None:
             return dict(self.partitions) or {"*": None}
         return {p: lag for p, lag in self.partitions.items() if lag is not None and lag > threshold}
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["details"] = [asdict(p) for p in self.details]
-        return d
 
 
 def _kafka_error(what: str, k, e: Exception) -> BrokerError:
@@ -188,10 +183,12 @@ def lag_from_offsets(pipeline: str, version: int, logs: dict[tuple[str, int], tu
             nxt, psource = max(base[(topic, p)], start), source
         else:  # not read yet (new partition, or nothing committed): the whole log is ahead
             nxt, psource = start, "log-start"
-        details.append(PartitionLag(topic, p, start, end, nxt, end - nxt, psource, group.get((topic, p))))
+        details.append(PartitionLag(topic=topic, partition=p, log_start=start, log_end=end, next_offset=nxt,
+                                    lag=end - nxt, source=psource, group_offset=group.get((topic, p))))
     partitions = {partition_key(d.topic, d.partition): d.lag for d in details}
-    return LagReading(pipeline, version, time.time() if at is None else at, sum(partitions.values()),
-                      partitions, tuple(details), source, None, batch_id)
+    return LagReading(pipeline=pipeline, version=version, at=time.time() if at is None else at,
+                      total=sum(partitions.values()), partitions=partitions, details=tuple(details), source=source,
+                      batch_id=batch_id)
 
 
 def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
@@ -202,7 +199,7 @@ def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOU
     try:
         logs = log_offsets(k, spec.topics, timeout)
     except KappaError as e:
-        return LagReading(pipeline, version, now, None, {}, (), "unknown", str(e))
+        return LagReading(pipeline=pipeline, version=version, at=now, total=None, partitions={}, error=str(e))
     try:
         group = group_offsets(k, paths.group_id, timeout)
     except KappaError as e:

@@ -17,6 +17,8 @@ from typing import Any, Iterable
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError
 
+__all__ = ["Series", "series_from_samples", "plot_lag", "plot_pipeline_lag", "is_png", "PNG_SIGNATURE"]
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

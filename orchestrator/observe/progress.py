@@ -18,6 +18,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+__all__ = ["LagProgress", "fmt_count", "fmt_eta", "make_console"]
+
 STATE_STYLE = {"ready": "green", "hydrating": "cyan", "lagging": "yellow", "failing": "red"}
 
 

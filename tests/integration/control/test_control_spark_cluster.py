@@ -26,9 +26,9 @@ from orchestrator.dev.broker import free_port
 from orchestrator.core.settings import Settings
 from orchestrator.core.kappa import Kappa
 from orchestrator.lifecycle.deploy import deploy
-from orchestrator.jobctl.control import inspect_version, read_launch, stop_version
+from orchestrator.jobctl import inspect_version, read_launch, stop_version
 from orchestrator.lifecycle.promote import promote
-from orchestrator.registry.store import Registry
+from orchestrator.registry import Registry
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,7 @@ import pytest
 from orchestrator.airflow import stack as airflow_stack
 from orchestrator.core.settings import Settings
 from orchestrator.core.exceptions import AirflowError
+from orchestrator.jobctl.process import create_time
 
 pytestmark = pytest.mark.airflow
 
@@ -77,7 +78,7 @@ def _record(home, procs: dict[str, subprocess.Popen], created=None):
                                        db_url="sqlite:///x.db")
     for name, p in procs.items():
         stack.pids[name] = p.pid
-        stack.created[name] = created if created is not None else airflow_stack._create_time(p.pid)
+        stack.created[name] = created if created is not None else create_time(p.pid)
     home.mkdir(parents=True, exist_ok=True)
     airflow_stack._write_state(stack)
 
@@ -130,3 +131,20 @@ def test_metadata_database_url_is_checked(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "asyncpg" else real(name, *a))
     with pytest.raises(AirflowError, match="needs the asyncpg driver: run `pip install asyncpg`"):
         airflow_stack.check_db_url("postgresql+psycopg2://u@127.0.0.1:5432/airflow")
+
+
+def test_the_json_form_and_the_state_file_hide_both_passwords(tmp_path):
+    stack = airflow_stack.AirflowStack(home=tmp_path, port=8123, username="admin", password="login-pw",
+                                       db_url="postgresql+psycopg2://airflow:db-pw@127.0.0.1:5432/airflow",
+                                       pids={"scheduler": 4242}, created={"scheduler": 12.5})
+    d = stack.model_dump(mode="json")
+    assert d["url"] == "http://127.0.0.1:8123"
+    assert d["db_url"] == "postgresql+psycopg2://airflow:***@127.0.0.1:5432/airflow"
+    assert d["logs"] == {"scheduler": str(tmp_path / "logs" / "scheduler.log")}
+    assert "login-pw" not in json.dumps(d) and "procs" not in d
+    airflow_stack._write_state(stack)
+    state = (tmp_path / "stack.json").read_text()
+    assert "db-pw" not in state and "login-pw" not in state
+    again = airflow_stack._load_state(tmp_path)
+    assert (again.port, again.username, again.pids, again.created) == (8123, "admin", {"scheduler": 4242},
+                                                                        {"scheduler": 12.5})

@@ -167,7 +167,7 @@ def test_failed_run_reports_kappas_message(fake):
     assert outcome.url == f"{fake.url}/dags/kappa_reprocess/runs/manual__1"
     with pytest.raises(AirflowError, match="kappa_reprocess run manual__1 failed: task validate failed: ConflictError"):
         outcome.raise_for_state()
-    assert json.loads(json.dumps(outcome.to_dict()))["error"] == outcome.error
+    assert json.loads(json.dumps(outcome.model_dump(mode="json")))["error"] == outcome.error
 
 
 def test_successful_run_carries_task_results(fake):
@@ -203,7 +203,7 @@ def test_conf_builders_use_the_dags_param_names(tmp_path, monkeypatch):
         "rollback": trigger.rollback_conf("standardize", 2, reason="bad titles", catchup_deadline_minutes=10),
     }
     for verb, conf in confs.items():
-        params = copy.deepcopy(dags[trigger.DAG_IDS[verb]].params)
+        params = copy.deepcopy(dags[f"kappa_{verb}"].params)
         params.update(conf)
         resolved = params.validate()
         assert {k: resolved[k] for k in conf} == conf

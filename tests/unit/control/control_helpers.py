@@ -13,12 +13,13 @@ import pyarrow as pa
 import pytest
 
 from orchestrator.observe import lag as lag_mod
-from orchestrator.jobctl import control as lifecycle
+from orchestrator.jobctl import launch
+from orchestrator.jobctl.health import CHILDREN
 from orchestrator.core.settings import Settings
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.exceptions import BrokerError
 from orchestrator.core.pipelines import PipelineSpec
-from orchestrator.registry.store import Registry
+from orchestrator.registry import Registry
 
 FAKE_JOB = Path(__file__).with_name("fake_job.py")
 PIPELINE = "orders"
@@ -47,11 +48,11 @@ def k(tmp_path, spec):
     try:
         yield kk
     finally:
-        for pid, proc in list(lifecycle._CHILDREN.items()):
+        for pid, proc in list(CHILDREN.items()):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
-            lifecycle._CHILDREN.pop(pid, None)
+            CHILDREN.pop(pid, None)
         reg.close()
 
 
@@ -96,7 +97,11 @@ def fake_log(monkeypatch):
 
 def fake_running(k, version: int, pipeline: str = PIPELINE, *, state: str = "running",
                  heartbeat_age: float = 0.0, **status) -> None:
-    """Make `version` look like a live job: this test process is its PID, status.json fresh."""
+    """Make `version` look like a live job: this test process is its PID, status.json fresh.
+
+    The launch file is one from before kappa recorded `created` (only `started_at`), so the
+    tests that use it also cover reading old launch files.
+    """
     paths = k.paths(pipeline, version)
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     me = psutil.Process()
@@ -111,7 +116,7 @@ def fake_running(k, version: int, pipeline: str = PIPELINE, *, state: str = "run
 
 @pytest.fixture
 def fake_jobs(monkeypatch):
-    """Start fake job processes through lifecycle.start_version: {version: behaviour}."""
+    """Start fake job processes through start_version: {version: behaviour}."""
     behaviours: dict[int, str] = {}
 
     def job_command(k, pipeline, version, *, trigger="continuous", rules_file=None, master=None):
@@ -119,7 +124,7 @@ def fake_jobs(monkeypatch):
         return ([sys.executable, str(FAKE_JOB), "--run-dir", str(run_dir),
                  "--behaviour", behaviours.get(version, "normal")], "local")
 
-    monkeypatch.setattr(lifecycle, "job_command", job_command)
+    monkeypatch.setattr(launch, "job_command", job_command)
     return behaviours
 
 

@@ -7,11 +7,12 @@ import os
 import re
 import time
 
+import psutil
 import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, wait_for
 from orchestrator.core.exceptions import LifecycleError
-from orchestrator.jobctl.control import inspect_version, job_command, start_version, stop_version
+from orchestrator.jobctl import inspect_version, job_command, start_version, stop_version
 
 
 def _running(k, v):
@@ -99,6 +100,30 @@ def test_a_reused_pid_is_not_taken_for_the_job(k):
     launch = k.paths(PIPELINE, v).launch_file
     data = json.loads(launch.read_text())
     data["started_at"] -= 3600  # the PID now belongs to a process started an hour later
+    launch.write_text(json.dumps(data))
+    st = inspect_version(k, PIPELINE, v)
+    assert not st.alive and st.failed and f"process {os.getpid()} exited" in st.error
+
+
+def test_the_launch_records_the_processs_creation_time(k, fake_jobs):
+    v = allocate(k).version
+    res = start_version(k, PIPELINE, v, actor="tester")
+    launch = json.loads(k.paths(PIPELINE, v).launch_file.read_text())
+    created = psutil.Process(res.pid).create_time()
+    assert launch["pid"] == res.pid and launch["created"] == created and launch["started_at"] == created
+    assert k.registry.get_version(PIPELINE, v).started_at == created
+    stop_version(k, PIPELINE, v, actor="tester", graceful_timeout=10)
+
+
+def test_a_recorded_creation_time_is_checked_to_the_second(k):
+    v = allocate(k).version
+    fake_running(k, v)
+    launch = k.paths(PIPELINE, v).launch_file
+    data = json.loads(launch.read_text())
+    data["created"] = psutil.Process().create_time()
+    launch.write_text(json.dumps(data))
+    assert inspect_version(k, PIPELINE, v).alive
+    data["created"] += 2  # within the old launch files' 10 s, but not this process
     launch.write_text(json.dumps(data))
     st = inspect_version(k, PIPELINE, v)
     assert not st.alive and st.failed and f"process {os.getpid()} exited" in st.error

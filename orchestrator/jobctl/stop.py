@@ -1,0 +1,120 @@
+"""Stop the Spark job of one version, gracefully first.
+
+The STOP file asks the job to stop between micro-batches; if it has not after a timeout, SIGTERM
+goes to its Python driver, then SIGKILL to its process group, each after a timeout, and whatever
+is left of the group (the JVM, Python workers) goes with it. Only a process that is still the
+one launched (`health.job_alive`) is ever signalled. The table and the checkpoint are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from orchestrator.core.exceptions import LifecycleError
+from orchestrator.core.files import read_json
+from orchestrator.core.states import VersionState
+from orchestrator.jobctl.health import CHILDREN, inspect_version, launch_identity, read_status
+from orchestrator.jobctl.process import end_group, signal_group, wait_gone
+
+__all__ = ["StopResult", "stop_version", "GRACEFUL_TIMEOUT", "TERM_TIMEOUT", "KILL_TIMEOUT"]
+
+#: Timeouts of the three stop steps: STOP file, SIGTERM, SIGKILL.
+GRACEFUL_TIMEOUT = 60.0
+TERM_TIMEOUT = 20.0
+KILL_TIMEOUT = 10.0
+
+
+class StopResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    pipeline: str
+    version: int
+    stopped: bool                     # False: it was not running
+    how: str                          # not-running | graceful | sigterm | sigkill
+    pid: int | None
+    seconds: float
+    message: str
+    final_state: str | None = None    # the job's own last state (stopped, failed, ...)
+
+
+def _wait_dead(pid: int, launch: dict[str, Any], timeout: float) -> bool:
+    """Wait until the launched process is gone; a child of this process is reaped on the way."""
+    child = CHILDREN.get(pid)
+    if child is not None:
+        try:
+            child.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    created, tolerance = launch_identity(launch)
+    return wait_gone(pid, created, timeout, poll=0.2, tolerance=tolerance)
+
+
+def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
+                 force: bool = False, graceful_timeout: float = GRACEFUL_TIMEOUT,
+                 term_timeout: float = TERM_TIMEOUT, kill_timeout: float = KILL_TIMEOUT,
+                 final_state: str | None = VersionState.STOPPED) -> StopResult:
+    """Stop the job: STOP file, then SIGTERM, then SIGKILL. Keeps table and checkpoint.
+
+    Stopping the serving version's job freezes what readers see; that needs `force=True`.
+    `final_state` is the registry state the version gets (None: leave it, as a restart does).
+    """
+    reg = k.registry
+    rec = reg.get_version(pipeline, version)
+    if not force:
+        alias_name = k.pipeline(pipeline).alias
+        alias = reg.get_alias(alias_name)
+        if alias is not None and alias.version == version and alias.pipeline == pipeline:
+            raise LifecycleError(
+                f"{pipeline} v{version} is serving alias {alias_name!r}: stopping its job would freeze "
+                f"the served table; promote or roll back to another version first, or pass force")
+    paths = k.paths(pipeline, version)
+    st = inspect_version(k, pipeline, version)
+    launch = read_json(paths.launch_file) or {}
+    t0 = time.monotonic()
+    how = "not-running"
+    if st.alive and st.pid == os.getpid():
+        raise LifecycleError(f"the job of {pipeline} v{version} is recorded with this very process's PID "
+                             f"({st.pid}); refusing to signal it. Check {paths.launch_file}")
+    if st.alive and st.pid:
+        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        paths.stop_file.write_text(f"stop requested by {actor} at {datetime.now(timezone.utc).isoformat()}: "
+                                   f"{reason or ''}\n")
+        how = "graceful"
+        if not _wait_dead(st.pid, launch, graceful_timeout):
+            how = "sigterm"  # to the job's Python driver only: it stops between micro-batches
+            try:
+                os.kill(st.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not _wait_dead(st.pid, launch, term_timeout):
+                how = "sigkill"
+                signal_group(st.pid, signal.SIGKILL)
+                if not _wait_dead(st.pid, launch, kill_timeout):
+                    raise LifecycleError(f"the job of {pipeline} v{version} (pid {st.pid}) survived SIGKILL "
+                                         f"for {kill_timeout:.0f} s; check the process by hand")
+        # the JVM and Python workers share the job's process group: leave none behind
+        end_group(st.pid, term_timeout)
+        CHILDREN.pop(st.pid, None)
+    paths.stop_file.unlink(missing_ok=True)
+    seconds = time.monotonic() - t0
+    after = read_status(k, pipeline, version) or {}
+    job_state = after.get("state")
+    if final_state and rec.state not in (VersionState.SERVING, VersionState.FAILED, VersionState.RETIRED,
+                                         final_state):
+        reg.set_state(pipeline, version, final_state, pid=None)
+    msg = (f"{pipeline} v{version} was not running" if how == "not-running" else
+           f"stopped {pipeline} v{version} (pid {st.pid}) {'gracefully' if how == 'graceful' else 'with ' + how.upper()} "
+           f"in {seconds:.1f} s; its table and checkpoint are kept")
+    reg.audit("stop", actor=actor, pipeline=pipeline, version=version, reason=reason,
+              outcome="ok" if how != "not-running" else "noop",
+              details={"how": how, "pid": st.pid, "seconds": round(seconds, 3), "job_state": job_state})
+    return StopResult(pipeline=pipeline, version=version, stopped=how != "not-running", how=how, pid=st.pid,
+                      seconds=seconds, message=msg, final_state=job_state)

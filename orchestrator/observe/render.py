@@ -1,0 +1,93 @@
+"""Showing what kappa found to a person on a terminal: the validation report and timestamps.
+
+Both `kappa` (the CLI) and `kappa demo` print these, so they live below both front ends: the
+CLI imports the dev tooling, never the other way round.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.observe.progress import fmt_count
+
+__all__ = ["fmt_time", "render_report"]
+
+
+def fmt_time(value: datetime | float | int | str | None) -> str:
+    """A timestamp (datetime, epoch seconds or text) as `YYYY-MM-DD HH:MM:SS` in UTC; '-' for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        value = datetime.fromtimestamp(value, timezone.utc)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def _verdict(ok: Any) -> str:
+    return "-" if ok is None else ("[green]ok[/]" if ok else "[red]OVER THE LIMIT[/]")
+
+
+def render_report(console: Console, report: BaseModel | Mapping[str, Any] | None) -> None:
+    """The validation report, for people: key counts, rejects, and what the new rules changed."""
+    if not report:
+        return
+    if isinstance(report, BaseModel):
+        report = report.model_dump(mode="json")
+    pipeline, n, old = report.get("pipeline"), report.get("version"), report.get("serving_version")
+    rules = report.get("rules_version") or "-"
+    head = f"validation report: {pipeline} v{n} (rules {rules})"
+    if old is not None:
+        head += f" against serving v{old} (rules {report.get('serving_rules_version') or '-'})"
+    console.print(f"[bold]{head}[/]", highlight=False)
+
+    if old is None:
+        console.print(f"  keys: {fmt_count(report.get('keys_new'))} (nothing served yet to compare with)",
+                      highlight=False)
+    else:
+        ratio = report.get("key_delta_ratio")
+        ratio_s = f"{ratio:.2%}" if isinstance(ratio, (int, float)) else str(ratio)
+        console.print(f"  keys: {fmt_count(report.get('keys_new'))} in v{n}, {fmt_count(report.get('keys_serving'))} "
+                      f"in v{old}: difference {ratio_s}, tolerance {report.get('key_count_tolerance', 0):.2%} "
+                      f"{_verdict(report.get('key_count_ok'))}", highlight=False)
+    console.print(f"  rejects: {fmt_count(report.get('rejects'))} of {fmt_count(report.get('offsets_read'))} records "
+                  f"read ({report.get('reject_rate', 0):.2%}, limit {report.get('max_reject_rate', 0):.2%}) "
+                  f"{_verdict(report.get('reject_rate_ok'))}", highlight=False)
+    if old is not None:
+        _render_changes(console, report, n, old)
+    for problem in report.get("problems") or []:
+        console.print(f"  [red]problem:[/] {problem}", highlight=False)
+    if report.get("path"):
+        console.print(f"  [dim]saved to {report['path']}[/]", highlight=False)
+
+
+def _render_changes(console: Console, report: Mapping[str, Any], n: Any, old: Any) -> None:
+    """What the new rules changed in the rows both versions hold, and the most frequent changes."""
+    by_col = ", ".join(f"{c}: {fmt_count(v)}" for c, v in (report.get("changed_by_column") or {}).items())
+    console.print(f"  rows compared (keys in both): {fmt_count(report.get('rows_compared'))}; changed by the "
+                  f"new rules: [bold]{fmt_count(report.get('rows_changed'))}[/]" + (f" ({by_col})" if by_col else ""),
+                  highlight=False)
+    if report.get("rows_input_differs"):
+        console.print(f"  rows whose input differs (live updates one version has read and the other not "
+                      f"yet): {fmt_count(report.get('rows_input_differs'))}", highlight=False)
+    only_new, only_old = report.get("keys_only_new") or 0, report.get("keys_only_serving") or 0
+    if only_new or only_old:
+        console.print(f"  keys only in v{n}: {fmt_count(only_new)}, only in v{old}: {fmt_count(only_old)}",
+                      highlight=False)
+    for col, changes in (report.get("top_changes") or {}).items():
+        if not changes:
+            continue
+        t = Table(title=f"top changes of {col}: v{old} -> v{n}", title_justify="left")
+        t.add_column("rows", justify="right")
+        t.add_column(f"v{old}")
+        t.add_column(f"v{n}")
+        for ch in changes:
+            t.add_row(f"{ch['count']:,}", str(ch["old"]), str(ch["new"]))
+        console.print(t)
