@@ -11,7 +11,8 @@ after a `kappa_reprocess` run with auto-promote off. The same checks as `kappa p
    file published for readers, and the audit entry (`airflow:<your user>`, your reason, this run).
 3. **stop_previous**: after the standby grace period, stops the version it replaced.
 
-Leave the version empty to promote the newest caught-up version of the pipeline.
+Leave the version empty to promote the newest caught-up version of the pipeline (as
+`kappa promote PIPELINE` does).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from datetime import timedelta
 
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
+from orchestrator.airflow import params as form
 from orchestrator.airflow import tasks
 
-CHOICES = tasks.form_choices()
+CHOICES = form.form_choices()
 
 
 @dag(
@@ -33,16 +35,11 @@ CHOICES = tasks.form_choices()
     doc_md=__doc__,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=20)},
     params={
-        "pipeline": Param(CHOICES["default_pipeline"], type="string", enum=CHOICES["pipelines"],
-                          title="Pipeline", description=f"Declared in {CHOICES['pipelines_file']}."),
+        "pipeline": form.pipeline_param(CHOICES),
         "version": Param(None, type=["null", "integer"], minimum=1, title="Version",
                          description="The version to serve; empty: the newest caught-up version."),
-        "grace_period_seconds": Param(None, type=["null", "integer"], minimum=0, title="Standby grace period (s)",
-                                      description="How long the replaced version keeps running; "
-                                                  "empty: the pipeline's grace_period_seconds (kappa_monitor, "
-                                                  "when on, stops standbys after that one)."),
-        "reason": Param(type="string", minLength=3, maxLength=500, title="Reason",
-                        description="Why (required): recorded in kappa's audit log with your Airflow user and this run."),
+        "grace_period_seconds": form.grace_period_param(),
+        "reason": form.reason_param(),
     },
 )
 def kappa_promote():

@@ -27,10 +27,12 @@ from datetime import timedelta
 
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
+from orchestrator.airflow import params as form
 from orchestrator.airflow import tasks
+from orchestrator.lifecycle.await_ready import CATCHUP_DEADLINE_SECONDS
 
-CHOICES = tasks.form_choices()
-POKE = timedelta(seconds=tasks.poke_seconds())
+CHOICES = form.form_choices()
+POKE = timedelta(seconds=form.poke_seconds())
 
 
 @dag(
@@ -41,8 +43,7 @@ POKE = timedelta(seconds=tasks.poke_seconds())
     doc_md=__doc__,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=20)},
     params={
-        "pipeline": Param(CHOICES["default_pipeline"], type="string", enum=CHOICES["pipelines"],
-                          title="Pipeline", description=f"Declared in {CHOICES['pipelines_file']}."),
+        "pipeline": form.pipeline_param(CHOICES),
         "rules_version": Param(
             None, type=["null", "string"], enum=[None, *CHOICES["rules_versions"]], title="Rules version",
             values_display={None: "latest (none for pipelines without rules)", **CHOICES["rules_labels"]},
@@ -52,14 +53,10 @@ POKE = timedelta(seconds=tasks.poke_seconds())
                                                "empty: the pipeline's catchup_threshold."),
         "auto_promote": Param(True, type="boolean", title="Promote automatically when ready",
                               description="Off: the run ends with the version ready; promote it with kappa_promote."),
-        "grace_period_seconds": Param(None, type=["null", "integer"], minimum=0, title="Standby grace period (s)",
-                                      description="How long the previous version keeps running after the promote; "
-                                                  "empty: the pipeline's grace_period_seconds (kappa_monitor, "
-                                                  "when on, stops standbys after that one)."),
-        "catchup_deadline_minutes": Param(120, type="integer", minimum=1, title="Catch-up deadline (minutes)",
-                                          description="The run fails if the version is not ready this long after it started."),
-        "reason": Param(type="string", minLength=3, maxLength=500, title="Reason",
-                        description="Why (required): recorded in kappa's audit log with your Airflow user and this run."),
+        "grace_period_seconds": form.grace_period_param(),
+        "catchup_deadline_minutes": form.deadline_minutes_param(
+            CATCHUP_DEADLINE_SECONDS, "The run fails if the version is not ready this long after it started."),
+        "reason": form.reason_param(),
     },
 )
 def kappa_reprocess():
@@ -77,7 +74,7 @@ def kappa_reprocess():
     def wait_ready(version: dict, params=None, dag_run=None) -> PokeReturnValue:
         return PokeReturnValue(**tasks.poke_ready(
             version["pipeline"], version["version"], user=dag_run.triggering_user_name,
-            deadline_at=dag_run.start_date.timestamp() + params["catchup_deadline_minutes"] * 60))
+            deadline_at=form.deadline_at(dag_run, params)))
 
     @task
     def validation_report(version: dict, readiness: dict) -> dict:

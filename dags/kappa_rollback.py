@@ -11,7 +11,8 @@ Triggered by hand (**Trigger Dag** in the UI, or `kappa trigger rollback PIPELIN
 3. **flip**: one compare-and-swap of the serving alias back to the target, the pointer file
    published, and the audit entry (`airflow:<your user>`, your reason, this run).
 
-Running it again after it finished is a no-op: the alias already serves the target.
+Running it again after it finished is a no-op: the alias already serves the target. Like
+`kappa rollback`, a run after a flip that was cut off before its publish only publishes that flip.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from datetime import timedelta
 
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
+from orchestrator.airflow import params as form
 from orchestrator.airflow import tasks
+from orchestrator.lifecycle.rollback import ROLLBACK_DEADLINE_SECONDS
 
-CHOICES = tasks.form_choices()
-POKE = timedelta(seconds=tasks.poke_seconds())
+CHOICES = form.form_choices()
+POKE = timedelta(seconds=form.poke_seconds())
 
 
 @dag(
@@ -34,15 +37,13 @@ POKE = timedelta(seconds=tasks.poke_seconds())
     doc_md=__doc__,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=20)},
     params={
-        "pipeline": Param(CHOICES["default_pipeline"], type="string", enum=CHOICES["pipelines"],
-                          title="Pipeline", description=f"Declared in {CHOICES['pipelines_file']}."),
+        "pipeline": form.pipeline_param(CHOICES),
         "to_version": Param(None, type=["null", "integer"], minimum=1, title="Roll back to version",
                             description="Empty: the version the alias served before the current one."),
-        "catchup_deadline_minutes": Param(30, type="integer", minimum=1, title="Catch-up deadline (minutes)",
-                                          description="The run fails if a restarted target is not ready this long "
-                                                      "after the run started; the current version keeps serving."),
-        "reason": Param(type="string", minLength=3, maxLength=500, title="Reason",
-                        description="Why (required): recorded in kappa's audit log with your Airflow user and this run."),
+        "catchup_deadline_minutes": form.deadline_minutes_param(
+            ROLLBACK_DEADLINE_SECONDS, "The run fails if a restarted target is not ready this long after the run "
+                                       "started; the current version keeps serving."),
+        "reason": form.reason_param(),
     },
 )
 def kappa_rollback():
@@ -54,13 +55,13 @@ def kappa_rollback():
     @task.sensor(mode="reschedule", poke_interval=POKE, timeout=timedelta(hours=24))
     def wait_ready(prepared: dict, params=None, dag_run=None) -> PokeReturnValue:
         return PokeReturnValue(**tasks.poke_rollback_ready(
-            prepared, user=dag_run.triggering_user_name,
-            deadline_at=dag_run.start_date.timestamp() + params["catchup_deadline_minutes"] * 60))
+            prepared, user=dag_run.triggering_user_name, deadline_at=form.deadline_at(dag_run, params)))
 
     @task
     def flip(prepared: dict, readiness: dict | None, params=None, dag_run=None) -> dict:
         return tasks.rollback(prepared["pipeline"], prepared["to_version"], params["reason"],
-                              user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+                              deadline_at=form.deadline_at(dag_run, params), user=dag_run.triggering_user_name,
+                              run_id=dag_run.run_id)
 
     prepared = prepare()
     flip(prepared, wait_ready(prepared))

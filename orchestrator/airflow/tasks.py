@@ -1,10 +1,11 @@
 """What kappa's Airflow DAGs run: one plain function per DAG task.
 
 Each function takes plain values (the run's params) plus the Airflow user and run id, calls the
-orchestrator's verbs, logs what an operator watching the task log wants to see, and returns a
-JSON-able dict (the task's XCom). The DAG files in `dags/` wrap these calls (one per task body),
-and tests call them directly; Airflow itself is only imported to fail a refused task without
-retries (`refusals_are_final`).
+lifecycle verb the CLI calls too (same functions, same defaults, deadlines in seconds), logs what
+an operator watching the task log wants to see, and returns the verb's result as JSON
+(`model_dump(mode="json")`, the task's XCom). The DAG files in `dags/` wrap these calls (one per
+task body), and tests call them directly; Airflow itself is only imported to fail a refused task
+without retries (`refusals_are_final`). The forms' Params live in `orchestrator.airflow.params`.
 
 Attribution: every change is made as actor `airflow:<user>` with the reason tagged
 `[airflow <dag_id> run <run_id>]`, so the registry's audit log says who asked, in which run, and why.
@@ -13,9 +14,6 @@ Idempotent on retry: a task retried after its worker died continues from what th
 happened. The reprocess run finds the version it deployed by the run tag on the version's reason
 (it resumes it, never allocates a second one); promote and rollback are no-ops once the alias
 points where they wanted it; stopping the previous version checks it is still a standby first.
-
-`form_choices()` runs at DAG parse time: it reads the pipelines file and lists rules files,
-nothing else (no registry, broker or Spark).
 """
 
 from __future__ import annotations
@@ -23,31 +21,23 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import time
 from typing import Any, Callable, TypeVar
 
-from orchestrator.core.exceptions import ConflictError, KappaError, LifecycleError, NotFoundError, NotReadyError
+from orchestrator.core.exceptions import ConflictError, KappaError, NotReadyError
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.states import VersionState
+from orchestrator.lifecycle.await_ready import Readiness
+
+__all__ = ["refusals_are_final", "actor_for", "run_tag", "tagged_reason",
+           "validate_reprocess", "start_reprocess", "poke_ready", "report", "promote_if_asked",
+           "check_promote", "promote", "poke_stop_previous",
+           "prepare_rollback", "poke_rollback_ready", "rollback", "monitor"]
 
 log = logging.getLogger("kappa.airflow")
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: Seconds between two pokes of the sensors (read at parse time; the tests shorten it).
-POKE_SECONDS_ENV = "KAPPA_AIRFLOW_POKE_SECONDS"
-#: Below this, Airflow 3.3's LocalExecutor can report the end of one poke after the next poke of
-#: the same try started, and the scheduler then fails the running sensor ("finished with state
-#: success, but the task instance's state attribute is running"): seen with 3 s on a busy machine.
-MIN_POKE_SECONDS = 10.0
-
-
-def poke_seconds(default: float = 15.0) -> float:
-    """The sensors' poke interval: KAPPA_AIRFLOW_POKE_SECONDS, at least MIN_POKE_SECONDS."""
-    try:
-        value = float(os.environ.get(POKE_SECONDS_ENV) or default)
-    except ValueError:
-        value = default
-    return max(MIN_POKE_SECONDS, value)
+PokeResult = dict[str, Any]   # {"is_done": bool, "xcom_value": ...}: the kwargs of a PokeReturnValue
 
 
 def refusals_are_final(fn: F) -> F:
@@ -87,27 +77,12 @@ def tagged_reason(reason: str | None, dag_id: str, run_id: str, default: str) ->
     return f"{text} {run_tag(dag_id, run_id)}"
 
 
-def jsonable(value: Any) -> Any:
-    """A copy that survives XCom's JSON (inf and NaN become strings, objects their str)."""
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return str(v)
-        if isinstance(v, dict):
-            return {str(k): clean(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [clean(x) for x in v]
-        return v
-    return json.loads(json.dumps(clean(value), default=str))
-
-
-def _kappa():
+def _kappa() -> Kappa:
     """Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*)."""
-    from orchestrator.core.kappa import Kappa
-
     return Kappa()
 
 
-def _lag_line(r) -> str:
+def _lag_line(r: Readiness) -> str:
     from orchestrator.observe.lag import format_partitions
 
     lag = "unknown" if r.total_lag is None else f"{r.total_lag:,} records"
@@ -117,54 +92,22 @@ def _lag_line(r) -> str:
             f"{r.consecutive_ok}/{r.required_samples} samples ok; job {r.job_health}; partitions {parts}; {r.reason}")
 
 
-# -- parse time -------------------------------------------------------------------------------
-
-def form_choices(settings=None) -> dict[str, Any]:
-    """Choices for the DAG forms: declared pipelines and available rules versions.
-
-    Cheap and side-effect free (it runs every time Airflow parses a DAG file): the pipelines file
-    and the rules directory are read; no registry, broker or Spark is touched. An invalid
-    pipelines file raises ConfigError, which Airflow shows as the DAG's import error.
-    """
-    from jobs.lib.rules import available_rules
-    from orchestrator.core.settings import resolve_settings
-    from orchestrator.core.pipelines import load_pipelines
-
-    settings = settings or resolve_settings()
-    specs = load_pipelines(settings.pipelines_file)
-    rules = {name: available_rules(spec.ruleset) for name, spec in specs.items() if spec.ruleset}
-    labels: dict[str, list[str]] = {}  # rules version -> the rulesets that have it
-    for name, versions in rules.items():
-        for v in versions:
-            if specs[name].ruleset not in labels.setdefault(v, []):
-                labels[v].append(specs[name].ruleset)
-    pipelines = list(specs)
-    return {
-        "pipelines": pipelines,
-        "default_pipeline": "standardize" if "standardize" in specs else (pipelines[0] if pipelines else None),
-        "rules_versions": list(labels),
-        "rules_labels": {v: f"{v} ({', '.join(sorted(rs))})" for v, rs in labels.items()},
-        "rules_by_pipeline": rules,
-        "pipelines_file": str(settings.pipelines_file),
-    }
-
-
 # -- kappa_reprocess --------------------------------------------------------------------------
 
-def _run_version(k, pipeline: str, dag_id: str, run_id: str):
+def _run_version(k: Kappa, pipeline: str, dag_id: str, run_id: str):
     """The newest version of `pipeline` this run deployed, by the run tag on its reason."""
     tag = run_tag(dag_id, run_id)
     mine = [r for r in k.registry.list_versions(pipeline) if tag in (r.reason or "")]
     return max(mine, key=lambda r: r.version) if mine else None
 
 
-def _in_flight_elsewhere(k, pipeline: str, dag_id: str, run_id: str, actor: str):
+def _in_flight_elsewhere(k: Kappa, pipeline: str, dag_id: str, run_id: str, actor: str):
     """The version in flight for `pipeline` that another request started (dead jobs are recorded first)."""
-    from orchestrator.jobctl.control import ensure_failed_recorded
+    from orchestrator.jobctl import ensure_failed_recorded
 
     reg = k.registry
     busy = reg.in_flight(pipeline)
-    if busy is not None and busy.state != "created":
+    if busy is not None and busy.state != VersionState.CREATED:
         ensure_failed_recorded(k, pipeline, busy.version, actor=actor)
         busy = reg.in_flight(pipeline)
     if busy is None or run_tag(dag_id, run_id) in (busy.reason or ""):
@@ -193,8 +136,7 @@ def validate_reprocess(pipeline: str, rules_version: str | None = None, threshol
     """
     from orchestrator.lifecycle.deploy import check_request
 
-    k = _kappa()
-    try:
+    with _kappa() as k:
         plan = check_request(k, pipeline, rules_version, threshold=threshold)
         busy = _in_flight_elsewhere(k, pipeline, dag_id, run_id, actor_for(user))
         if busy is not None:
@@ -205,9 +147,7 @@ def validate_reprocess(pipeline: str, rules_version: str | None = None, threshol
                  plan.threshold, f"; this run already deployed v{resumed.version}" if resumed else "")
         for w in plan.warnings:
             log.warning("%s", w)
-        return jsonable({**plan.to_dict(), "resumes_version": resumed.version if resumed else None})
-    finally:
-        k.close()
+        return {**plan.model_dump(mode="json"), "resumes_version": resumed.version if resumed else None}
 
 
 @refusals_are_final
@@ -218,53 +158,46 @@ def start_reprocess(pipeline: str, rules_version: str | None = None, threshold: 
     from orchestrator.lifecycle.deploy import deploy
 
     actor = actor_for(user)
-    k = _kappa()
-    try:
+    with _kappa() as k:
         mine = _run_version(k, pipeline, dag_id, run_id)
-        if mine is not None and mine.state in ("serving", "standby"):
+        if mine is not None and mine.state in (VersionState.SERVING, VersionState.STANDBY):
             log.info("this run already deployed %s v%s, now %s: nothing to start", pipeline, mine.version, mine.state)
-            return jsonable({"pipeline": pipeline, "version": mine.version, "state": mine.state,
-                             "rules_version": mine.rules_version, "resumed": True, "job_started": False,
-                             "message": f"{pipeline} v{mine.version} is already {mine.state}"})
+            return {"pipeline": pipeline, "version": mine.version, "state": str(mine.state),
+                    "rules_version": mine.rules_version, "resumed": True, "job_started": False,
+                    "message": f"{pipeline} v{mine.version} is already {mine.state}"}
         busy = _in_flight_elsewhere(k, pipeline, dag_id, run_id, actor)
         if busy is not None:
             raise _refuse_in_flight(pipeline, busy)
         info = deploy(k, pipeline, rules_version, actor=actor, threshold=threshold,
                       reason=tagged_reason(reason, dag_id, run_id, f"reprocess requested in Airflow by {user}"))
         log.info("%s", info.message)
-        return jsonable(info.to_dict())
-    finally:
-        k.close()
+        return info.model_dump(mode="json")
 
 
 @refusals_are_final
 def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | None,
-               burst_seconds: float = 2.0) -> dict[str, Any]:
+               burst_seconds: float = 2.0) -> PokeResult:
     """One sensor poke: sample lag, log it with the ETA, and say whether the version is ready.
 
-    Returns {"is_done", "xcom_value"} for a PokeReturnValue. When the job runs and its lag is at
-    or under the threshold, the pipeline's `catchup_samples` are taken `burst_seconds` apart
-    within the poke, so that a caught-up version is declared ready without waiting several
-    pokes (the worker slot is held for those few seconds only). Raises NotReadyError
-    when the job fails or the deadline (unix time) passes, naming the partitions still lagging.
+    The sensor form of `lifecycle.await_ready.wait_ready`. When the job runs and its lag is at or
+    under the threshold, the pipeline's `catchup_samples` are taken `burst_seconds` apart within
+    the poke, so that a caught-up version is declared ready without waiting several pokes (the
+    worker slot is held for those few seconds only). Raises NotReadyError when the job fails or
+    the deadline (unix time) passes, naming the partitions still lagging.
     """
-    from orchestrator.lifecycle.await_ready import readiness
-    from orchestrator.jobctl.control import log_tail
+    from orchestrator.lifecycle.await_ready import failing_error, readiness
 
     actor = actor_for(user)
-    k = _kappa()
-    try:
+    with _kappa() as k:
         samples = 0
         while True:
             r = readiness(k, pipeline, version, record=True, actor=actor)
             samples += 1
             log.info("%s", _lag_line(r))
             if r.ready:
-                return {"is_done": True, "xcom_value": jsonable(r.to_dict())}
+                return {"is_done": True, "xcom_value": r.model_dump(mode="json")}
             if r.state == "failing":
-                tail = r.job.get("log_tail") or log_tail(k.paths(pipeline, version).log_file, 15)
-                raise NotReadyError(f"{pipeline} v{version} cannot become ready: {r.reason}"
-                                    + (f"\nlast lines of the job log:\n{tail}" if tail else ""))
+                raise failing_error(k, r)
             if time.time() >= deadline_at:
                 raise NotReadyError(
                     f"{pipeline} v{version} is not ready by the deadline ({r.state}): {_lag_line(r)}. "
@@ -276,8 +209,6 @@ def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | N
             if not short_of_samples:
                 return {"is_done": False, "xcom_value": None}
             time.sleep(burst_seconds)
-    finally:
-        k.close()
 
 
 @refusals_are_final
@@ -285,25 +216,22 @@ def report(pipeline: str, version: int) -> dict[str, Any]:
     """The validation report of the version against the one serving now (logged, and returned)."""
     from orchestrator.lifecycle.report import validation_report
 
-    k = _kappa()
-    try:
+    with _kappa() as k:
         rep = validation_report(k, pipeline, version)
-        d = jsonable(rep.to_dict())
-        against = f"serving v{rep.serving_version}" if rep.serving_version is not None else "nothing served yet"
-        log.info("validation report of %s v%s (rules %s) against %s: %s keys (serving %s), %s rejects of %s "
-                 "records read (%.2f%%, limit %.2f%%), %s rows changed by the new derivation, %s rows whose "
-                 "input differs; saved to %s", pipeline, version, rep.rules_version or "-", against, rep.keys_new,
-                 rep.keys_serving if rep.keys_serving is not None else "-", rep.rejects, rep.offsets_read,
-                 rep.reject_rate * 100, rep.max_reject_rate * 100, rep.rows_changed, rep.rows_input_differs,
-                 rep.path)
-        for column, changes in rep.top_changes.items():
-            for c in changes:
-                log.info("  %s: %s", column, json.dumps(jsonable(c), ensure_ascii=False))
-        for p in rep.problems():
-            log.warning("promote would refuse: %s", p)
-        return d
-    finally:
-        k.close()
+    d = rep.model_dump(mode="json")
+    against = f"serving v{rep.serving_version}" if rep.serving_version is not None else "nothing served yet"
+    log.info("validation report of %s v%s (rules %s) against %s: %s keys (serving %s), %s rejects of %s "
+             "records read (%.2f%%, limit %.2f%%), %s rows changed by the new derivation, %s rows whose "
+             "input differs; saved to %s", pipeline, version, rep.rules_version or "-", against, rep.keys_new,
+             rep.keys_serving if rep.keys_serving is not None else "-", rep.rejects, rep.offsets_read,
+             rep.reject_rate * 100, rep.max_reject_rate * 100, rep.rows_changed, rep.rows_input_differs,
+             rep.path)
+    for column, changes in d["top_changes"].items():
+        for c in changes:
+            log.info("  %s: %s", column, json.dumps(c, ensure_ascii=False))
+    for p in rep.problems:
+        log.warning("promote would refuse: %s", p)
+    return d
 
 
 @refusals_are_final
@@ -321,39 +249,26 @@ def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: st
 
 # -- kappa_promote ----------------------------------------------------------------------------
 
-def _promotable(k, pipeline: str, version: int | None) -> int:
-    """`version`, or the newest caught-up version never served (what `kappa_promote` defaults to)."""
-    if version is not None:
-        return int(version)
-    candidates = [r for r in k.registry.list_versions(pipeline) if r.state == "caught_up" and r.served_at is None]
-    if not candidates:
-        states = ", ".join(f"v{r.version} {r.state}" for r in k.registry.list_versions(pipeline)) or "none"
-        raise NotFoundError(f"{pipeline} has no caught-up version to promote (versions: {states}); "
-                            f"name one with the version param, or reprocess first")
-    return max(r.version for r in candidates)
-
-
 @refusals_are_final
 def check_promote(pipeline: str, version: int | None = None, reason: str | None = None, *,
                   user: str | None, run_id: str, dag_id: str = "kappa_promote") -> dict[str, Any]:
-    """A dry run of the promote: every check, and exactly what would happen. Fails if it would refuse."""
+    """A dry run of the promote: every check, and exactly what would happen. Fails if it would refuse.
+
+    Without a version, the verb's `promote_target`: the newest caught-up version.
+    """
     from orchestrator.lifecycle.promote import promote as promote_verb
 
-    k = _kappa()
-    try:
-        version = _promotable(k, pipeline, version)
+    with _kappa() as k:
         res = promote_verb(k, pipeline, version, actor=actor_for(user), dry_run=True,
                            reason=tagged_reason(reason, dag_id, run_id, f"promote requested in Airflow by {user}"))
-        log.info("%s", res.message)
-        for c in res.checks:
-            log.info("  check %s: %s (%s)", c["name"], "ok" if c["ok"] else "FAILED", c["detail"])
-        for a in res.actions:
-            log.info("  would: %s", a)
-        if not res.would_succeed:
-            raise NotReadyError(res.error or res.message)
-        return jsonable(res.to_dict())
-    finally:
-        k.close()
+    log.info("%s", res.message)
+    for c in res.checks:
+        log.info("  check %s: %s (%s)", c.name, "ok" if c.ok else "FAILED", c.detail)
+    for a in res.actions:
+        log.info("  would: %s", a)
+    if not res.would_succeed:
+        raise NotReadyError(res.error or res.message)
+    return res.model_dump(mode="json")
 
 
 @refusals_are_final
@@ -362,38 +277,33 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
     """Check everything, flip the alias (CAS), publish, record. A no-op once the alias points at it."""
     from orchestrator.lifecycle.promote import promote as promote_verb
 
-    k = _kappa()
-    try:
-        version = _promotable(k, pipeline, version)
+    with _kappa() as k:
         res = promote_verb(k, pipeline, version, actor=actor_for(user),
                            reason=tagged_reason(reason, dag_id, run_id, f"promote requested in Airflow by {user}"))
         log.info("%s", res.message)
-        d = jsonable(res.to_dict())
-        if not res.flipped and res.previous_version == version:
+        d = res.model_dump(mode="json")
+        if not res.flipped and res.previous_version == res.version:
             # a retry after the flip: the version it replaced is in the alias history
             d["previous_version"] = k.registry.get_alias(res.alias).previous_version
         return d
-    finally:
-        k.close()
 
 
 @refusals_are_final
 def poke_stop_previous(pipeline: str, promoted: dict[str, Any] | None, grace_seconds: float | None = None, *,
-                       user: str | None, run_id: str, dag_id: str) -> dict[str, Any]:
+                       user: str | None, run_id: str, dag_id: str) -> PokeResult:
     """After the standby grace period, stop the version the promote replaced (a sensor poke).
 
     Does nothing to a version that serves again (a rollback happened meanwhile) or is no longer
     a standby. `grace_seconds` None means the pipeline's `grace_period_seconds`.
     """
-    from orchestrator.jobctl.control import stop_version
+    from orchestrator.jobctl import stop_version
 
     previous = (promoted or {}).get("previous_version")
     version = (promoted or {}).get("version")
     if not promoted or previous is None or previous == version:
         log.info("no previous version to stop")
         return {"is_done": True, "xcom_value": {"stopped": None}}
-    k = _kappa()
-    try:
+    with _kappa() as k:
         spec = k.pipeline(pipeline)
         grace = spec.grace_period_seconds if grace_seconds is None else float(grace_seconds)
         at = float(promoted.get("at") or 0.0)
@@ -403,7 +313,7 @@ def poke_stop_previous(pipeline: str, promoted: dict[str, Any] | None, grace_sec
             return {"is_done": False, "xcom_value": None}
         rec = k.registry.get_version(pipeline, previous)
         alias = k.registry.get_alias(spec.alias)
-        if rec.state != "standby" or (alias is not None and alias.version == previous):
+        if rec.state != VersionState.STANDBY or (alias is not None and alias.version == previous):
             msg = f"{pipeline} v{previous} is {rec.state} now, not a standby: leaving it alone"
             log.info("%s", msg)
             return {"is_done": True, "xcom_value": {"stopped": None, "message": msg}}
@@ -411,83 +321,52 @@ def poke_stop_previous(pipeline: str, promoted: dict[str, Any] | None, grace_sec
                            reason=tagged_reason(None, dag_id, run_id,
                                                 f"standby grace period of {grace:.0f} s after promoting v{version} is over"))
         log.info("%s", res.message)
-        return {"is_done": True, "xcom_value": jsonable({"stopped": previous, **res.to_dict()})}
-    finally:
-        k.close()
+        return {"is_done": True, "xcom_value": {"stopped": previous, **res.model_dump(mode="json")}}
 
 
 # -- kappa_rollback ---------------------------------------------------------------------------
 
+def _rollback_reason(reason: str | None, user: str | None, dag_id: str, run_id: str) -> str:
+    return tagged_reason(reason, dag_id, run_id, f"rollback requested in Airflow by {user}")
+
+
 @refusals_are_final
 def prepare_rollback(pipeline: str, to_version: int | None = None, reason: str | None = None, *,
                      user: str | None, run_id: str, dag_id: str = "kappa_rollback") -> dict[str, Any]:
-    """Pick the target (default: the previous serving version); restart its job from its checkpoint if stopped."""
-    from orchestrator.jobctl.control import inspect_version, restart_version, start_version
-    from orchestrator.lifecycle.promote import finish_interrupted_flip
+    """The verb's first half: pick the target, restart its job from its checkpoint if it was stopped."""
+    from orchestrator.lifecycle.rollback import prepare_rollback as prepare_verb
 
-    actor = actor_for(user)
-    k = _kappa()
-    try:
-        spec = k.pipeline(pipeline)
-        reg = k.registry
-        alias = reg.get_alias(spec.alias)
-        if alias is None:
-            raise NotFoundError(f"alias {spec.alias!r} of {pipeline} serves nothing yet: nothing to roll back; "
-                                f"promote a version first")
-        finish_interrupted_flip(k, spec.alias, actor=actor)
-        target = to_version if to_version is not None else alias.previous_version
-        if target is None:
-            raise NotFoundError(f"alias {spec.alias!r} has no previous version to roll back to (it serves "
-                                f"v{alias.version}, its first); name a version with to_version")
-        target = int(target)
-        out = {"pipeline": pipeline, "alias": spec.alias, "from_version": alias.version, "to_version": target,
-               "restarted": False}
-        if target == alias.version:
-            log.info("%s v%s already serves alias %r: nothing to roll back", pipeline, target, spec.alias)
-            return out
-        rec = reg.get_version(pipeline, target)
-        if rec.state == "retired":
-            raise LifecycleError(f"cannot roll back to {pipeline} v{target}: it is retired (table and checkpoint "
-                                 f"deleted); pick another version or deploy a new one")
-        st = inspect_version(k, pipeline, target)
-        if not st.alive or st.failed:
-            checkpoint = k.paths(pipeline, target).checkpoint
-            if not checkpoint.exists():
-                raise LifecycleError(f"cannot roll back to {pipeline} v{target}: its checkpoint {checkpoint} is "
-                                     f"missing, and a rollback never re-reads from offset zero; deploy a new version")
-            why = tagged_reason(reason, dag_id, run_id, f"rollback of alias {spec.alias!r} to v{target}")
-            res = (restart_version if st.alive else start_version)(k, pipeline, target, actor=actor, reason=why)
-            log.info("%s", res.message)
-            out["restarted"] = True
-        else:
-            log.info("%s v%s still runs (%s): the flip needs no restart", pipeline, target, st.describe())
-        return out
-    finally:
-        k.close()
+    with _kappa() as k:
+        plan = prepare_verb(k, pipeline, to_version, actor=actor_for(user),
+                            reason=_rollback_reason(reason, user, dag_id, run_id))
+    log.info("%s", plan.message)
+    return plan.model_dump(mode="json")
 
 
 @refusals_are_final
-def poke_rollback_ready(prepared: dict[str, Any], *, deadline_at: float, user: str | None) -> dict[str, Any]:
+def poke_rollback_ready(prepared: dict[str, Any], *, deadline_at: float, user: str | None) -> PokeResult:
     """Sensor poke of the rollback: is the target ready for the flip? (At once when nothing is to flip.)"""
-    if prepared["to_version"] == prepared["from_version"]:
+    if prepared["done"]:
         return {"is_done": True, "xcom_value": None}
     return poke_ready(prepared["pipeline"], prepared["to_version"], deadline_at=deadline_at, user=user)
 
 
 @refusals_are_final
-def rollback(pipeline: str, to_version: int, reason: str | None = None, *, user: str | None, run_id: str,
-             dag_id: str = "kappa_rollback", deadline_seconds: float = 120.0) -> dict[str, Any]:
-    """Flip the alias back to `to_version` (ready by now): CAS, publish, record. A no-op once it serves."""
+def rollback(pipeline: str, to_version: int, reason: str | None = None, *, deadline_at: float, user: str | None,
+             run_id: str, dag_id: str = "kappa_rollback") -> dict[str, Any]:
+    """Flip the alias back to `to_version` (ready by now): CAS, publish, record. A no-op once it serves.
+
+    The whole rollback verb again (a retry after the flip finds the alias serving the target), waiting
+    at most until the run's deadline (`deadline_at`, unix time) for the target to be ready.
+    """
     from orchestrator.lifecycle.rollback import rollback as rollback_verb
 
-    k = _kappa()
-    try:
-        res = rollback_verb(k, pipeline, to_version, actor=actor_for(user), deadline_seconds=deadline_seconds,
-                            reason=tagged_reason(reason, dag_id, run_id, f"rollback requested in Airflow by {user}"))
-        log.info("%s", res.message)
-        return jsonable(res.to_dict())
-    finally:
-        k.close()
+    with _kappa() as k:
+        res = rollback_verb(k, pipeline, to_version, actor=actor_for(user),
+                            deadline_seconds=max(0.0, deadline_at - time.time()),
+                            reason=_rollback_reason(reason, user, dag_id, run_id))
+    log.info("%s", res.message)
+    return res.model_dump(mode="json")
 
 
 # -- kappa_monitor ----------------------------------------------------------------------------
@@ -497,11 +376,7 @@ def monitor(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor") -> 
     """Sample lag of every running version, record failed jobs, reconcile aliases; raise if serving is unhealthy."""
     from orchestrator.lifecycle.monitor import monitor as monitor_verb
 
-    k = _kappa()
-    try:
-        result = monitor_verb(k, actor=actor_for(user))
-        d = jsonable(result.to_dict() if hasattr(result, "to_dict") else result)
-        log.info("%s", json.dumps(d)[:4000])
-        return d
-    finally:
-        k.close()
+    with _kappa() as k:
+        d = monitor_verb(k, actor=actor_for(user)).model_dump(mode="json")
+    log.info("%s", json.dumps(d)[:4000])
+    return d

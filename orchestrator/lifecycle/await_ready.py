@@ -10,35 +10,46 @@ A sample whose lag is unknown breaks the run of consecutive samples: unknown nev
 The decision carries the samples it was made from; the first "ready" of a version moves it to
 `caught_up` in the registry with those samples in the audit log.
 
-Public API:
-- `Readiness` (`.ready`, `.to_dict()`), `readiness(k, pipeline, version, record=True) -> Readiness`
-- `wait_ready(k, pipeline, version, *, deadline_seconds, poll_seconds, on_sample=None) -> Readiness`
-  (NotReadyError on timeout naming the partitions still lagging, or at once if the job fails)
-- `version_threshold(k, pipeline, version) -> int`
+`wait_ready` raises NotReadyError at its deadline naming the partitions still lagging, or at once
+when the job fails. Deadlines are seconds; `CATCHUP_DEADLINE_SECONDS` is the default wait for a
+new version to catch up, whichever front end (CLI or Airflow form) asks.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, Field, computed_field
 
 from orchestrator.core.exceptions import ConflictError, NotReadyError
-from orchestrator.observe.lag import LagReading, eta_seconds, format_partitions, measure_lag, sample_lag, sample_time, sample_total
-from orchestrator.jobctl.control import JobStatus, inspect_version, log_tail, mark_failed
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.states import VersionState
+from orchestrator.core.files import tail as log_tail
+from orchestrator.jobctl import JobStatus, inspect_version, mark_failed
+from orchestrator.observe.lag import LagReading, eta_seconds, format_partitions, measure_lag, sample_lag, sample_time
+
+__all__ = ["Readiness", "ReadinessState", "CATCHUP_DEADLINE_SECONDS", "POLL_SECONDS", "readiness", "wait_ready",
+           "failing_error", "version_threshold"]
 
 log = logging.getLogger(__name__)
 
-STATES = ("hydrating", "lagging", "ready", "failing")
-_NEVER_CAUGHT_UP = ("created", "starting", "backfilling")
+ReadinessState = Literal["hydrating", "lagging", "ready", "failing"]
+_NEVER_CAUGHT_UP = frozenset({VersionState.CREATED, VersionState.STARTING, VersionState.BACKFILLING})
+
+#: How long a new version may take to catch up from offset zero before a wait for it fails.
+CATCHUP_DEADLINE_SECONDS = 7200.0
+#: Seconds between two lag samples of a wait.
+POLL_SECONDS = 2.0
 
 
-@dataclass
-class Readiness:
+class Readiness(BaseModel):
+    """One readiness decision; `samples` (newest first) are the lag samples it was made from."""
+
     pipeline: str
     version: int
-    state: str                               # hydrating | lagging | ready | failing
+    state: ReadinessState
     total_lag: int | None                    # None: unknown
     partitions: dict[str, int | None]
     eta_seconds: float | None
@@ -48,20 +59,16 @@ class Readiness:
     job_health: str
     reason: str
     at: float
-    registry_state: str | None = None
+    registry_state: VersionState | None = None
     lag_error: str | None = None
     lag_source: str | None = None
-    samples: list[dict[str, Any]] = field(default_factory=list)   # newest first: the decision's basis
-    job: dict[str, Any] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = Field(default_factory=list)
+    job: dict[str, Any] = Field(default_factory=dict)
 
+    @computed_field
     @property
     def ready(self) -> bool:
         return self.state == "ready"
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ready"] = self.ready
-        return d
 
     def summary(self) -> str:
         lag = "unknown" if self.total_lag is None else f"{self.total_lag}"
@@ -70,19 +77,18 @@ class Readiness:
                 f"{self.consecutive_ok}/{self.required_samples} samples <= {self.threshold}; {self.reason}")
 
 
-def version_threshold(k, pipeline: str, version: int, record: Any = None) -> int:
+def version_threshold(k: Kappa, pipeline: str, version: int, record: Any = None) -> int:
     """The catch-up threshold of a version: the deploy's override, else the pipeline's."""
     rec = record if record is not None else k.registry.get_version(pipeline, version)
-    override = (getattr(rec, "details", None) or {}).get("threshold")
+    override = (rec.details or {}).get("threshold")
     return k.pipeline(pipeline).catchup_threshold if override is None else int(override)
 
 
 def _sample_dict(s: Any) -> dict[str, Any]:
-    partitions = s.get("partitions") if isinstance(s, dict) else getattr(s, "partitions", None)
-    return {"at": sample_time(s), "total": sample_total(s), "partitions": partitions}
+    return {"at": sample_time(s), "total": s.total, "partitions": s.partitions}
 
 
-def readiness(k, pipeline: str, version: int, record: bool = True, *, threshold: int | None = None,
+def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, threshold: int | None = None,
               actor: str = "kappa") -> Readiness:
     """Measure lag now and decide. `record=True` stores the sample and moves registry states."""
     spec = k.pipeline(pipeline)
@@ -128,31 +134,34 @@ def readiness(k, pipeline: str, version: int, record: bool = True, *, threshold:
         else:
             why = f"{consecutive} of {needed} consecutive samples at or under {threshold}"
 
-    r = Readiness(pipeline, version, state, reading.total, dict(reading.partitions), eta, consecutive,
-                  needed, threshold, job.health, why, reading.at, rec.state, reading.error,
-                  reading.source, basis, job.to_dict())
+    r = Readiness(pipeline=pipeline, version=version, state=state, total_lag=reading.total,
+                  partitions=dict(reading.partitions), eta_seconds=eta, consecutive_ok=consecutive,
+                  required_samples=needed, threshold=threshold, job_health=job.health, reason=why, at=reading.at,
+                  registry_state=rec.state, lag_error=reading.error, lag_source=reading.source, samples=basis,
+                  job=job.model_dump(mode="json"))
     if record:
         _advance_state(k, rec, r, job, actor)
     return r
 
 
-def _advance_state(k, rec: Any, r: Readiness, job: JobStatus, actor: str) -> None:
+def _advance_state(k: Kappa, rec: Any, r: Readiness, job: JobStatus, actor: str) -> None:
+    S = VersionState
     reg = k.registry
     try:
-        if r.ready and rec.state in ("starting", "backfilling"):
-            reg.set_state(r.pipeline, r.version, "caught_up", expected=rec.state)
+        if r.ready and rec.state in (S.STARTING, S.BACKFILLING):
+            reg.set_state(r.pipeline, r.version, S.CAUGHT_UP, expected=rec.state)
             reg.audit("caught_up", actor=actor, pipeline=r.pipeline, version=r.version,
                       reason=r.reason, details={"threshold": r.threshold, "required_samples": r.required_samples,
                                                 "samples": r.samples, "job": job.describe()})
-            r.registry_state = "caught_up"
-        elif job.health == "running" and rec.state == "starting":
-            reg.set_state(r.pipeline, r.version, "backfilling", expected="starting")
-            r.registry_state = "backfilling"
+            r.registry_state = S.CAUGHT_UP
+        elif job.health == "running" and rec.state == S.STARTING:
+            reg.set_state(r.pipeline, r.version, S.BACKFILLING, expected=S.STARTING)
+            r.registry_state = S.BACKFILLING
     except ConflictError:  # another process moved it first; its decision stands
         log.info("state of %s v%s changed concurrently", r.pipeline, r.version)
 
 
-def _not_ready_message(k, r: Readiness, waited: float) -> str:
+def _not_ready_message(k: Kappa, r: Readiness, waited: float) -> str:
     paths = k.paths(r.pipeline, r.version)
     if r.total_lag is None:
         lag = f"lag unknown ({r.lag_error})"
@@ -167,7 +176,15 @@ def _not_ready_message(k, r: Readiness, waited: float) -> str:
             f"the job log {paths.log_file}")
 
 
-def wait_ready(k, pipeline: str, version: int, *, deadline_seconds: float, poll_seconds: float = 2.0,
+def failing_error(k: Kappa, r: Readiness) -> NotReadyError:
+    """The error of a wait whose version is failing: why, and the last lines of its job log."""
+    tail = r.job.get("log_tail") or log_tail(k.paths(r.pipeline, r.version).log_file, 15)
+    return NotReadyError(f"{r.pipeline} v{r.version} cannot become ready: {r.reason}"
+                         + (f"\nlast lines of the job log:\n{tail}" if tail else ""))
+
+
+def wait_ready(k: Kappa, pipeline: str, version: int, *, deadline_seconds: float = CATCHUP_DEADLINE_SECONDS,
+               poll_seconds: float = POLL_SECONDS,
                on_sample: Callable[[Readiness], None] | None = None, threshold: int | None = None,
                actor: str = "kappa") -> Readiness:
     """Poll readiness until ready; NotReadyError at the deadline or as soon as the job fails."""
@@ -180,9 +197,7 @@ def wait_ready(k, pipeline: str, version: int, *, deadline_seconds: float, poll_
         if r.ready:
             return r
         if r.state == "failing":
-            tail = r.job.get("log_tail") or log_tail(k.paths(pipeline, version).log_file, 15)
-            raise NotReadyError(f"{pipeline} v{version} cannot become ready: {r.reason}"
-                                + (f"\nlast lines of the job log:\n{tail}" if tail else ""))
+            raise failing_error(k, r)
         if time.monotonic() + poll_seconds > deadline:
             raise NotReadyError(_not_ready_message(k, r, time.monotonic() - start))
         time.sleep(poll_seconds)

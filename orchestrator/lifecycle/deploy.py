@@ -11,32 +11,33 @@ is audited. Re-running a deploy is resumable: a version allocated but never star
 orchestrator died in between) with the same rules is started instead of allocating another, and
 one whose job already runs is reported as such.
 
-Public API:
-- `VersionInfo` (`.to_dict()`), `DeployPlan`
-- `check_request(k, pipeline, rules_version=None, *, force=False, threshold=None) -> DeployPlan`
-- `check_topics(k, spec, *, force=False) -> list[str]` (warnings when forced)
-- `deploy(k, pipeline, rules_version=None, *, actor, reason, threshold=None, force=False, queue=False) -> VersionInfo`
-- `code_ref() -> str`
+`check_request` is the first half on its own (the Airflow DAG's validate task): it changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import subprocess
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.exceptions import ConfigError, KappaError, SourceError
-from orchestrator.jobctl.control import inspect_version, mark_failed, start_version
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.pipelines import PipelineSpec
+from orchestrator.core.states import IN_FLIGHT, VersionState
+from orchestrator.jobctl import inspect_version, mark_failed, start_version
+
+__all__ = ["DeployPlan", "VersionInfo", "check_request", "check_topics", "deploy", "code_ref"]
 
 log = logging.getLogger(__name__)
 
-IN_FLIGHT = ("created", "starting", "backfilling", "caught_up")
 
+class DeployPlan(BaseModel):
+    """A checked deploy request: what `deploy` would start, with the warnings a forced check gave."""
 
-@dataclass(frozen=True)
-class DeployPlan:
+    model_config = ConfigDict(frozen=True)
+
     pipeline: str
     job: str
     topics: tuple[str, ...]
@@ -47,15 +48,15 @@ class DeployPlan:
     force: bool
     warnings: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
+class VersionInfo(BaseModel):
+    """A deployed (or resumed) version: its registry state, where it writes, and its job."""
 
-@dataclass
-class VersionInfo:
+    model_config = ConfigDict(frozen=True)
+
     pipeline: str
     version: int
-    state: str
+    state: VersionState
     rules_version: str | None
     rules_hash: str | None
     code_ref: str | None
@@ -69,10 +70,7 @@ class VersionInfo:
     job_started: bool
     resumed: bool
     message: str
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    warnings: list[str] = Field(default_factory=list)
 
 
 def code_ref() -> str:
@@ -90,7 +88,7 @@ def code_ref() -> str:
         return f"kappa-{orchestrator.__version__}"
 
 
-def _topic_policies(k, topics: tuple[str, ...]) -> dict[str, str | None]:
+def _topic_policies(k: Kappa, topics: tuple[str, ...]) -> dict[str, str | None]:
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     from orchestrator.observe.lag import _kafka_error, topic_partitions
@@ -108,7 +106,7 @@ def _topic_policies(k, topics: tuple[str, ...]) -> dict[str, str | None]:
         raise _kafka_error("topic configurations", k, e) from None
 
 
-def check_topics(k, spec, *, force: bool = False) -> list[str]:
+def check_topics(k: Kappa, spec: PipelineSpec, *, force: bool = False) -> list[str]:
     """Every source topic exists and is compacted; a delete-policy topic only with `force`."""
     warnings = []
     for topic, policy in _topic_policies(k, tuple(spec.topics)).items():
@@ -125,7 +123,7 @@ def check_topics(k, spec, *, force: bool = False) -> list[str]:
     return warnings
 
 
-def check_request(k, pipeline: str, rules_version: str | None = None, *, force: bool = False,
+def check_request(k: Kappa, pipeline: str, rules_version: str | None = None, *, force: bool = False,
                   threshold: int | None = None) -> DeployPlan:
     """Validate a deploy request without changing anything."""
     from orchestrator.core.pipelines import check_pipeline_code
@@ -150,11 +148,13 @@ def check_request(k, pipeline: str, rules_version: str | None = None, *, force: 
         raise ConfigError(f"pipeline {pipeline!r} (job {spec.job!r}) takes no rules, but rules version "
                           f"{rules_version!r} was given; drop it")
     warnings = check_topics(k, spec, force=force)
-    return DeployPlan(pipeline, spec.job, tuple(spec.topics), rules_version, rules_file, rules_hash,
-                      spec.catchup_threshold if threshold is None else threshold, force, tuple(warnings))
+    return DeployPlan(pipeline=pipeline, job=spec.job, topics=tuple(spec.topics), rules_version=rules_version,
+                      rules_file=rules_file, rules_hash=rules_hash, force=force, warnings=tuple(warnings),
+                      threshold=spec.catchup_threshold if threshold is None else threshold)
 
 
-def _info(k, rec, plan: DeployPlan, *, pid, started: bool, resumed: bool, message: str, ref) -> VersionInfo:
+def _info(k: Kappa, rec, plan: DeployPlan, *, pid: int | None, started: bool, resumed: bool, message: str,
+          ref: str) -> VersionInfo:
     paths = k.paths(rec.pipeline, rec.version)
     return VersionInfo(
         pipeline=rec.pipeline, version=rec.version, state=k.registry.get_version(rec.pipeline, rec.version).state,
@@ -164,22 +164,22 @@ def _info(k, rec, plan: DeployPlan, *, pid, started: bool, resumed: bool, messag
         message=message, warnings=list(plan.warnings))
 
 
-def _resumable(k, plan: DeployPlan, actor: str):
+def _resumable(k: Kappa, plan: DeployPlan, actor: str):
     """An in-flight version with the same rules, for a re-run deploy to continue with."""
     reg = k.registry
     for rec in sorted(reg.list_versions(plan.pipeline), key=lambda r: r.version, reverse=True):
         if rec.state not in IN_FLIGHT:
             continue
         st = inspect_version(k, plan.pipeline, rec.version)
-        if rec.state != "created" and st.failed:
+        if rec.state != VersionState.CREATED and st.failed:
             mark_failed(k, st, actor=actor)  # no longer in flight: a new version may be allocated
             continue
-        if getattr(rec, "rules_hash", None) == plan.rules_hash and getattr(rec, "rules_version", None) == plan.rules_version:
+        if rec.rules_hash == plan.rules_hash and rec.rules_version == plan.rules_version:
             return rec, st
     return None, None
 
 
-def deploy(k, pipeline: str, rules_version: str | None = None, *, actor: str, reason: str | None = None,
+def deploy(k: Kappa, pipeline: str, rules_version: str | None = None, *, actor: str, reason: str | None = None,
            threshold: int | None = None, force: bool = False, queue: bool = False,
            start: bool = True) -> VersionInfo:
     """Check the request, allocate the next version, start its job from offset zero, audit."""
@@ -202,7 +202,7 @@ def deploy(k, pipeline: str, rules_version: str | None = None, *, actor: str, re
             return _info(k, rec, plan, pid=st.pid, started=False, resumed=True, message=msg, ref=ref)
         res = start_version(k, pipeline, rec.version, actor=actor, reason=reason or "resume deploy")
         reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
-                  details={"resumed": True, "pid": res.pid, **plan.to_dict()})
+                  details={"resumed": True, "pid": res.pid, **plan.model_dump(mode="json")})
         return _info(k, rec, plan, pid=res.pid, started=res.started, resumed=True,
                      message=f"resumed the deploy of {pipeline} v{rec.version}: {res.message}", ref=ref)
 
@@ -222,13 +222,13 @@ def deploy(k, pipeline: str, rules_version: str | None = None, *, actor: str, re
                   outcome="failed", details={"error": str(e)})
         raise
     reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
-              details={"pid": res.pid, "code_ref": ref, **plan.to_dict()})
+              details={"pid": res.pid, "code_ref": ref, **plan.model_dump(mode="json")})
     return _info(k, rec, plan, pid=res.pid, started=True, resumed=False,
                  message=f"deployed {pipeline} v{rec.version} (rules {plan.rules_version or '-'}): {res.message}",
                  ref=ref)
 
 
-def _allocate(k, plan: DeployPlan, ref: str, actor: str, reason: str | None, queue: bool):
+def _allocate(k: Kappa, plan: DeployPlan, ref: str, actor: str, reason: str | None, queue: bool):
     """Allocate the next version; its paths follow from the number the registry picks."""
     return k.registry.allocate_version(
         plan.pipeline, rules_version=plan.rules_version, rules_hash=plan.rules_hash, code_ref=ref,

@@ -5,45 +5,45 @@ every version whose job should run (which also moves states and records failures
 standby versions whose grace period is over (keeping their table and checkpoint). Then, if a
 serving version is failing, or lagging beyond its threshold for every one of its last N
 samples (a sustained lag, not one busy sample), raise so that the scheduler's alerting fires;
-everything else was done first.
-
-Public API:
-- `MonitorReport` (`.problems`, `.to_dict()`)
-- `monitor(k, *, actor, pipelines=None, lag_threshold=None, raise_on_problem=True) -> MonitorReport`
-  (LifecycleError when a serving job fails, NotReadyError when a serving version lags)
-- `standby_expired(k, pipeline, rec, now=None) -> float | None`
+everything else was done first: LifecycleError when a serving job fails, NotReadyError when a
+serving version lags.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from orchestrator.lifecycle.await_ready import readiness
+from pydantic import BaseModel, Field
+
 from orchestrator.core.exceptions import KappaError, LifecycleError, NotReadyError
-from orchestrator.jobctl.control import stop_version
-from orchestrator.lifecycle.reconcile import RUNNING_STATES, reconcile
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.pipelines import PipelineSpec
+from orchestrator.core.states import RUNNING, VersionState
+from orchestrator.jobctl import stop_version
+from orchestrator.lifecycle.await_ready import Readiness, readiness
+from orchestrator.lifecycle.reconcile import reconcile
+
+__all__ = ["MonitorReport", "monitor", "standby_since", "standby_expired"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class MonitorReport:
+class MonitorReport(BaseModel):
+    """One monitoring pass: each version's readiness, the repairs, the standbys stopped, the problems."""
+
     at: float
-    versions: list[dict[str, Any]] = field(default_factory=list)
-    reconciled: list[dict[str, Any]] = field(default_factory=list)
-    stopped: list[dict[str, Any]] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    versions: list[dict[str, Any]] = Field(default_factory=list)
+    reconciled: list[dict[str, Any]] = Field(default_factory=list)
+    stopped: list[dict[str, Any]] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
 
 
-def standby_since(k, pipeline: str, rec: Any) -> float | None:
-    since = (getattr(rec, "details", None) or {}).get("standby_since")
+def standby_since(k: Kappa, pipeline: str, rec: Any) -> float | None:
+    """When `rec` became a standby: its `standby_since`, else the alias history's flip away from it."""
+    since = (rec.details or {}).get("standby_since")
     if since is not None:
         return float(since)
     spec = k.pipeline(pipeline)
@@ -53,7 +53,7 @@ def standby_since(k, pipeline: str, rec: Any) -> float | None:
     return None
 
 
-def standby_expired(k, pipeline: str, rec: Any, now: float | None = None) -> float | None:
+def standby_expired(k: Kappa, pipeline: str, rec: Any, now: float | None = None) -> float | None:
     """Seconds past the grace period of a standby version (None while within it)."""
     since = standby_since(k, pipeline, rec)
     if since is None:
@@ -62,7 +62,7 @@ def standby_expired(k, pipeline: str, rec: Any, now: float | None = None) -> flo
     return over if over >= 0 else None
 
 
-def _serving_problem(k, spec, r, lag_threshold: int | None) -> str | None:
+def _serving_problem(k: Kappa, spec: PipelineSpec, r: Readiness, lag_threshold: int | None) -> str | None:
     if r.state == "failing":
         return f"{spec.name} v{r.version} serves alias {spec.alias!r} but is failing: {r.reason}"
     threshold = r.threshold if lag_threshold is None else lag_threshold
@@ -74,7 +74,7 @@ def _serving_problem(k, spec, r, lag_threshold: int | None) -> str | None:
     return None
 
 
-def monitor(k, *, actor: str, pipelines: Iterable[str] | None = None, lag_threshold: int | None = None,
+def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag_threshold: int | None = None,
             raise_on_problem: bool = True) -> MonitorReport:
     """One monitoring pass; raises (after doing everything) when a serving version is unhealthy."""
     report = MonitorReport(at=time.time())
@@ -86,7 +86,7 @@ def monitor(k, *, actor: str, pipelines: Iterable[str] | None = None, lag_thresh
         alias = k.registry.get_alias(spec.alias)
         serving = alias.version if alias is not None and alias.pipeline == name else None
         for rec in k.registry.list_versions(name):
-            if rec.state not in RUNNING_STATES and rec.version != serving:
+            if rec.state not in RUNNING and rec.version != serving:
                 continue
             try:
                 r = readiness(k, name, rec.version, record=True, actor=actor)
@@ -101,13 +101,13 @@ def monitor(k, *, actor: str, pipelines: Iterable[str] | None = None, lag_thresh
                 if problem:
                     failing_serving |= r.state == "failing"
                     report.problems.append(problem)
-            elif rec.state == "standby":
+            elif rec.state == VersionState.STANDBY:
                 over = standby_expired(k, name, rec, report.at)
                 if over is not None:
                     try:
                         res = stop_version(k, name, rec.version, actor=actor,
                                            reason=f"standby grace period of {spec.grace_period_seconds:.0f} s is over")
-                        report.stopped.append(res.to_dict())
+                        report.stopped.append(res.model_dump(mode="json"))
                     except KappaError as e:
                         report.errors.append(f"stopping standby {name} v{rec.version}: {e}")
     if report.problems and raise_on_problem:

@@ -14,36 +14,43 @@ Resumable: a crash between the swap and the publish leaves the registry ahead of
 (`published_version != version`); running promote again (or rollback, or reconcile) publishes
 what the registry says before doing anything else.
 
-Public API:
-- `Check`, `PromoteResult` (`.to_dict()`)
-- `promote(k, pipeline, version, *, actor, reason, dry_run=False) -> PromoteResult`
-- `flip(k, pipeline, *, expected_version, new_version, actor, reason, action) -> dict` (CAS + publish
-  + states; shared with rollback), `finish_interrupted_flip(k, alias, actor=...) -> dict | None`
+Without a version, both front ends (`kappa promote P`, the kappa_promote DAG with an empty
+version) promote `promote_target`: the newest caught-up version, the newest one that can pass
+the readiness check. `flip` (compare-and-swap, publish, states, audit) is shared with rollback.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.lifecycle.await_ready import readiness
-from orchestrator.core.exceptions import ConflictError, KappaError, NotReadyError
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.core.exceptions import ConflictError, KappaError, NotFoundError, NotReadyError
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.states import VersionState
+from orchestrator.lifecycle.await_ready import Readiness, readiness
+from orchestrator.lifecycle.report import Report
 from orchestrator.serving import publish_current, set_serving_states
 
+__all__ = ["Check", "PromoteResult", "promote", "promote_target", "flip", "finish_interrupted_flip"]
 
-@dataclass
-class Check:
+
+class Check(BaseModel):
+    """One precondition of a promote: ready, key_count or reject_rate."""
+
+    model_config = ConfigDict(frozen=True)
+
     name: str
     ok: bool
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
+class PromoteResult(BaseModel):
+    """What a promote did, or with `dry_run` would do (`actions`), and the checks it made."""
 
-@dataclass
-class PromoteResult:
+    model_config = ConfigDict(frozen=True)
+
     pipeline: str
     alias: str
     version: int
@@ -53,29 +60,37 @@ class PromoteResult:
     published: bool
     would_succeed: bool
     message: str
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    actions: list[str] = field(default_factory=list)
-    report: dict[str, Any] | None = None
+    checks: list[Check] = Field(default_factory=list)
+    actions: list[str] = Field(default_factory=list)
+    report: Report | None = None
     report_path: str | None = None
-    readiness: dict[str, Any] | None = None
+    readiness: Readiness | None = None
     pointer: dict[str, Any] | None = None
     actor: str | None = None
     reason: str | None = None
     at: float = 0.0
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+
+def promote_target(k: Kappa, pipeline: str) -> int:
+    """The version a promote without a version serves: the newest caught-up version of `pipeline`."""
+    versions = k.registry.list_versions(pipeline)
+    caught_up = [r.version for r in versions if r.state == VersionState.CAUGHT_UP]
+    if not caught_up:
+        states = ", ".join(f"v{r.version} {r.state}" for r in versions) or "none"
+        raise NotFoundError(f"{pipeline} has no caught-up version to promote (versions: {states}); name the "
+                            f"version to promote, or deploy one and wait until it is caught up")
+    return max(caught_up)
 
 
-def _alias_versions(k, alias: str) -> tuple[int | None, int | None, int | None]:
+def _alias_versions(k: Kappa, alias: str) -> tuple[int | None, int | None, int | None]:
     rec = k.registry.get_alias(alias)
     if rec is None:
         return None, None, None
-    return rec.version, getattr(rec, "previous_version", None), getattr(rec, "published_version", None)
+    return rec.version, rec.previous_version, rec.published_version
 
 
-def finish_interrupted_flip(k, alias: str, *, actor: str = "kappa") -> dict[str, Any] | None:
+def finish_interrupted_flip(k: Kappa, alias: str, *, actor: str = "kappa") -> dict[str, Any] | None:
     """If the registry moved the alias but the pointer was not published, publish it now."""
     current, _prev, published = _alias_versions(k, alias)
     if current is None or published == current:
@@ -89,7 +104,7 @@ def finish_interrupted_flip(k, alias: str, *, actor: str = "kappa") -> dict[str,
     return pointer
 
 
-def flip(k, pipeline: str, *, expected_version: int | None, new_version: int, actor: str,
+def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: int, actor: str,
          reason: str | None, action: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     """Compare-and-swap the alias, publish the pointer, set serving/standby, audit. Returns the pointer."""
     spec = k.pipeline(pipeline)
@@ -105,7 +120,7 @@ def flip(k, pipeline: str, *, expected_version: int | None, new_version: int, ac
         raise ConflictError(
             f"{action} of {pipeline} v{new_version} lost the race: alias {spec.alias!r} no longer points at "
             f"{'nothing' if expected_version is None else f'v{expected_version}'} (it points at "
-            f"v{getattr(now, 'version', None)} now, moved by another operation); check `kappa status "
+            f"v{now.version if now is not None else None} now, moved by another operation); check `kappa status "
             f"{pipeline}` and try again if still wanted ({e})") from None
     flipped = time.perf_counter()
     pointer = publish_current(k, spec.alias)
@@ -118,38 +133,44 @@ def flip(k, pipeline: str, *, expected_version: int | None, new_version: int, ac
     return pointer or {}
 
 
-def _checks(k, pipeline: str, version: int, serving: int | None, *, record: bool) -> tuple[list[Check], Any, Any]:
+def _checks(k: Kappa, pipeline: str, version: int, serving: int | None, *,
+            record: bool) -> tuple[list[Check], Readiness, Report | None]:
     from orchestrator.lifecycle.report import validation_report
 
     checks: list[Check] = []
     r = readiness(k, pipeline, version, record=record)
-    checks.append(Check("ready", r.ready, r.summary()))
+    checks.append(Check(name="ready", ok=r.ready, detail=r.summary()))
     report = None
     try:
         report = validation_report(k, pipeline, version, save=record, serving_version=serving)
     except KappaError as e:
-        checks.append(Check("report", False, str(e)))
+        checks.append(Check(name="report", ok=False, detail=str(e)))
     if report is not None:
         if serving is None:
-            checks.append(Check("key_count", True, f"first promote of {pipeline}: no serving version to compare "
-                                                   f"the key count ({report.keys_new}) with"))
+            checks.append(Check(name="key_count", ok=True, detail=f"first promote of {pipeline}: no serving version "
+                                                                  f"to compare the key count ({report.keys_new}) with"))
         else:
             detail = (f"{report.keys_new} keys vs {report.keys_serving} in serving v{serving} "
                       f"(difference {report.key_delta_ratio:.2%}, tolerance {report.key_count_tolerance:.2%})")
-            checks.append(Check("key_count", bool(report.key_count_ok),
-                                detail if report.key_count_ok else report.problems()[0]))
+            checks.append(Check(name="key_count", ok=bool(report.key_count_ok),
+                                detail=detail if report.key_count_ok else report.problems[0]))
         detail = (f"{report.rejects} rejects of {report.offsets_read} records read ({report.reject_rate:.2%}, "
                   f"limit {report.max_reject_rate:.2%})")
-        checks.append(Check("reject_rate", report.reject_rate_ok, detail))
+        checks.append(Check(name="reject_rate", ok=report.reject_rate_ok, detail=detail))
     return checks, r, report
 
 
-def promote(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
+def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, reason: str | None = None,
             dry_run: bool = False) -> PromoteResult:
-    """Check, report, flip (CAS), publish, record. `dry_run` says exactly what would happen."""
+    """Check, report, flip (CAS), publish, record. `dry_run` says exactly what would happen.
+
+    `version` None promotes `promote_target(k, pipeline)`.
+    """
     spec = k.pipeline(pipeline)
     reg = k.registry
     alias = spec.alias
+    if version is None:
+        version = promote_target(k, pipeline)
     reg.get_version(pipeline, version)  # NotFoundError for an unknown version
     now = time.time()
     current, _prev, published = _alias_versions(k, alias)
@@ -169,7 +190,8 @@ def promote(k, pipeline: str, version: int, *, actor: str, reason: str | None = 
                       outcome="noop", details={"message": msg})
         else:
             pointer = None
-        return PromoteResult(pipeline, alias, version, current, dry_run, False, not dry_run, True, msg,
+        return PromoteResult(pipeline=pipeline, alias=alias, version=version, previous_version=current,
+                             dry_run=dry_run, flipped=False, published=not dry_run, would_succeed=True, message=msg,
                              actions=actions, pointer=pointer, actor=actor, reason=reason, at=now)
 
     checks, r, report = _checks(k, pipeline, version, current, record=not dry_run)
@@ -190,10 +212,10 @@ def promote(k, pipeline: str, version: int, *, actor: str, reason: str | None = 
         actions.append(f"keep v{current} running as standby for {spec.grace_period_seconds:.0f} s, then stop "
                        f"its job (table and checkpoint kept)")
     actions.append(f"record the promote by {actor!r}: {reason or '(no reason given)'}")
-    base = dict(pipeline=pipeline, alias=alias, version=version, previous_version=current,
-                checks=[c.to_dict() for c in checks], report=report.to_dict() if report else None,
-                report_path=report.path if report else None, readiness=r.to_dict(), actor=actor,
+    base = dict(pipeline=pipeline, alias=alias, version=version, previous_version=current, checks=checks,
+                report=report, report_path=report.path if report else None, readiness=r, actor=actor,
                 reason=reason, at=now)
+    audited_checks = [c.model_dump(mode="json") for c in checks]
     if dry_run:
         msg = (f"dry run: would refuse. {error}" if error else
                f"dry run: would promote {pipeline} v{version} (alias {alias!r} from {from_txt})")
@@ -201,12 +223,12 @@ def promote(k, pipeline: str, version: int, *, actor: str, reason: str | None = 
                              message=msg, actions=[] if failed else actions, error=error, **base)
     if failed:
         reg.audit("promote", actor=actor, pipeline=pipeline, version=version, reason=reason, outcome="refused",
-                  details={"error": error, "checks": base["checks"], "samples": r.samples})
+                  details={"error": error, "checks": audited_checks, "samples": r.samples})
         raise NotReadyError(error)
     pointer = flip(k, pipeline, expected_version=current, new_version=version, actor=actor, reason=reason,
-                   action="promote", details={"checks": base["checks"], "samples": r.samples,
-                                              "report": {k_: v for k_, v in (report.to_dict() if report else {}).items()
-                                                         if k_ not in ("top_changes",)}})
+                   action="promote", details={"checks": audited_checks, "samples": r.samples,
+                                              "report": report.model_dump(mode="json", exclude={"top_changes"})
+                                              if report else {}})
     msg = f"promoted {pipeline} v{version}: alias {alias!r} moved from {from_txt} to v{version}"
     if current is not None:
         msg += f"; v{current} is standby for {spec.grace_period_seconds:.0f} s"

@@ -9,8 +9,7 @@ Two kinds of drift are repaired:
 
 The serving version keeps its state when its job dies (the alias still points at it); the
 error is recorded on it and `monitor` raises about it. Idempotent: a second run finds nothing.
-
-Public API: `reconcile(k, *, actor, pipelines=None) -> list[dict]` (one dict per repair).
+`reconcile` returns one dict per repair (its `kind`, the version, what was found).
 """
 
 from __future__ import annotations
@@ -19,20 +18,25 @@ import logging
 from typing import Any, Iterable
 
 from orchestrator.core.exceptions import KappaError
-from orchestrator.jobctl.control import inspect_version, mark_failed, stop_version
-from orchestrator.serving import pointer_path, publish_current, read_pointer, set_serving_states
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.pipelines import PipelineSpec
+from orchestrator.core.states import RUNNING, VersionState
+from orchestrator.jobctl import inspect_version, mark_failed, stop_version
+from orchestrator.serving import publish_current, read_pointer, set_serving_states
+
+__all__ = ["reconcile"]
 
 log = logging.getLogger(__name__)
 
-RUNNING_STATES = ("starting", "backfilling", "caught_up", "serving", "standby")
+#: States whose job should not run: a live process in one of them is an orphan to stop.
+_NOT_RUNNING = frozenset({VersionState.STOPPED, VersionState.RETIRED, VersionState.FAILED})
 
 
-def _reconcile_alias(k, spec, actor: str) -> list[dict[str, Any]]:
+def _reconcile_alias(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str, Any]]:
     rec = k.registry.get_alias(spec.alias)
     if rec is None or rec.pipeline != spec.name:
         return []
-    path = pointer_path(k.settings.warehouse, spec.alias)
-    pointer = read_pointer(path)
+    pointer = read_pointer(k.alias_file(spec.alias))
     table = str(k.paths(rec.pipeline, rec.version).table)
     in_sync = (pointer is not None and pointer.get("version") == rec.version and pointer.get("table") == table
                and rec.published_version == rec.version)
@@ -48,21 +52,21 @@ def _reconcile_alias(k, spec, actor: str) -> list[dict[str, Any]]:
     return [action]
 
 
-def _reconcile_versions(k, spec, actor: str) -> list[dict[str, Any]]:
+def _reconcile_versions(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str, Any]]:
     out = []
     for rec in k.registry.list_versions(spec.name):
         st = inspect_version(k, spec.name, rec.version)
         action: dict[str, Any] | None = None
-        if rec.state in RUNNING_STATES:
+        if rec.state in RUNNING:
             if st.failed:
                 if mark_failed(k, st, actor=actor):
                     action = {"kind": "mark_failed", "error": st.error}
-                elif rec.state == "serving" and rec.error != (st.error or "")[:2000]:
+                elif rec.state == VersionState.SERVING and rec.error != (st.error or "")[:2000]:
                     action = {"kind": "serving_job_failed", "error": st.error}
-            elif st.health in ("stopped", "finished", "not_started") and rec.state != "serving":
-                k.registry.set_state(spec.name, rec.version, "stopped", expected=rec.state, pid=None)
+            elif st.health in ("stopped", "finished", "not_started") and rec.state != VersionState.SERVING:
+                k.registry.set_state(spec.name, rec.version, VersionState.STOPPED, expected=rec.state, pid=None)
                 action = {"kind": "mark_stopped", "was": rec.state, "job": st.health}
-        elif rec.state in ("stopped", "retired", "failed") and st.alive:
+        elif rec.state in _NOT_RUNNING and st.alive:
             res = stop_version(k, spec.name, rec.version, actor=actor, force=True, final_state=None,
                                reason=f"reconcile: the registry says {rec.state}, but its job was running")
             action = {"kind": "stop_orphan_job", "state": rec.state, "pid": res.pid, "how": res.how}
@@ -75,7 +79,7 @@ def _reconcile_versions(k, spec, actor: str) -> list[dict[str, Any]]:
     return out
 
 
-def reconcile(k, *, actor: str, pipelines: Iterable[str] | None = None) -> list[dict[str, Any]]:
+def reconcile(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """Repair interrupted publishes and registry states that disagree with the processes."""
     names = list(pipelines) if pipelines is not None else list(k.pipelines)
     actions: list[dict[str, Any]] = []

@@ -13,29 +13,30 @@ the other not yet) are counted apart. Columns that record where a row came from 
 or are internal (`_*`) are not compared.
 
 The report is saved as JSON beside the version (`<state_dir>/<pipeline>/v<N>/report.json`).
-
-Public API:
-- `Report` (`.ok`, `.problems()`, `.to_dict()`)
-- `validation_report(k, pipeline, version, *, save=True, serving_version=<current>) -> Report`
-- `compare_tables(new, old, key_columns, top=10) -> dict`
 """
 
 from __future__ import annotations
 
-import json
+import math
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field, computed_field, field_serializer
+
 from orchestrator.core.exceptions import SinkError
+from orchestrator.core.files import write_json_atomic
+from orchestrator.core.kappa import Kappa
+
+__all__ = ["Report", "validation_report", "compare_tables", "TOP_CHANGES"]
 
 TOP_CHANGES = 10
-_UNSET = object()
+_UNSET: Any = object()
 
 
-@dataclass
-class Report:
+class Report(BaseModel):
+    """The validation report of one version; `ok` and `problems` are what promote checks."""
+
     pipeline: str
     version: int
     serving_version: int | None
@@ -53,21 +54,29 @@ class Report:
     reject_rate_ok: bool
     rules_version: str | None = None
     serving_rules_version: str | None = None
-    compared_columns: list[str] = field(default_factory=list)
-    input_columns: list[str] = field(default_factory=list)
+    compared_columns: list[str] = Field(default_factory=list)
+    input_columns: list[str] = Field(default_factory=list)
     rows_compared: int = 0
     rows_changed: int = 0
     rows_input_differs: int = 0
     keys_only_new: int = 0
     keys_only_serving: int = 0
-    changed_by_column: dict[str, int] = field(default_factory=dict)
-    top_changes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    changed_by_column: dict[str, int] = Field(default_factory=dict)
+    top_changes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     path: str | None = None
 
+    @field_serializer("key_delta_ratio", when_used="json")
+    def _infinite_ratio_as_text(self, ratio: float | None) -> float | str | None:
+        """Strict JSON has no infinity: a serving table with no keys gives the ratio "inf"."""
+        return "inf" if ratio is not None and math.isinf(ratio) else ratio
+
+    @computed_field
     @property
     def ok(self) -> bool:
         return self.key_count_ok is not False and self.reject_rate_ok
 
+    @computed_field
+    @property
     def problems(self) -> list[str]:
         out = []
         if self.key_count_ok is False:
@@ -80,12 +89,6 @@ class Report:
                 f"reject rate of v{self.version} is {self.reject_rate:.2%} ({self.rejects} rejects of "
                 f"{self.offsets_read} records read), over the limit {self.max_reject_rate:.2%} (max_reject_rate)")
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ok"] = self.ok
-        d["problems"] = self.problems()
-        return d
 
 
 def _read(uri: Path, columns: list[str] | None = None):
@@ -111,16 +114,11 @@ def _differs(a, b):
     return pc.or_(ne, pc.xor(pc.is_null(a), pc.is_null(b)))
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (bytes, bytearray)):
-        return v.decode("utf-8", "replace")
-    if v is None or isinstance(v, (str, int, float, bool)):
-        return v
-    return str(v)
-
-
 def compare_tables(new, old, key_columns: list[str], top: int = TOP_CHANGES) -> dict[str, Any]:
-    """Join two tables on the key and count what differs; see the module docstring."""
+    """Join two tables on the key and count what differs; see the module docstring.
+
+    `top_changes` holds the values as pyarrow returns them; `Report.model_dump(mode="json")` makes them JSON.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -149,7 +147,7 @@ def compare_tables(new, old, key_columns: list[str], top: int = TOP_CHANGES) -> 
             pairs = pa.table({"old": joined[f"{c}__old"], "new": joined[c]}).filter(d)
             counts = pairs.group_by(["old", "new"], use_threads=False).aggregate([([], "count_all")])
             counts = counts.sort_by([("count_all", "descending"), ("old", "ascending"), ("new", "ascending")])
-            top_changes[c] = [{"old": _jsonable(r["old"]), "new": _jsonable(r["new"]), "count": r["count_all"]}
+            top_changes[c] = [{"old": r["old"], "new": r["new"], "count": r["count_all"]}
                               for r in counts.slice(0, top).to_pylist()]
     only_new = new.num_rows - n
     only_old = old.num_rows - n
@@ -162,7 +160,7 @@ def compare_tables(new, old, key_columns: list[str], top: int = TOP_CHANGES) -> 
     }
 
 
-def _offsets_read(k, pipeline: str, version: int) -> int:
+def _offsets_read(k: Kappa, pipeline: str, version: int) -> int:
     from orchestrator.observe.lag import checkpoint_next_offsets, log_offsets
 
     ckpt, _ = checkpoint_next_offsets(k.paths(pipeline, version).checkpoint)
@@ -175,8 +173,8 @@ def _offsets_read(k, pipeline: str, version: int) -> int:
     return sum(max(0, nxt - starts.get(tp, 0)) for tp, nxt in ckpt.items())
 
 
-def validation_report(k, pipeline: str, version: int, *, save: bool = True,
-                      serving_version: Any = _UNSET) -> Report:
+def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = True,
+                      serving_version: int | None = _UNSET) -> Report:
     """Compare version N with the version the alias serves now; save the report beside N."""
     from jobs.lib.delta_sink import count_rows
 
@@ -188,7 +186,7 @@ def validation_report(k, pipeline: str, version: int, *, save: bool = True,
         serving_version = alias.version if alias is not None and alias.pipeline == pipeline else None
     if serving_version == version:
         alias_prev = reg.get_alias(spec.alias)
-        serving_version = getattr(alias_prev, "previous_version", None)
+        serving_version = alias_prev.previous_version if alias_prev is not None else None
     paths = k.paths(pipeline, version)
     new_cols = _schema_names(paths.table)
     if new_cols is None:
@@ -205,11 +203,11 @@ def validation_report(k, pipeline: str, version: int, *, save: bool = True,
         key_count_tolerance=spec.key_count_tolerance, key_count_ok=None, offsets_read=offsets_read,
         rejects=rejects, reject_rate=reject_rate, max_reject_rate=spec.max_reject_rate,
         reject_rate_ok=reject_rate <= spec.max_reject_rate,
-        rules_version=getattr(rec, "rules_version", None))
+        rules_version=rec.rules_version)
     if serving_version is not None:
         old_paths = k.paths(pipeline, serving_version)
         old_rec = reg.get_version(pipeline, serving_version)
-        report.serving_rules_version = getattr(old_rec, "rules_version", None)
+        report.serving_rules_version = old_rec.rules_version
         old_cols = _schema_names(old_paths.table)
         keys_old = count_rows(old_paths.table) if old_cols is not None else 0
         report.keys_serving = keys_old
@@ -225,16 +223,6 @@ def validation_report(k, pipeline: str, version: int, *, save: bool = True,
             for name, value in compare_tables(new_t, old_t, list(spec.key_columns)).items():
                 setattr(report, name, value)
     if save:
-        from orchestrator.serving import write_pointer
-
-        paths.report_file.parent.mkdir(parents=True, exist_ok=True)
         report.path = str(paths.report_file)
-        write_pointer(Path(report.path), _json_safe(report.to_dict()))
+        write_json_atomic(paths.report_file, report.model_dump(mode="json"), indent=None)
     return report
-
-
-def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
-    ratio = d.get("key_delta_ratio")
-    if isinstance(ratio, float) and ratio == float("inf"):
-        d["key_delta_ratio"] = "inf"
-    return json.loads(json.dumps(d, default=str))

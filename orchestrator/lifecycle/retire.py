@@ -5,60 +5,53 @@ checkpoint and run directory, and its consumer group; the registry keeps the ver
 (state `retired`) and the audit log keeps its history. The version the alias serves and the
 rollback target (the alias's previous version) are never retired. Every step is idempotent, so
 a retire that died half-way is finished by running it again. `dry_run` lists what would go.
-
-Public API:
-- `RetireResult`, `RetentionPlan` (`.to_dict()`)
-- `retire(k, pipeline, version, *, actor, reason, dry_run=False) -> RetireResult`
-- `apply_retention(k, pipeline, *, actor, dry_run=True, keep=None, reason=None) -> RetentionPlan`
-- `protected_versions(k, pipeline) -> dict[int, str]`
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from orchestrator.core.exceptions import BrokerError, KappaError, LifecycleError
-from orchestrator.jobctl.control import stop_version
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.states import VersionState
+from orchestrator.jobctl import stop_version
+
+__all__ = ["RetireResult", "RetentionPlan", "retire", "apply_retention", "protected_versions"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class RetireResult:
+class RetireResult(BaseModel):
+    """What retiring one version did (`done`), or with `dry_run` would do (`actions`)."""
+
     pipeline: str
     version: int
     dry_run: bool
     actions: list[str]
-    done: list[str] = field(default_factory=list)
+    done: list[str] = Field(default_factory=list)
     bytes_freed: int = 0
     message: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
+class RetentionPlan(BaseModel):
+    """Which versions retention keeps, which it protects (and why), and each retire's result or error."""
 
-@dataclass
-class RetentionPlan:
     pipeline: str
     keep: int
     dry_run: bool
     kept: list[int]
     protected: dict[int, str]
     retire: list[int]
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = Field(default_factory=list)
     message: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["protected"] = {str(k): v for k, v in self.protected.items()}
-        return d
 
-
-def protected_versions(k, pipeline: str) -> dict[int, str]:
+def protected_versions(k: Kappa, pipeline: str) -> dict[int, str]:
     """{version: why} for the versions that must not be retired."""
     spec = k.pipeline(pipeline)
     rec = k.registry.get_alias(spec.alias)
@@ -66,10 +59,10 @@ def protected_versions(k, pipeline: str) -> dict[int, str]:
     if rec is not None and rec.pipeline == pipeline:
         if rec.version is not None:
             out[rec.version] = f"it serves alias {spec.alias!r}"
-        prev = getattr(rec, "previous_version", None)
+        prev = rec.previous_version
         if prev is not None and prev not in out:
             out[prev] = f"it is the rollback target of alias {spec.alias!r}"
-        published = getattr(rec, "published_version", None)
+        published = rec.published_version
         if published is not None and published not in out:
             out[published] = f"readers may still follow the published pointer of alias {spec.alias!r} to it"
     return out
@@ -83,7 +76,7 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _delete_group(k, group_id: str) -> str:
+def _delete_group(k: Kappa, group_id: str) -> str:
     from confluent_kafka import KafkaError
 
     try:
@@ -99,7 +92,7 @@ def _delete_group(k, group_id: str) -> str:
                           f"with kafka-consumer-groups --delete --group {group_id}") from None
 
 
-def retire(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
+def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | None = None,
            dry_run: bool = False) -> RetireResult:
     """Stop the job and delete table, rejects, checkpoint, run dir and consumer group of a version."""
     reg = k.registry
@@ -117,7 +110,7 @@ def retire(k, pipeline: str, version: int, *, actor: str, reason: str | None = N
     actions = [f"stop the job of v{version} (if running)"]
     actions += [f"delete {what} {p} ({_size(p)} bytes)" for what, p in dirs if p.exists()]
     actions += [f"delete consumer group {paths.group_id}", f"set {pipeline} v{version} to retired"]
-    result = RetireResult(pipeline, version, dry_run, actions)
+    result = RetireResult(pipeline=pipeline, version=version, dry_run=dry_run, actions=actions)
     if dry_run:
         result.message = f"dry run: would retire {pipeline} v{version} ({rec.state})"
         return result
@@ -130,32 +123,32 @@ def retire(k, pipeline: str, version: int, *, actor: str, reason: str | None = N
             shutil.rmtree(p) if p.is_dir() else p.unlink()
             result.done.append(f"deleted {what} {p}")
     result.done.append(f"consumer group {paths.group_id}: {_delete_group(k, paths.group_id)}")
-    if rec.state != "retired":
-        reg.set_state(pipeline, version, "retired", pid=None)
+    if rec.state != VersionState.RETIRED:
+        reg.set_state(pipeline, version, VersionState.RETIRED, pid=None)
     reg.audit("retire", actor=actor, pipeline=pipeline, version=version, reason=reason,
               details={"done": result.done, "bytes_freed": result.bytes_freed, "state_before": rec.state})
     result.message = f"retired {pipeline} v{version}, freed {result.bytes_freed} bytes"
     return result
 
 
-def apply_retention(k, pipeline: str, *, actor: str, dry_run: bool = True, keep: int | None = None,
+def apply_retention(k: Kappa, pipeline: str, *, actor: str, dry_run: bool = True, keep: int | None = None,
                     reason: str | None = None) -> RetentionPlan:
     """Retire every version older than the last `keep` (default: the pipeline's keep_versions)."""
     spec = k.pipeline(pipeline)
     keep = spec.keep_versions if keep is None else keep
     versions = sorted(k.registry.list_versions(pipeline), key=lambda r: r.version)
-    live = [r for r in versions if r.state != "retired"]
+    live = [r for r in versions if r.state != VersionState.RETIRED]
     kept = [r.version for r in live[-keep:]] if keep > 0 else []
     protected = protected_versions(k, pipeline)
     candidates = [r.version for r in live if r.version not in kept]
     to_retire = [v for v in candidates if v not in protected]
-    plan = RetentionPlan(pipeline, keep, dry_run, kept, {v: why for v, why in protected.items()
-                                                         if v in candidates}, to_retire)
+    plan = RetentionPlan(pipeline=pipeline, keep=keep, dry_run=dry_run, kept=kept, retire=to_retire,
+                         protected={v: why for v, why in protected.items() if v in candidates})
     for v in to_retire:
         try:
             res = retire(k, pipeline, v, actor=actor, reason=reason or f"retention: keep the last {keep}",
                          dry_run=dry_run)
-            plan.results.append(res.to_dict())
+            plan.results.append(res.model_dump(mode="json"))
         except KappaError as e:
             plan.results.append({"pipeline": pipeline, "version": v, "error": str(e)})
     verb = "would retire" if dry_run else "retired"

@@ -5,30 +5,59 @@ A standby version still runs, so rolling back to it is a flip. A version whose j
 version without a checkpoint is refused), and the flip waits until it is ready again. Like a
 promote, the flip is a compare-and-swap, then a publish, then an audit entry.
 
+Two halves, so that the Airflow DAG can wait in a sensor between them: `prepare_rollback` picks
+the target and restarts its job if needed; `finish_rollback` waits until the target is ready and
+flips. `rollback` runs both (the CLI).
+
 Resumable: if the previous attempt flipped the registry but died before publishing, running
 rollback again publishes that flip and stops there; it never flips back a second time.
-
-Public API:
-- `RollbackResult` (`.to_dict()`)
-- `rollback(k, pipeline, to_version=None, *, actor, reason, deadline_seconds=600, poll_seconds=2,
-  on_sample=None) -> RollbackResult`
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from orchestrator.lifecycle.await_ready import Readiness, wait_ready
+from pydantic import BaseModel, ConfigDict
+
 from orchestrator.core.exceptions import LifecycleError, NotFoundError, NotReadyError
-from orchestrator.jobctl.control import inspect_version, restart_version, start_version
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.states import VersionState
+from orchestrator.jobctl import inspect_version, restart_version, start_version
+from orchestrator.lifecycle.await_ready import POLL_SECONDS, Readiness, wait_ready
 from orchestrator.lifecycle.promote import finish_interrupted_flip, flip
 from orchestrator.serving import publish_current
 
+__all__ = ["RollbackPlan", "RollbackResult", "ROLLBACK_DEADLINE_SECONDS", "prepare_rollback", "finish_rollback",
+           "rollback"]
 
-@dataclass
-class RollbackResult:
+#: How long a restarted rollback target may take to catch up again (from its own checkpoint, so
+#: only the records since it stopped) before the rollback fails and the current version keeps serving.
+ROLLBACK_DEADLINE_SECONDS = 1800.0
+
+
+class RollbackPlan(BaseModel):
+    """The first half of a rollback: the target picked and, if its job was stopped, restarted.
+
+    `done` means nothing is left to flip: the target serves already, or an interrupted flip was
+    just published (`pointer` is the pointer published then).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    pipeline: str
+    alias: str
+    from_version: int | None
+    to_version: int
+    restarted: bool
+    done: bool
+    message: str
+    pointer: dict[str, Any] | None = None
+
+
+class RollbackResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     pipeline: str
     alias: str
     from_version: int | None
@@ -37,75 +66,92 @@ class RollbackResult:
     restarted: bool
     waited_seconds: float
     message: str
-    readiness: dict[str, Any] | None = None
+    readiness: Readiness | None = None
     pointer: dict[str, Any] | None = None
     actor: str | None = None
     reason: str | None = None
     at: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-
-def rollback(k, pipeline: str, to_version: int | None = None, *, actor: str, reason: str | None = None,
-             deadline_seconds: float = 600.0, poll_seconds: float = 2.0,
-             on_sample: Callable[[Readiness], None] | None = None) -> RollbackResult:
-    """Flip the alias to `to_version` (default: the previous serving version), restarting it if needed."""
+def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str,
+                     reason: str | None = None) -> RollbackPlan:
+    """Pick the target (default: the previous serving version); restart its job from its checkpoint if stopped."""
     spec = k.pipeline(pipeline)
     reg = k.registry
     alias = spec.alias
-    now = time.time()
     rec = reg.get_alias(alias)
     if rec is None or rec.version is None:
         raise NotFoundError(f"alias {alias!r} of {pipeline} serves nothing yet: nothing to roll back; "
                             f"promote a version first")
     interrupted = finish_interrupted_flip(k, alias, actor=actor)
     if interrupted is not None and to_version is None:
-        return RollbackResult(pipeline, alias, rec.published_version, rec.version, False, False, 0.0,
-                              f"finished the interrupted flip of alias {alias!r} to v{rec.version} "
-                              f"(published now); not flipping again", pointer=interrupted, actor=actor,
-                              reason=reason, at=now)
+        return RollbackPlan(pipeline=pipeline, alias=alias, from_version=rec.published_version,
+                            to_version=rec.version, restarted=False, done=True, pointer=interrupted,
+                            message=f"finished the interrupted flip of alias {alias!r} to v{rec.version} "
+                                    f"(published now); not flipping again")
     current = rec.version
-    target = to_version if to_version is not None else getattr(rec, "previous_version", None)
+    target = to_version if to_version is not None else rec.previous_version
     if target is None:
         raise NotFoundError(f"alias {alias!r} has no previous version to roll back to (it serves v{current}, "
-                            f"its first); name a version with --to")
+                            f"its first); name a version to roll back to (--to, or to_version in kappa_rollback)")
     if target == current:
-        pointer = publish_current(k, alias)
-        return RollbackResult(pipeline, alias, current, target, False, False, 0.0,
-                              f"{pipeline} v{target} already serves alias {alias!r}; nothing to roll back",
-                              pointer=pointer, actor=actor, reason=reason, at=now)
-    trec = reg.get_version(pipeline, target)
-    if trec.state == "retired":
+        return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
+                            restarted=False, done=True, pointer=publish_current(k, alias),
+                            message=f"{pipeline} v{target} already serves alias {alias!r}; nothing to roll back")
+    if reg.get_version(pipeline, target).state == VersionState.RETIRED:
         raise LifecycleError(f"cannot roll back to {pipeline} v{target}: it is retired (table and checkpoint "
                              f"deleted); pick another version or deploy a new one")
-    paths = k.paths(pipeline, target)
     st = inspect_version(k, pipeline, target)
-    restarted = False
-    if not st.alive or st.failed:
-        if not paths.checkpoint.exists():
-            raise LifecycleError(f"cannot roll back to {pipeline} v{target}: its checkpoint {paths.checkpoint} is "
-                                 f"missing, and a rollback never re-reads from offset zero; deploy a new version")
-        why = f"rollback of alias {alias!r} to v{target}" + (f": {reason}" if reason else "")
-        if st.alive:
-            restart_version(k, pipeline, target, actor=actor, reason=why)
-        else:
-            start_version(k, pipeline, target, actor=actor, reason=why)
-        restarted = True
+    if st.alive and not st.failed:
+        return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
+                            restarted=False, done=False,
+                            message=f"{pipeline} v{target} still runs: the flip needs no restart")
+    checkpoint = k.paths(pipeline, target).checkpoint
+    if not checkpoint.exists():
+        raise LifecycleError(f"cannot roll back to {pipeline} v{target}: its checkpoint {checkpoint} is "
+                             f"missing, and a rollback never re-reads from offset zero; deploy a new version")
+    why = f"rollback of alias {alias!r} to v{target}" + (f": {reason}" if reason else "")
+    res = (restart_version if st.alive else start_version)(k, pipeline, target, actor=actor, reason=why)
+    return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target, restarted=True,
+                        done=False, message=f"restarted {pipeline} v{target} from its checkpoint: {res.message}")
+
+
+def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | None = None,
+                    deadline_seconds: float = ROLLBACK_DEADLINE_SECONDS, poll_seconds: float = POLL_SECONDS,
+                    on_sample: Callable[[Readiness], None] | None = None) -> RollbackResult:
+    """Wait until the plan's target is ready, then flip the alias to it (CAS, publish, audit)."""
+    now = time.time()
+    pipeline, alias, current, target = plan.pipeline, plan.alias, plan.from_version, plan.to_version
+    if plan.done:
+        return RollbackResult(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
+                              flipped=False, restarted=False, waited_seconds=0.0, message=plan.message,
+                              pointer=plan.pointer, actor=actor, reason=reason, at=now)
     t0 = time.monotonic()
     try:
         r = wait_ready(k, pipeline, target, deadline_seconds=deadline_seconds, poll_seconds=poll_seconds,
                        on_sample=on_sample, actor=actor)
     except NotReadyError as e:
-        reg.audit("rollback", actor=actor, pipeline=pipeline, version=target, reason=reason, outcome="failed",
-                  details={"from_version": current, "error": str(e), "restarted": restarted})
+        k.registry.audit("rollback", actor=actor, pipeline=pipeline, version=target, reason=reason,
+                         outcome="failed",
+                         details={"from_version": current, "error": str(e), "restarted": plan.restarted})
         raise NotReadyError(f"rollback of alias {alias!r} to {pipeline} v{target} stopped before the flip "
                             f"(v{current} still serves): {e}") from None
     waited = time.monotonic() - t0
     pointer = flip(k, pipeline, expected_version=current, new_version=target, actor=actor, reason=reason,
-                   action="rollback", details={"restarted": restarted, "samples": r.samples,
+                   action="rollback", details={"restarted": plan.restarted, "samples": r.samples,
                                                "waited_seconds": round(waited, 3)})
     msg = (f"rolled back alias {alias!r} from v{current} to v{target}"
-           + (" (restarted from its checkpoint, then waited until ready)" if restarted else ""))
-    return RollbackResult(pipeline, alias, current, target, True, restarted, waited, msg, r.to_dict(), pointer,
-                          actor, reason, now)
+           + (" (restarted from its checkpoint, then waited until ready)" if plan.restarted else ""))
+    return RollbackResult(pipeline=pipeline, alias=alias, from_version=current, to_version=target, flipped=True,
+                          restarted=plan.restarted, waited_seconds=waited, message=msg, readiness=r,
+                          pointer=pointer, actor=actor, reason=reason, at=now)
+
+
+def rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str, reason: str | None = None,
+             deadline_seconds: float = ROLLBACK_DEADLINE_SECONDS, poll_seconds: float = POLL_SECONDS,
+             on_sample: Callable[[Readiness], None] | None = None) -> RollbackResult:
+    """Flip the alias to `to_version` (default: the previous serving version), restarting it if needed."""
+    plan = prepare_rollback(k, pipeline, to_version, actor=actor, reason=reason)
+    return finish_rollback(k, plan, actor=actor, reason=reason, deadline_seconds=deadline_seconds,
+                           poll_seconds=poll_seconds, on_sample=on_sample)
+

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
 PIPELINES = ("af_dagtest", "af_rest", "af_busy", "af_ui")
 RECORDS, KEYS = 300, 200
-#: The sensors poke at Airflow's floor for kappa (see orchestrator.airflow.tasks.MIN_POKE_SECONDS).
+#: The sensors poke at Airflow's floor for kappa (see orchestrator.airflow.params.MIN_POKE_SECONDS).
 POKE_SECONDS = "10"
 RUN_TIMEOUT = 420.0
 
@@ -51,7 +51,7 @@ grace_period_seconds = 0
 
 def stop_all_jobs(bed: AirflowTestBed) -> list[str]:
     """Stop every version job of the test pipelines that still runs (kappa's lifecycle, by PID)."""
-    from orchestrator.jobctl.control import inspect_version, stop_version
+    from orchestrator.jobctl import inspect_version, stop_version
 
     stopped = []
     with bed.kappa() as k:

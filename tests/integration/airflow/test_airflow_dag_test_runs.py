@@ -107,7 +107,10 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     dr, states = run_dag("kappa_rollback", {"pipeline": PIPELINE, "reason": "v2 titles look wrong"})
     assert dr.state == "success", states
     prepared = xcom(dr, "prepare")
-    assert prepared == {"pipeline": PIPELINE, "alias": alias, "from_version": 2, "to_version": 1, "restarted": True}
+    assert {key: v for key, v in prepared.items() if key != "message"} == {
+        "pipeline": PIPELINE, "alias": alias, "from_version": 2, "to_version": 1, "restarted": True, "done": False,
+        "pointer": None}
+    assert prepared["message"].startswith(f"restarted {PIPELINE} v1 from its checkpoint: ")
     with bed.kappa() as k:
         assert k.registry.get_alias(alias).version == 1
         assert k.registry.get_version(PIPELINE, 1).state == "serving"
@@ -119,7 +122,7 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     # 5. the same rollback again is a no-op: nothing restarted, nothing flipped
     dr, states = run_dag("kappa_rollback", {"pipeline": PIPELINE, "to_version": 1, "reason": "again"})
     assert dr.state == "success", states
-    assert xcom(dr, "prepare")["restarted"] is False
+    assert xcom(dr, "prepare")["restarted"] is False and xcom(dr, "prepare")["done"] is True
     assert xcom(dr, "flip")["flipped"] is False
     with bed.kappa() as k:
         assert k.registry.get_alias(alias).version == 1
@@ -137,7 +140,7 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
                                                                                       (2, "standby", "ready")}
 
     # 7. the serving version's job dies: kappa_monitor fails loudly, naming it
-    from orchestrator.jobctl.control import stop_version
+    from orchestrator.jobctl import stop_version
 
     with bed.kappa() as k:
         stop_version(k, PIPELINE, 1, actor="tests", reason="simulate a crash", force=True, final_state=None)

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from orchestrator.dev import datagen
 
-from orchestrator.jobctl import control as lifecycle
+import orchestrator.jobctl as lifecycle
+from orchestrator.jobctl.health import CHILDREN
 from orchestrator.core.settings import Settings
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
@@ -95,14 +96,14 @@ class Live:
                                                graceful_timeout=30, term_timeout=15)
             except Exception as e:  # teardown goes on: the PIDs below are stopped regardless
                 print(f"teardown: {e}")
-        for pid, proc in list(lifecycle._CHILDREN.items()):
+        for pid, proc in list(CHILDREN.items()):
             if proc.poll() is None:
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 proc.wait(10)
-            lifecycle._CHILDREN.pop(pid, None)
+            CHILDREN.pop(pid, None)
 
 
 def sorted_table(table: pa.Table, columns: list[str]) -> pa.Table:

@@ -33,10 +33,10 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.core.exceptions import ConflictError, LifecycleError, NotReadyError
 from orchestrator.observe.lag import measure_lag, partition_key
-from orchestrator.jobctl.control import inspect_version, start_version, stop_version
+from orchestrator.jobctl import inspect_version, start_version, stop_version
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.reconcile import reconcile
-from orchestrator.registry.store import Registry
+from orchestrator.registry import Registry
 from orchestrator.lifecycle.report import validation_report
 from orchestrator.lifecycle.retire import apply_retention, retire
 from orchestrator.lifecycle.rollback import rollback

@@ -68,7 +68,8 @@ def no_side_effects(monkeypatch):
 
     import orchestrator.registry.store
 
-    for name in ("orchestrator.airflow.tasks", "orchestrator.core.pipelines", "orchestrator.core.settings", "jobs.lib.rules"):
+    for name in ("orchestrator.airflow.tasks", "orchestrator.airflow.params", "orchestrator.core.pipelines",
+                 "orchestrator.core.settings", "jobs.lib.rules"):
         monkeypatch.delitem(sys.modules, name, raising=False)
 
     for name in ("Producer", "Consumer"):

@@ -1,11 +1,11 @@
-"""orchestrator.airflow.tasks without services: attribution, XCom safety, retries policy, parse-time choices,
+"""orchestrator.airflow.tasks and .params without services: attribution, retries policy, parse-time choices,
 and the refusals that need no broker (unknown pipeline, unknown rules version)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.airflow import tasks
+from orchestrator.airflow import params, tasks
 from orchestrator.core.exceptions import ConflictError, NotFoundError, RulesError
 
 pytestmark = pytest.mark.airflow
@@ -47,20 +47,28 @@ def test_attribution():
         "promote requested [airflow kappa_promote run r2]"
 
 
-def test_jsonable_survives_xcom_json():
-    value = tasks.jsonable({"ratio": float("inf"), "nan": float("nan"), "t": (1, 2), 3: {"p": None}})
-    assert value == {"ratio": "inf", "nan": "nan", "t": [1, 2], "3": {"p": None}}
-
-
 def test_poke_interval_has_a_floor(monkeypatch):
-    monkeypatch.delenv(tasks.POKE_SECONDS_ENV, raising=False)
-    assert tasks.poke_seconds() == 15.0
-    monkeypatch.setenv(tasks.POKE_SECONDS_ENV, "2")
-    assert tasks.poke_seconds() == tasks.MIN_POKE_SECONDS
-    monkeypatch.setenv(tasks.POKE_SECONDS_ENV, "42")
-    assert tasks.poke_seconds() == 42.0
-    monkeypatch.setenv(tasks.POKE_SECONDS_ENV, "soon")
-    assert tasks.poke_seconds() == 15.0
+    monkeypatch.delenv(params.POKE_SECONDS_ENV, raising=False)
+    assert params.poke_seconds() == 15.0
+    monkeypatch.setenv(params.POKE_SECONDS_ENV, "2")
+    assert params.poke_seconds() == params.MIN_POKE_SECONDS
+    monkeypatch.setenv(params.POKE_SECONDS_ENV, "42")
+    assert params.poke_seconds() == 42.0
+    monkeypatch.setenv(params.POKE_SECONDS_ENV, "soon")
+    assert params.poke_seconds() == 15.0
+
+
+def test_the_form_shows_minutes_and_the_tasks_get_seconds():
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from orchestrator.lifecycle.await_ready import CATCHUP_DEADLINE_SECONDS
+    from orchestrator.lifecycle.rollback import ROLLBACK_DEADLINE_SECONDS
+
+    assert params.deadline_minutes_param(CATCHUP_DEADLINE_SECONDS, "d").value == CATCHUP_DEADLINE_SECONDS / 60 == 120
+    assert params.deadline_minutes_param(ROLLBACK_DEADLINE_SECONDS, "d").value == ROLLBACK_DEADLINE_SECONDS / 60 == 30
+    run = SimpleNamespace(start_date=datetime(2026, 1, 2, tzinfo=timezone.utc))
+    assert params.deadline_at(run, {"catchup_deadline_minutes": 30}) == run.start_date.timestamp() + 1800.0
 
 
 def test_refusals_fail_the_task_without_retry_only_inside_airflow(monkeypatch):
@@ -85,7 +93,7 @@ def test_refusals_fail_the_task_without_retry_only_inside_airflow(monkeypatch):
 
 
 def test_form_choices_read_only_files(kappa_env):
-    choices = tasks.form_choices()
+    choices = params.form_choices()
     assert choices["pipelines"] == ["std_a", "views"]
     assert choices["default_pipeline"] == "std_a"
     assert choices["rules_versions"] == ["v1", "v2"]

@@ -8,7 +8,7 @@ from control_helpers import ALIAS, PIPELINE, allocate, fake_running, make_spec, 
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.exceptions import LifecycleError, NotReadyError
 from orchestrator.dev.flipbench import flip_benchmark
-from orchestrator.jobctl.control import inspect_version, start_version
+from orchestrator.jobctl import inspect_version, start_version
 from orchestrator.lifecycle.monitor import monitor
 from orchestrator.lifecycle.reconcile import reconcile
 from orchestrator.serving import publish_current, resolve_alias

@@ -9,9 +9,9 @@ import pytest
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, profiles, write_table
 from orchestrator.lifecycle import promote as promote_mod
 from orchestrator.core.exceptions import ConflictError, LifecycleError, NotFoundError, NotReadyError
-from orchestrator.lifecycle.promote import promote
+from orchestrator.lifecycle.promote import promote, promote_target
 from orchestrator.lifecycle.reconcile import reconcile
-from orchestrator.lifecycle.rollback import rollback
+from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback, rollback
 from orchestrator.serving import read_pointer, resolve_alias
 
 ROWS_V1 = [("m1", "swe", "SWE", "Ada", 1), ("m2", "sr swe", "Sr SWE", "Alan", 2), ("m3", "pm", "PM", "Grace", 3)]
@@ -35,8 +35,8 @@ def test_first_promote_needs_no_key_comparison_and_publishes(k, fake_log):
     v = ready_version(k, fake_log, ROWS_V1)
     res = promote(k, PIPELINE, v, actor="alice", reason="first")
     assert res.flipped and res.published and res.previous_version is None
-    assert {c["name"]: c["ok"] for c in res.checks} == {"ready": True, "key_count": True, "reject_rate": True}
-    assert "first promote" in [c for c in res.checks if c["name"] == "key_count"][0]["detail"]
+    assert {c.name: c.ok for c in res.checks} == {"ready": True, "key_count": True, "reject_rate": True}
+    assert "first promote" in [c for c in res.checks if c.name == "key_count"][0].detail
     assert resolve_alias(ALIAS, k.settings)["version"] == v
     assert k.registry.get_version(PIPELINE, v).state == "serving"
     (entry,) = k.registry.audit_log(PIPELINE, action="promote")
@@ -51,14 +51,32 @@ def test_second_promote_reports_the_rules_changes_and_keeps_a_standby(k, fake_lo
     v2 = ready_version(k, fake_log, ROWS_V2)
     res = promote(k, PIPELINE, v2, actor="bob", reason="new rules")
     assert res.previous_version == v1
-    assert res.report["rows_changed"] == 2 and res.report["keys_new"] == res.report["keys_serving"] == 3
-    assert res.report["top_changes"]["title"] == [
+    assert res.report.rows_changed == 2 and res.report.keys_new == res.report.keys_serving == 3
+    assert res.report.top_changes["title"] == [
         {"old": "SWE", "new": "Software Engineer", "count": 1},
         {"old": "Sr SWE", "new": "Senior Software Engineer", "count": 1}]
     assert k.paths(PIPELINE, v2).report_file.exists()
     assert k.registry.get_version(PIPELINE, v1).state == "standby"
     assert "standby_since" in k.registry.get_version(PIPELINE, v1).details
     assert resolve_alias(ALIAS, k.settings)["version"] == v2
+
+
+def test_without_a_version_promote_serves_the_newest_caught_up_one(k, fake_log):
+    with pytest.raises(NotFoundError) as e:
+        promote(k, PIPELINE, actor="alice", reason="nothing yet")
+    assert str(e.value) == (f"{PIPELINE} has no caught-up version to promote (versions: none); name the version "
+                            f"to promote, or deploy one and wait until it is caught up")
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    lagging = allocate(k).version  # newer, but not caught up: not a promote target
+    k.registry.set_state(PIPELINE, lagging, "backfilling")
+    assert promote_target(k, PIPELINE) == v2
+    res = promote(k, PIPELINE, actor="alice", reason="newest ready")
+    assert res.flipped and res.version == v2
+    assert promote_target(k, PIPELINE) == v1  # v2 serves now: no longer caught_up
+    k.registry.set_state(PIPELINE, v1, "stopped")
+    with pytest.raises(NotFoundError, match=rf"versions: v{v1} stopped, v{v2} serving, v{lagging} backfilling\)"):
+        promote_target(k, PIPELINE)
 
 
 def test_promote_refused_while_lagging_with_the_exact_error_and_nothing_changed(k, fake_log):
@@ -240,6 +258,25 @@ def test_rollback_to_a_running_standby_is_a_flip(k, fake_log):
     assert k.registry.get_alias(ALIAS).previous_version == v2
     fwd = rollback(k, PIPELINE, actor="alice", reason="forward again", poll_seconds=0.01)
     assert fwd.to_version == v2 and resolve_alias(ALIAS, k.settings)["version"] == v2
+
+
+def test_rollback_in_two_halves_as_the_dag_runs_it(k, fake_log):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    plan = prepare_rollback(k, PIPELINE, actor="airflow:alice", reason="bad v2")
+    assert plan.model_dump(mode="json") == {
+        "pipeline": PIPELINE, "alias": ALIAS, "from_version": v2, "to_version": v1, "restarted": False,
+        "done": False, "message": f"{PIPELINE} v{v1} still runs: the flip needs no restart", "pointer": None}
+    assert k.registry.get_alias(ALIAS).version == v2  # the first half flips nothing
+    res = finish_rollback(k, plan, actor="airflow:alice", reason="bad v2", poll_seconds=0.01)
+    assert (res.from_version, res.to_version, res.flipped) == (v2, v1, True)
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1
+    again = prepare_rollback(k, PIPELINE, v1, actor="airflow:alice", reason="again")
+    assert again.done and again.message == f"{PIPELINE} v{v1} already serves alias '{ALIAS}'; nothing to roll back"
+    assert not finish_rollback(k, again, actor="airflow:alice").flipped
+    assert k.registry.get_alias(ALIAS).version == v1
 
 
 def test_rollback_restarts_a_stopped_version_from_its_checkpoint(k, fake_log, fake_jobs):
