@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.observe.lagplot import is_png
 
-KAPPA = [sys.executable, "-m", "orchestrator.cli.app"]
+KAPPA = [sys.executable, "-m", "orchestrator.cli"]
 DEMO_TIMEOUT = 1500  # seconds; on an idle 2-core machine it takes a few minutes at most
 SMALL = ["--records", "40000", "--keys", "10000", "--rate", "40"]
 
@@ -89,7 +89,7 @@ def test_demo_end_to_end(tmp_path, artifacts_dir):
     assert "demo finished in" in out
 
     # what it left: a registry, the pointer, the plot; the alias serves v2 again
-    from orchestrator.registry.store import Registry
+    from orchestrator.registry import Registry
 
     reg = Registry(f"sqlite:///{home / 'registry.db'}")
     try:

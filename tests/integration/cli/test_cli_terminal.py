@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-KAPPA = [sys.executable, "-m", "orchestrator.cli.app"]
+KAPPA = [sys.executable, "-m", "orchestrator.cli"]
 
 
 def _env() -> dict[str, str]:

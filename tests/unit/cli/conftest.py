@@ -29,7 +29,7 @@ def home(tmp_path, clean_env) -> Path:
 @pytest.fixture
 def run(home):
     """Invoke `kappa --home <home> ...` in-process; returns click's Result (stdout, stderr apart)."""
-    from orchestrator.cli.app import app
+    from orchestrator.cli import app
 
     runner = CliRunner()
 

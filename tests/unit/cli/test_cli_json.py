@@ -82,3 +82,18 @@ def test_airflow_status_when_none_runs(run):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"running": False, "alive": {}}
     assert "no Airflow runs" in run("airflow", "status").stdout
+
+
+def test_broker_status_trusts_only_a_record_of_a_live_process(run, home):
+    """A broker.json whose PID now belongs to another process (other creation time) is stale."""
+    import os
+
+    from orchestrator.jobctl.process import create_time
+
+    home.mkdir(parents=True)
+    record = {"pid": os.getpid(), "port": 9, "bootstrap_servers": "127.0.0.1:9", "created": create_time(os.getpid())}
+    (home / "broker.json").write_text(json.dumps({**record, "created": record["created"] - 3600}))
+    assert json.loads(run("broker", "status", "--json").stdout) == {"running": False}
+    (home / "broker.json").write_text(json.dumps(record))
+    status = json.loads(run("broker", "status", "--json").stdout)
+    assert status["running"] is True and status["pid"] == os.getpid()

@@ -6,7 +6,8 @@ import io
 
 from rich.console import Console
 
-from orchestrator.cli.app import error_line, render_report
+from orchestrator.cli.app import error_line
+from orchestrator.observe.render import render_report
 from orchestrator.observe.progress import LagProgress, fmt_eta
 
 
@@ -65,18 +66,30 @@ def test_render_report():
 
 def test_json_values_are_strict_json():
     import json
-    from dataclasses import dataclass
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from orchestrator.cli.app import _plain
+    from pydantic import BaseModel
 
-    @dataclass
-    class R:
+    from orchestrator.cli.render import to_json
+
+    class R(BaseModel):
         ratio: float
         at: datetime
         path: Path
+        pair: tuple[int, int]
 
-    data = _plain({"r": R(float("inf"), datetime(2026, 1, 2, tzinfo=timezone.utc), Path("/x")), 1: (1, 2)})
-    assert json.loads(json.dumps(data, allow_nan=False)) == {
-        "r": {"ratio": "inf", "at": "2026-01-02T00:00:00+00:00", "path": "/x"}, "1": [1, 2]}
+    r = R(ratio=float("inf"), at=datetime(2026, 1, 2, tzinfo=timezone.utc), path=Path("/x"), pair=(1, 2))
+    expected = {"ratio": "inf", "at": "2026-01-02T00:00:00Z", "path": "/x", "pair": [1, 2]}
+
+    def strict(text: str):
+        def refuse(name):
+            raise AssertionError(f"not strict JSON: {name}")
+
+        return json.loads(text, parse_constant=refuse)
+
+    assert strict(to_json(r)) == expected
+    assert strict(to_json([r, r])) == [expected, expected]
+    assert strict(to_json({"r": r, "n": float("-inf"), "title": "Señor"})) == {"r": expected, "n": "-inf",
+                                                                                "title": "Señor"}
+    assert "Señor" in to_json({"title": "Señor"})

@@ -1,0 +1,232 @@
+"""The commands that change a pipeline: deploy, promote, rollback, stop, retire, retention,
+reconcile, monitor. Each calls one verb with the defaults and units the Airflow tasks use
+(deadlines in seconds, the promote target of `promote_target`) and prints its result.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from orchestrator.cli.app import Actor, AsJson, Cli, Reason, app, cli_of, default_actor
+from orchestrator.cli.render import json_ready, print_json, print_result
+
+if TYPE_CHECKING:
+    from orchestrator.core.kappa import Kappa
+    from orchestrator.lifecycle.await_ready import Readiness
+
+__all__ = ["wait_with_progress"]
+
+#: Left out, `--deadline` and `--poll` take the verb's defaults, the ones the DAGs' forms show too.
+Deadline = Annotated[Optional[float], typer.Option("--deadline", min=1, help="seconds --wait waits at most (default: the kappa_reprocess DAG's catch-up deadline)")]
+Poll = Annotated[Optional[float], typer.Option("--poll", min=0.2, help="seconds between lag samples with --wait (default: the DAGs')")]
+
+
+def _given(**kwargs: Any) -> dict[str, Any]:
+    """The options the user set; the rest keep the verb's defaults."""
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+@app.command("deploy")
+def deploy_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name (see `kappa pipelines`)")],
+    rules: Annotated[Optional[str], typer.Option("--rules", help="rules version, e.g. v2 (default: the newest)")] = None,
+    threshold: Annotated[Optional[int], typer.Option("--threshold", min=0, help="catch-up threshold in records (default: the pipeline's)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="allow a source topic that is not compacted")] = False,
+    queue: Annotated[bool, typer.Option("--queue", help="deploy even while another version is in flight")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="then show its lag going down until it is ready")] = False,
+    deadline: Deadline = None,
+    poll: Poll = None,
+    actor: Actor = None,
+    reason: Reason = None,
+    as_json: AsJson = False,
+) -> None:
+    """Start a new version of a pipeline with the given rules, reading its topics from offset zero."""
+    from orchestrator.lifecycle.deploy import deploy
+
+    cli = cli_of(ctx)
+    k = cli.kappa()
+    info = deploy(k, pipeline, rules, actor=actor or default_actor(), reason=reason, threshold=threshold,
+                  force=force, queue=queue)
+    if not as_json:
+        cli.out.print(info.message)
+        for w in info.warnings:
+            cli.err.print(f"warning: {w}")
+        cli.out.print(f"  table {info.table}\n  log   {Path(info.run_dir) / 'job.log'}")
+    ready = None
+    if wait:
+        ready = wait_with_progress(cli, k, pipeline, info.version, actor=actor or default_actor(), quiet=as_json,
+                                   **_given(deadline_seconds=deadline, poll_seconds=poll))
+    if as_json:
+        print_json({"version": info, "readiness": ready})
+    elif wait:
+        cli.out.print(f"{pipeline} v{info.version} is ready: promote it with "
+                      f"`kappa promote {pipeline} {info.version}`")
+    else:
+        cli.out.print(f"watch it with `kappa status {pipeline} --watch`")
+
+
+def wait_with_progress(cli: Cli, k: Kappa, pipeline: str, version: int, *, actor: str, quiet: bool = False,
+                       **wait: float) -> Readiness:
+    """`wait_ready` drawing the lag going down (on stderr when stdout is for JSON)."""
+    from orchestrator.lifecycle.await_ready import POLL_SECONDS, wait_ready
+    from orchestrator.observe.progress import LagProgress
+
+    console = cli.err if quiet else cli.out
+    with LagProgress(console, line_every=max(wait.get("poll_seconds", POLL_SECONDS), 2.0)) as bars:
+        return wait_ready(k, pipeline, version, on_sample=bars.update, actor=actor, **wait)
+
+
+@app.command("promote")
+def promote_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name")],
+    version: Annotated[Optional[int], typer.Argument(min=1, help="version to serve (default: the newest caught-up one)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="check and print exactly what would happen; change nothing")] = False,
+    actor: Actor = None,
+    reason: Reason = None,
+    as_json: AsJson = False,
+) -> None:
+    """Check a version's preconditions and validation report, then flip the alias to it.
+
+    With --dry-run nothing changes; the exit code is 1 when the promote would be refused.
+    """
+    from orchestrator.lifecycle.promote import promote, promote_target
+    from orchestrator.observe.render import render_report
+
+    cli = cli_of(ctx)
+    k = cli.kappa()
+    n = version if version is not None else promote_target(k, pipeline)
+    result = promote(k, pipeline, n, actor=actor or default_actor(), reason=reason, dry_run=dry_run)
+    if as_json:
+        print_json(result)
+        return
+    render_report(cli.out, result.report)
+    print_result(cli.out, result)
+    if dry_run and not result.would_succeed:
+        raise typer.Exit(1)
+
+
+def _show(cli: Cli, result: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(result)
+    else:
+        print_result(cli.out, result)
+
+
+@app.command("rollback")
+def rollback_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name")],
+    to: Annotated[Optional[int], typer.Option("--to", min=1, help="version to serve (default: the previous serving one)")] = None,
+    deadline: Annotated[Optional[float], typer.Option("--deadline", min=1, help="seconds to wait for a restarted version to catch up (default: the kappa_rollback DAG's)")] = None,
+    actor: Actor = None,
+    reason: Reason = None,
+    as_json: AsJson = False,
+) -> None:
+    """Flip the alias back to the previous (or a named) version, restarting its job if needed."""
+    from orchestrator.lifecycle.rollback import rollback
+
+    cli = cli_of(ctx)
+    result = rollback(cli.kappa(), pipeline, to, actor=actor or default_actor(), reason=reason,
+                      **_given(deadline_seconds=deadline))
+    _show(cli, result, as_json)
+
+
+@app.command("stop")
+def stop_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name")],
+    version: Annotated[int, typer.Argument(min=1, help="version whose job to stop")],
+    force: Annotated[bool, typer.Option("--force", help="stop even the serving version's job (freezes what readers see)")] = False,
+    actor: Actor = None,
+    reason: Reason = None,
+    as_json: AsJson = False,
+) -> None:
+    """Stop a version's job gracefully (keeps its table and checkpoint)."""
+    from orchestrator.jobctl import stop_version
+
+    cli = cli_of(ctx)
+    result = stop_version(cli.kappa(), pipeline, version, actor=actor or default_actor(), reason=reason, force=force)
+    _show(cli, result, as_json)
+
+
+@app.command("retire")
+def retire_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name")],
+    version: Annotated[int, typer.Argument(min=1, help="version to retire")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would be deleted; delete nothing")] = False,
+    actor: Actor = None,
+    reason: Reason = None,
+    as_json: AsJson = False,
+) -> None:
+    """Stop a version's job and delete its table, checkpoint and consumer group."""
+    from orchestrator.lifecycle.retire import retire
+
+    cli = cli_of(ctx)
+    result = retire(cli.kappa(), pipeline, version, actor=actor or default_actor(), reason=reason, dry_run=dry_run)
+    _show(cli, result, as_json)
+
+
+@app.command("retention")
+def retention_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name")],
+    apply: Annotated[bool, typer.Option("--apply", help="retire the versions beyond keep_versions (default: dry run)")] = False,
+    actor: Actor = None,
+    as_json: AsJson = False,
+) -> None:
+    """Keep the pipeline's last K versions; show (or with --apply, retire) the older ones."""
+    from orchestrator.lifecycle.retire import apply_retention
+
+    cli = cli_of(ctx)
+    result = apply_retention(cli.kappa(), pipeline, actor=actor or default_actor(), dry_run=not apply)
+    _show(cli, result, as_json)
+
+
+@app.command("reconcile")
+def reconcile_cmd(ctx: typer.Context, actor: Actor = None, as_json: AsJson = False) -> None:
+    """Repair what a crash left half done (alias published late, dead jobs not yet marked failed)."""
+    from orchestrator.lifecycle.reconcile import reconcile
+
+    cli = cli_of(ctx)
+    actions = reconcile(cli.kappa(), actor=actor or default_actor())
+    if as_json:
+        print_json({"actions": actions})
+        return
+    if not actions:
+        cli.out.print("nothing to reconcile: the registry, the published aliases and the jobs agree")
+        return
+    for d in json_ready(actions):
+        where = f"{d.get('pipeline')}" + (f" v{d['version']}" if d.get("version") is not None else "")
+        rest = {k: v for k, v in d.items() if k not in ("kind", "pipeline", "version")}
+        cli.out.print(f"{d.get('kind', 'action')}: {where} {json.dumps(rest, ensure_ascii=False)}", markup=False)
+
+
+@app.command("monitor")
+def monitor_cmd(ctx: typer.Context, actor: Actor = None, as_json: AsJson = False) -> None:
+    """One monitoring pass: sample lag, detect failed jobs, reconcile, stop expired standbys."""
+    from orchestrator.lifecycle.monitor import monitor
+
+    cli = cli_of(ctx)
+    report = monitor(cli.kappa(), actor=actor or default_actor(), raise_on_problem=False)
+    if as_json:
+        print_json(report)
+    else:
+        d = json_ready(report)
+        for v in d.get("versions") or []:
+            cli.out.print(json.dumps(v, ensure_ascii=False), markup=False)
+        for key in ("reconciled", "stopped"):
+            for item in d.get(key) or []:
+                cli.out.print(f"{key}: {json.dumps(item, ensure_ascii=False)}", markup=False)
+        for e in d.get("errors") or []:
+            cli.err.print(f"error: {e}", markup=False)
+        for p in d.get("problems") or []:
+            cli.err.print(f"problem: {p}", markup=False)
+    if report.problems:
+        raise typer.Exit(1)

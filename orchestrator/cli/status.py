@@ -1,0 +1,212 @@
+"""The read commands: `pipelines`, `status` (and `--watch`), `history`, `lag-plot`.
+
+They change nothing except that `status --watch` records the lag samples it takes (the same
+samples `kappa lag-plot` draws). With `--json` the first three print what scripts rely on.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from orchestrator.cli.app import AsJson, Cli, app, cli_of
+from orchestrator.cli.render import history_table, pipelines_table, print_json, status_table
+from orchestrator.core.exceptions import ConfigError, KappaError
+from orchestrator.core.states import LIVE, VersionState
+
+if TYPE_CHECKING:
+    from orchestrator.core.kappa import Kappa
+    from orchestrator.registry import AliasRecord, VersionRecord
+
+__all__ = ["pipelines_data", "status_data", "version_status"]
+
+
+def pipelines_data(k: Kappa) -> list[dict[str, Any]]:
+    """Each declared pipeline as JSON: its spec, its rules versions, what its alias serves, its version count."""
+    from jobs.lib.rules import available_rules
+
+    out = []
+    for name, spec in k.pipelines.items():
+        d = spec.model_dump(mode="json")
+        d.setdefault("key_columns", list(spec.key_columns))
+        rules: list[str] = []
+        if spec.ruleset:
+            try:
+                rules = list(available_rules(spec.ruleset))
+            except KappaError:
+                rules = []
+        alias = k.registry.get_alias(spec.alias)
+        d.update(name=name, rules_versions=rules,
+                 serving_version=alias.version if alias is not None else None,
+                 versions=len(k.registry.list_versions(name)))
+        out.append(d)
+    return out
+
+
+@app.command("pipelines")
+def pipelines_cmd(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """List the declared pipelines, their rules versions and what their alias serves."""
+    cli = cli_of(ctx)
+    data = pipelines_data(cli.kappa())
+    pipelines_file = cli.settings().pipelines_file
+    if as_json:
+        print_json({"pipelines_file": str(pipelines_file), "pipelines": data})
+    else:
+        cli.out.print(pipelines_table(pipelines_file, data))
+
+
+def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasRecord | None, *,
+                   record: bool = False) -> dict[str, Any]:
+    """One row of `kappa status`: registry record, job, lag and readiness of a version."""
+    from orchestrator.jobctl import inspect_version
+    from orchestrator.lifecycle.await_ready import readiness
+
+    n = rec.version
+    row: dict[str, Any] = {
+        "version": n,
+        "state": rec.state,
+        "serving": alias is not None and alias.pipeline == pipeline and alias.version == n,
+        "rules_version": rec.rules_version,
+        "rules_hash": rec.rules_hash,
+        "created_at": rec.created_at,
+    }
+    if rec.state == VersionState.RETIRED:
+        row.update(job=None, readiness=None, lag=None, partitions={}, eta_seconds=None, rejects=None)
+        return row
+    job = inspect_version(k, pipeline, n)
+    row["job"] = {"health": job.health, "pid": job.pid if job.alive else None, "batches": job.batches,
+                  "rows_in": job.rows_in, "rows_out": job.rows_out, "error": job.error}
+    row["rejects"] = job.rejects
+    if rec.state in LIVE or job.alive:
+        r = readiness(k, pipeline, n, record=record)
+        row.update(readiness=r.state, lag=r.total_lag, partitions=r.partitions, eta_seconds=r.eta_seconds,
+                   consecutive_ok=r.consecutive_ok, required_samples=r.required_samples,
+                   threshold=r.threshold, reason=r.reason, lag_error=r.lag_error)
+    else:
+        row.update(readiness=None, lag=None, partitions={}, eta_seconds=None)
+    return row
+
+
+def _versions(k: Kappa, pipeline: str) -> list[VersionRecord]:
+    return sorted(k.registry.list_versions(pipeline), key=lambda r: r.version)
+
+
+def status_data(k: Kappa, pipelines: list[str], *, record: bool = False) -> list[dict[str, Any]]:
+    """`kappa status --json`: per pipeline, its alias and every version's row."""
+    out = []
+    for name in pipelines:
+        spec = k.pipeline(name)
+        alias = k.registry.get_alias(spec.alias)
+        out.append({
+            "pipeline": name,
+            "alias": spec.alias,
+            "serving_version": alias.version if alias is not None else None,
+            "previous_version": alias.previous_version if alias is not None else None,
+            "versions": [version_status(k, name, rec, alias, record=record) for rec in _versions(k, name)],
+        })
+    return out
+
+
+def _status_pipelines(k: Kappa, pipeline: str | None, all_: bool) -> list[str]:
+    if pipeline:
+        k.pipeline(pipeline)
+        return [pipeline]
+    names = list(k.pipelines)
+    return names if all_ else [n for n in names if k.registry.list_versions(n)]
+
+
+@app.command("status")
+def status_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[Optional[str], typer.Argument(help="one pipeline (default: every pipeline with versions)")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="list pipelines without versions too")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="live progress bars of lag going down, until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.5, help="seconds between samples with --watch")] = 2.0,
+    until_ready: Annotated[bool, typer.Option("--until-ready", help="with --watch: exit once every running version is ready")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Every version with its state, lag, ETA and rejects. `--watch` samples lag into the registry."""
+    cli = cli_of(ctx)
+    k = cli.kappa()
+    names = _status_pipelines(k, pipeline, all_)
+    if watch:
+        if as_json:
+            raise typer.BadParameter("--watch draws progress bars; use --json without --watch",
+                                     param_hint="--json")
+        _watch(cli, k, names, interval, until_ready)
+        return
+    data = status_data(k, names)
+    if as_json:
+        print_json({"pipelines": data})
+        return
+    if not data:
+        cli.out.print("no pipeline has a version yet: deploy one with `kappa deploy <pipeline>` "
+                      "(`kappa pipelines` lists them)")
+        return
+    for p in data:
+        served = "nothing" if p["serving_version"] is None else f"v{p['serving_version']}"
+        cli.out.print(f"[bold]{p['pipeline']}[/]: alias {p['alias']} serves {served}")
+    cli.out.print(status_table(data))
+
+
+def _watch(cli: Cli, k: Kappa, names: list[str], interval: float, until_ready: bool) -> None:
+    from orchestrator.lifecycle.await_ready import readiness
+    from orchestrator.observe.progress import LagProgress
+
+    cli.out.print(f"watching {', '.join(names) or 'nothing'} every {interval:g} s (Ctrl-C to stop); "
+                  f"each sample is recorded for `kappa lag-plot`")
+    with LagProgress(cli.out, line_every=interval) as bars:
+        while True:
+            states = []
+            for name in names:
+                for rec in _versions(k, name):
+                    if rec.state not in LIVE:
+                        continue
+                    r = readiness(k, name, rec.version, record=True)
+                    bars.update(r)
+                    states.append(r.state)
+            if until_ready and states and all(s == "ready" for s in states):
+                return
+            if until_ready and not states:
+                raise ConfigError(f"no version of {', '.join(names)} is running: nothing to wait for")
+            time.sleep(interval)
+
+
+@app.command("history")
+def history_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[Optional[str], typer.Argument(help="one pipeline (default: all)")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="newest entries to show")] = 50,
+    as_json: AsJson = False,
+) -> None:
+    """The audit log: who did what, when, to which version, why, and the outcome."""
+    cli = cli_of(ctx)
+    k = cli.kappa()
+    if pipeline:
+        k.pipeline(pipeline)
+    entries = [e.model_dump(mode="json") for e in k.registry.audit_log(pipeline, limit=limit)]
+    if as_json:
+        print_json({"entries": entries})
+    elif not entries:
+        cli.out.print("the audit log is empty")
+    else:
+        cli.out.print(history_table(entries))
+
+
+@app.command("lag-plot")
+def lag_plot_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name")],
+    version: Annotated[Optional[list[int]], typer.Option("--version", min=1, help="a version to plot (repeatable; default: all)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="PNG file (default: <home>/plots/<pipeline>-lag.png)")] = None,
+) -> None:
+    """Write a PNG of each version's lag over time (the catch-up curve) from the registry's samples."""
+    from orchestrator.observe.lagplot import plot_pipeline_lag
+
+    cli = cli_of(ctx)
+    path = out or Path(cli.settings().home) / "plots" / f"{pipeline}-lag.png"
+    written = plot_pipeline_lag(cli.kappa(), pipeline, path, versions=version or None)
+    cli.out.print(f"wrote {written}")
