@@ -31,11 +31,16 @@ from functools import partial
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
+from pyspark.sql.streaming import StreamingQuery
 
-from jobs.lib.events import (
-    AD_CLICK, AD_IMPRESSION, TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns,
-    parse_batches, parsed_ddl, rejects_and_counts, start_query,
+from jobs.lib.events import AD_CLICK, AD_IMPRESSION, parse_batches, parsed_ddl
+from jobs.lib.runtime import JobContext, run
+from jobs.lib.seedjob import (
+    TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, rejects_and_counts,
+    start_query,
 )
+
+__all__ = ["OPTIONS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "transform", "build"]
 
 log = logging.getLogger("kappa.ad_click_join")
 
@@ -62,7 +67,7 @@ def transform(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT
               clicks_watermark: str = DEFAULT_WATERMARK) -> DataFrame:
     """Kafka rows of the impressions and clicks topics -> joined pairs, rejects and input counts.
 
-    Columns: `OUTPUT_DDL`, then `jobs.lib.events.TAIL_DDL`.
+    Columns: `OUTPUT_DDL`, then `jobs.lib.seedjob.TAIL_DDL`.
     """
     imps = impressions.mapInArrow(partial(parse_batches, AD_IMPRESSION), parsed_ddl(AD_IMPRESSION))
     clks = clicks.mapInArrow(partial(parse_batches, AD_CLICK), parsed_ddl(AD_CLICK))
@@ -82,7 +87,7 @@ def transform(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT
     return pairs.unionByName(sides[0]).unionByName(sides[1])
 
 
-def build(ctx):
+def build(ctx: JobContext) -> StreamingQuery:
     """Start the query (runtime contract): `--topics <impressions>,<clicks>`, `--extra` bound and
     watermarks. Each topic is its own source (both commit to the version's consumer group)."""
     impressions, clicks = job_topics(ctx, ("ad impressions", "ad clicks"), "ad_click_join")
@@ -93,6 +98,4 @@ def build(ctx):
 
 
 if __name__ == "__main__":
-    from jobs.lib.runtime import run
-
     run(build)

@@ -31,12 +31,16 @@ from typing import Iterator
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from jobs.lib.events import (
-    PAGE_VIEW, PROFILE, TAIL_DDL, decode_key, job_options, job_topics, make_writer, parse_value, reject_row,
-    rows_frame, start_query,
+from jobs.lib.events import PAGE_VIEW, PROFILE, decode_key, parse_value
+from jobs.lib.runtime import JobContext, run
+from jobs.lib.seedjob import (
+    TAIL_DDL, job_options, job_topics, make_writer, reject_row, rows_frame, start_query,
 )
+
+__all__ = ["OUTPUT_SCHEMA", "OUTPUT_DDL", "enrich_member", "transform", "build"]
 
 log = logging.getLogger("kappa.pageview_enrich")
 
@@ -107,7 +111,7 @@ def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Itera
 
 def transform(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
     """Kafka rows of both topics -> enriched views to append, rejects and input counts
-    (`jobs.lib.events.TAIL_DDL`)."""
+    (`jobs.lib.seedjob.TAIL_DDL`)."""
     return (
         source.select("key", "value", "topic", "partition", "offset", "timestamp")
         .groupBy("key")
@@ -116,7 +120,7 @@ def transform(source: DataFrame, views_topic: str, profiles_topic: str) -> DataF
     )
 
 
-def build(ctx):
+def build(ctx: JobContext) -> StreamingQuery:
     """Start the query (runtime contract): `--topics <page views>,<profiles>`, one source over both."""
     views, profiles = job_topics(ctx, ("page views", "member profiles"), "pageview_enrich")
     job_options(ctx, {}, "pageview_enrich")
@@ -126,6 +130,4 @@ def build(ctx):
 
 
 if __name__ == "__main__":
-    from jobs.lib.runtime import run
-
     run(build)

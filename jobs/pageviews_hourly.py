@@ -31,11 +31,16 @@ from functools import partial
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
+from pyspark.sql.streaming import StreamingQuery
 
-from jobs.lib.events import (
-    PAGE_VIEW, TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, parse_batches,
-    parsed_ddl, rejects_and_counts, start_query,
+from jobs.lib.events import PAGE_VIEW, parse_batches, parsed_ddl
+from jobs.lib.runtime import JobContext, run
+from jobs.lib.seedjob import (
+    TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, rejects_and_counts,
+    start_query,
 )
+
+__all__ = ["OPTIONS", "KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "transform", "build"]
 
 log = logging.getLogger("kappa.pageviews_hourly")
 
@@ -58,7 +63,7 @@ def transform(source: DataFrame, *, window: str = DEFAULT_WINDOW,
               watermark: str = DEFAULT_WATERMARK) -> DataFrame:
     """Kafka source rows -> updated window counts, rejects and input counts, in one stream.
 
-    Columns: `OUTPUT_DDL`, then `jobs.lib.events.TAIL_DDL` (null on count rows). The rejects branch is
+    Columns: `OUTPUT_DDL`, then `jobs.lib.seedjob.TAIL_DDL` (null on count rows). The rejects branch is
     a stateless union with the aggregation (one query, one sink), so Spark reads each micro-batch's
     offset range once per branch.
     """
@@ -75,7 +80,7 @@ def transform(source: DataFrame, *, window: str = DEFAULT_WINDOW,
     return counts.unionByName(side)
 
 
-def build(ctx):
+def build(ctx: JobContext) -> StreamingQuery:
     """Start the query (runtime contract): `--topics <page views>`, `--extra` window/watermark."""
     job_topics(ctx, ("page views",), "pageviews_hourly")
     options = job_options(ctx, OPTIONS, "pageviews_hourly")
@@ -85,6 +90,4 @@ def build(ctx):
 
 
 if __name__ == "__main__":
-    from jobs.lib.runtime import run
-
     run(build)

@@ -38,12 +38,16 @@ from typing import Iterator
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from jobs.lib.events import (
-    PROFILE, SETTINGS, TAIL_DDL, decode_key, job_options, job_topics, make_writer, parse_value, reject_row,
-    rows_frame, start_query,
+from jobs.lib.events import PROFILE, SETTINGS, decode_key, parse_value
+from jobs.lib.runtime import JobContext, run
+from jobs.lib.seedjob import (
+    TAIL_DDL, job_options, job_topics, make_writer, reject_row, rows_frame, start_query,
 )
+
+__all__ = ["KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "join_member", "transform", "build"]
 
 log = logging.getLogger("kappa.profile_settings_join")
 
@@ -117,7 +121,7 @@ def join_member(profiles_topic: str, settings_topic: str, key: tuple, pdfs: Iter
 
 def transform(source: DataFrame, profiles_topic: str, settings_topic: str) -> DataFrame:
     """Kafka rows of both topics -> joined rows to upsert (`_deleted` marks deletes), rejects and
-    input counts (`jobs.lib.events.TAIL_DDL`)."""
+    input counts (`jobs.lib.seedjob.TAIL_DDL`)."""
     return (
         source.select("key", "value", "topic", "partition", "offset", "timestamp")
         .groupBy("key")
@@ -126,7 +130,7 @@ def transform(source: DataFrame, profiles_topic: str, settings_topic: str) -> Da
     )
 
 
-def build(ctx):
+def build(ctx: JobContext) -> StreamingQuery:
     """Start the query (runtime contract): `--topics <profiles>,<settings>`, one source over both."""
     profiles, settings = job_topics(ctx, ("member profiles", "member settings"), "profile_settings_join")
     job_options(ctx, {}, "profile_settings_join")
@@ -136,6 +140,4 @@ def build(ctx):
 
 
 if __name__ == "__main__":
-    from jobs.lib.runtime import run
-
     run(build)

@@ -24,6 +24,11 @@ import pyarrow.compute as pc
 
 from orchestrator.core.exceptions import SinkError
 
+__all__ = ["DELETED", "REJECTS_SCHEMA", "WriteResult", "DeltaSink", "count_rows", "read_table", "latest_per_key"]
+
+#: The boolean column of an upsert's input that marks a key to delete (never written to the table).
+DELETED = "_deleted"
+
 REJECTS_SCHEMA = pa.schema([
     ("key", pa.binary()),
     ("value", pa.binary()),
@@ -145,7 +150,7 @@ class DeltaSink:
         return WriteResult(batch_id, False, "append", table.num_rows, dt.version())
 
     def upsert(self, batch_id: int, table: pa.Table, key_columns: list[str],
-               deleted_column: str = "_deleted", end_offsets: dict | None = None,
+               deleted_column: str = DELETED, end_offsets: dict | None = None,
                order_column: str | None = None) -> WriteResult:
         """Merge a micro-batch by key: latest row per key wins, rows flagged `deleted_column` delete.
 
@@ -231,11 +236,3 @@ def _check_columns(dt, uri: str, columns: list[str], batch_id: int) -> None:
 def _is_empty(dt) -> bool:
     return len(dt.file_uris()) == 0
 
-
-def commit_history(uri: str | Path, limit: int | None = None) -> list[dict]:
-    """Commit infos, newest first, with the kappa metadata (batch_id, end_offsets, rules_hash, ...)."""
-    from deltalake import DeltaTable
-
-    if not _exists(str(uri)):
-        raise SinkError(f"no Delta table at {uri}")
-    return DeltaTable(str(uri)).history(limit)

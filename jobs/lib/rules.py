@@ -55,6 +55,9 @@ from typing import Any
 
 from orchestrator.core.exceptions import RulesError
 
+__all__ = ["FORMAT_VERSION", "RULES_DIR", "SECTIONS", "normalize", "RegexRule", "FieldRules", "Rules", "rules_path",
+           "available_rules", "load_rules"]
+
 FORMAT_VERSION = 1
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 

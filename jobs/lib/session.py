@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+__all__ = ["find_java17", "spark_env", "prepare_environment", "build_session"]
+
 JAVA17_CANDIDATES = (
     "/usr/lib/jvm/java-17-openjdk-amd64",
     "/usr/lib/jvm/java-17-openjdk-arm64",

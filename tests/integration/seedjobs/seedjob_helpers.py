@@ -4,7 +4,6 @@ compute expected results independently of the job code (plain json + datetime, n
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -40,7 +39,7 @@ class JobRun:
     def context(self, spark) -> JobContext:
         args = parse_args(self.argv)
         status = Status(self.run_dir / "status.json", args.pipeline, args.version, args.trigger)
-        return JobContext(args, spark, status, threading.Event())
+        return JobContext(args, spark, status)
 
     def run_in_process(self, spark, build) -> JobContext:
         """build(ctx), then wait for the available-now query to end; its exception fails the test."""
@@ -56,7 +55,7 @@ class JobRun:
         assert query.exception() is None, query.exception()
         self.progress = [json.loads(p.json) for p in query.recentProgress]
         for p in self.progress:
-            ctx._on_progress(p)
+            ctx.on_progress(p)
         return ctx
 
     def table(self) -> list[dict]:

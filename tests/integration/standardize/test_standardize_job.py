@@ -12,9 +12,10 @@ from deltalake import DeltaTable
 
 from jobs.lib.delta_sink import count_rows, read_table
 from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
+from jobs.lib.profiles import OUTPUT_SCHEMA
 from jobs.lib.rules import rules_path
 from jobs.lib.runtime import read_status
-from jobs.standardize import OUTPUT_SCHEMA, make_writer
+from jobs.standardize import make_writer
 
 pytestmark = pytest.mark.integration
 

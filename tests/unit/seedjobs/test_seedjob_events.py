@@ -12,8 +12,9 @@ from orchestrator.dev import seedgen
 
 from jobs.lib.events import (
     AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_batches,
-    parse_record, parse_timestamp, parsed_schema, rejects_and_counts,
+    parse_record, parse_timestamp, parsed_schema,
 )
+from jobs.lib.seedjob import rejects_and_counts
 
 UTC = timezone.utc
 

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from jobs.lib.events import AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, SeedBatchWriter, job_options, \
-    job_topics, parse_record
+from jobs.lib.events import AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_record
+from jobs.lib.seedjob import SeedBatchWriter, job_options, job_topics
 from jobs.pageviews_hourly import OUTPUT_SCHEMA as HOURLY_SCHEMA
 from jobs.profile_settings_join import OUTPUT_SCHEMA as JOIN_SCHEMA
 from orchestrator.dev import seedgen
@@ -54,9 +54,9 @@ def hourly_batch() -> pa.Table:
 
 
 def test_writer_splits_rows_rejects_and_counts(monkeypatch):
-    import jobs.lib.delta_sink
+    import jobs.lib.seedjob
 
-    monkeypatch.setattr(jobs.lib.delta_sink, "count_rows", lambda uri: 4)
+    monkeypatch.setattr(jobs.lib.seedjob, "count_rows", lambda uri: 4)
     sink, reported = FakeSink(), []
     writer = SeedBatchWriter(sink, HOURLY_SCHEMA, mode="upsert", key_columns=["member_id", "window_start"],
                              end_offsets=lambda b: {"pv": {"0": b}},

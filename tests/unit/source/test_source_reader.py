@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from jobs.lib import kafka as kafka_source
+from jobs.lib.kafka import reading
 from jobs.lib.kafka import KafkaRange, SourceSettings, arrow_schema, messages_to_batch, read_range
 from orchestrator.core.exceptions import SourceError
 
@@ -103,7 +103,7 @@ def fake_log(monkeypatch):
         return log
 
     monkeypatch.setattr(confluent_kafka, "Consumer", lambda conf: FakeConsumer(holder["log"], conf))
-    monkeypatch.setattr(kafka_source._RangeReader, "STALL_CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(reading._RangeReader, "STALL_CHECK_SECONDS", 0.05)
     return install
 
 
@@ -156,7 +156,7 @@ def test_arrow_batches_are_bounded(fake_log):
     fake_log(FakeLog({o: (b"k", b"v") for o in range(25_000)}))
     batches = list(read_range(settings(**{"arrow.batch.rows": "10000"}), KafkaRange("t", 0, 0, 25_000)))
     assert sum(b.num_rows for b in batches) == 25_000
-    assert max(b.num_rows for b in batches) <= 10_000 + kafka_source._RangeReader.CHUNK
+    assert max(b.num_rows for b in batches) <= 10_000 + reading._RangeReader.CHUNK
 
 
 def test_log_start_moved_past_the_range_start_fails_by_default(fake_log):

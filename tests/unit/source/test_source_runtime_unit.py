@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
-from jobs.lib.runtime import JobContext, Status, parse_args, read_status, summarize_error, write_json_atomic
+from jobs.lib.runtime import JobContext, Status, parse_args, read_status, summarize_error
+from orchestrator.core.files import write_json_atomic
 from orchestrator.core.exceptions import SourceError
 
 ARGS = ["--pipeline", "standardize", "--version", "3", "--bootstrap-servers", "127.0.0.1:9092",
@@ -40,7 +40,7 @@ def test_bad_arguments_are_refused(capsys, extra, fragment):
 def _ctx(tmp_path, *more):
     args = parse_args(ARGS + ["--run-dir", str(tmp_path)] + list(more))
     status = Status(tmp_path / "status.json", args.pipeline, args.version, args.trigger)
-    return JobContext(args, spark=None, status=status, stop_event=threading.Event())
+    return JobContext(args, spark=None, status=status)
 
 
 def test_source_options_and_trigger(tmp_path):
@@ -65,10 +65,10 @@ def test_batch_accounting_from_listener_and_job(tmp_path):
     ctx = _ctx(tmp_path)
     ctx.status.update(state="running")
     ctx.record_batch(0, rows_in=10, rows_out=8, rejects=2, rejects_total=2)
-    ctx._on_progress(_progress(0, 10, {"a": {"0": 10}}))
-    ctx._on_progress(_progress(0, 10, {"a": {"0": 10}}))          # duplicates are ignored
-    ctx._on_progress(_progress(1, 5, {"a": {"0": 15}}))           # a batch the job did not report
-    ctx._on_progress({"id": "q", "batchId": 2, "numInputRows": 0,  # an idle trigger, not a batch
+    ctx.on_progress(_progress(0, 10, {"a": {"0": 10}}))
+    ctx.on_progress(_progress(0, 10, {"a": {"0": 10}}))          # duplicates are ignored
+    ctx.on_progress(_progress(1, 5, {"a": {"0": 15}}))           # a batch the job did not report
+    ctx.on_progress({"id": "q", "batchId": 2, "numInputRows": 0,  # an idle trigger, not a batch
                       "durationMs": {"latestOffset": 3, "triggerExecution": 3}, "sources": []})
     ctx.record_batch(0, rows_in=10, rows_out=9, rejects=1)         # re-reported: replaces
     s = read_status(tmp_path)
@@ -95,7 +95,7 @@ def test_error_summary_finds_the_kappa_error_inside_a_spark_failure():
 
     spark_text = ("[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted.\n"
                   "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
-                  '  File "/x/jobs/kafka_source.py", line 1, in read\n'
+                  '  File "/x/jobs/lib/kafka/reading.py", line 1, in read\n'
                   "orchestrator.core.exceptions.SourceError: the broker no longer has offset 5 of topic t\n"
                   "\tat org.apache.spark.Foo.bar(Foo.scala:1)")
     assert summarize_error(StreamingQueryException(spark_text)) == \

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from jobs.lib.rules import load_rules, rules_path
-from jobs.standardize import OUTPUT_SCHEMA, parse_one, parse_profiles, transform_batch
+from jobs.lib.profiles import OUTPUT_SCHEMA, parse_one, parse_profiles, transform_batch
 from orchestrator.dev.datagen import LogRecord, expected_table, generate_changelog, partition_for
 
 V2 = load_rules(rules_path("titles", "v2"))
@@ -128,7 +128,7 @@ def test_empty_batch():
 @pytest.mark.parametrize("bad_every", [1, 3, 50, 997, None])
 def test_fast_and_slow_parsing_agree_record_by_record(bad_every, threads, monkeypatch):
     """Whatever the density of bad records, parse_profiles decides each value like parse_one."""
-    import jobs.standardize as std
+    import jobs.lib.profiles as std
 
     monkeypatch.setattr(std, "PARSE_THREADS", threads)
     monkeypatch.setattr(std, "PARSE_MIN_PER_THREAD", 1000)

@@ -1,0 +1,187 @@
+"""``format("kappa_kafka")``: the Kafka source's Spark DataSource and its stream reader.
+
+Where each part runs:
+
+* ``KafkaDataSource`` and ``KafkaStreamReader.__init__`` run on the driver, in the planner process
+  and in the long-lived Python process that serves the streaming engine; the reader is pickled to
+  the executors, so it holds settings only and opens Kafka clients lazily.
+* ``initialOffset``, ``latestOffset``, ``prepareForTriggerAvailableNow``, ``partitions``,
+  ``commit``, ``reportLatestOffset`` and ``stop`` run on the driver, in that one process, so the
+  admin client and the available-now target survive between calls.
+* ``read`` runs on an executor, once per ``KafkaRange``, with a consumer of its own
+  (`jobs.lib.kafka.reading`).
+
+Spark pickles these classes by module path (``jobs.lib.kafka.source``), so every process that
+runs them imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Iterator, Sequence
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from jobs.lib.kafka.broker import Broker
+from jobs.lib.kafka.options import SourceSettings
+from jobs.lib.kafka.planning import TP, map_to_offsets, offsets_to_map, plan_end_offsets, plan_ranges
+from jobs.lib.kafka.reading import SCHEMA, KafkaRange, read_range
+from orchestrator.core.exceptions import SourceError
+
+__all__ = ["NAME", "KafkaDataSource", "KafkaStreamReader"]
+
+log = logging.getLogger("kappa.source")
+
+NAME = "kappa_kafka"
+
+
+class KafkaDataSource(DataSource):
+    """``format("kappa_kafka")``: a streaming source over one or more Kafka topics."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> "KafkaStreamReader":
+        """Runs on the driver; validates the options so a mistake fails before the query starts."""
+        return KafkaStreamReader(SourceSettings.from_options(self.options))
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches on the driver and reads offset ranges on executors.
+
+    Picklable: only ``settings`` travels; Kafka clients and the available-now target live in the
+    driver's long-lived Python process and are dropped on pickling.
+    """
+
+    def __init__(self, settings: SourceSettings):
+        self.settings = settings
+        self._broker: Broker | None = None
+        self._target: dict[TP, int] | None = None
+        self._latest: dict[TP, int] | None = None
+        self._group_committed: dict[TP, int] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"settings": self.settings, "_broker": None, "_target": None, "_latest": None,
+                "_group_committed": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def broker(self) -> Broker:
+        if self._broker is None:
+            self._broker = Broker(self.settings)
+        return self._broker
+
+    # --- driver ---------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        """Driver. Earliest (or the given starting offsets) for every partition of every topic."""
+        tps = self.broker.partitions(required=True)
+        wms = self.broker.watermarks(tps)
+        mode = self.settings.starting_offsets
+        given = {} if mode in ("earliest", "latest") else offsets_to_map(json.loads(mode))
+        start: dict[TP, int] = {}
+        for tp in tps:
+            o = given.get(tp, -1 if mode == "latest" else -2)
+            start[tp] = wms[tp].low if o == -2 else wms[tp].high if o == -1 else o
+        unknown = sorted(set(given) - set(tps))
+        if unknown:
+            raise SourceError(f"starting.offsets names partitions that do not exist: {unknown}; "
+                              f"existing partitions: {tps}")
+        log.info("initial offsets %s", map_to_offsets(start))
+        return map_to_offsets(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """Driver. At most ``max.records.per.batch`` records (offsets) per micro-batch."""
+        return ReadMaxRows(self.settings.max_records_per_batch)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Driver, once at the start of an available-now query: fix the end offsets to reach."""
+        tps = self.broker.partitions(required=True)
+        wms = self.broker.watermarks(tps)
+        self._target = {tp: w.high for tp, w in wms.items()}
+        log.info("available-now target offsets %s", map_to_offsets(self._target))
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """Driver. End offsets of the next micro-batch: up to the latest offsets (or the
+        available-now target), capped by ``limit``; new partitions are included from offset 0."""
+        start_map = offsets_to_map(start)
+        # Spark only asks for the next batch once the previous one is committed, so ``start`` is
+        # processed: committing it here keeps the group current while the query idles and after
+        # the last available-now batch (Spark calls commit() only when it plans the next batch).
+        self._commit_group(start_map)
+        tps = self.broker.partitions(required=False)
+        wms = self.broker.watermarks(tps, tolerate=True)
+        self._latest = {tp: w.high for tp, w in wms.items()}
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if not isinstance(limit, (ReadMaxRows, ReadAllAvailable)):
+            log.warning("read limit %r is not supported; reading all available", limit)
+        plan = plan_end_offsets(start_map, wms, max_rows=max_rows, target=self._target,
+                                on_missing=self.settings.on_missing_offsets)
+        for (t, p), (a, b) in plan.skipped.items():
+            if b > a:
+                log.warning("on.missing.offsets=earliest: %s[%d] skips offsets %d..%d (%d offsets the "
+                            "broker no longer has)", t, p, a, b - 1, b - a)
+            else:
+                log.warning("on.missing.offsets=earliest: %s[%d] checkpointed offset %d is beyond the "
+                            "log end; continuing from the log start %d", t, p, a, b)
+        for t, p in plan.new_partitions:
+            if start_map:
+                log.info("new partition %s[%d] found; reading it from offset 0", t, p)
+        return map_to_offsets(plan.end)
+
+    def reportLatestOffset(self) -> dict | None:
+        """Driver. The latest offsets seen by the last `latestOffset` call (for query progress)."""
+        return map_to_offsets(self._latest) if self._latest else None
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """Driver. One `KafkaRange` per partition with data, large ones split (deterministic)."""
+        ranges = plan_ranges(offsets_to_map(start), offsets_to_map(end),
+                             min_partitions=self.settings.min_partitions,
+                             split_min_records=self.settings.split_min_records)
+        return [KafkaRange(r.topic, r.partition, r.start, r.end, r.new) for r in ranges]
+
+    def commit(self, end: dict) -> None:
+        """Driver, after Spark committed the batch ending at ``end``: tell the consumer group.
+
+        Best effort: the Spark checkpoint is the truth, a failed group commit is only logged.
+        """
+        self._commit_group(offsets_to_map(end))
+
+    def _commit_group(self, offsets: dict[TP, int]) -> None:
+        if not self.settings.group_id or not offsets:
+            return
+        if offsets == self._group_committed and not self.broker.commit_failed:
+            return
+        try:
+            self.broker.commit_failed = False
+            self.broker.commit_group(self.settings.group_id, offsets)
+            self._group_committed = dict(offsets)
+        except Exception as e:
+            log.warning("could not commit offsets to consumer group %s (lag tools will lag behind; "
+                        "the Spark checkpoint is unaffected): %s", self.settings.group_id, e)
+
+    def stop(self) -> None:
+        """Driver, when the query terminates."""
+        if self._broker is not None:
+            self._broker.close()
+            self._broker = None
+
+    # --- executor -------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator:
+        """Executor. Yields pyarrow RecordBatches of the records in ``[start, end)``. Stateless."""
+        return read_range(self.settings, partition)

@@ -1,0 +1,55 @@
+"""The process runtime every kappa job shares: arguments, Spark, status file, graceful stop.
+
+A job module is::
+
+    from jobs.lib.runtime import JobContext, run
+
+    def build(ctx: JobContext):
+        df = ctx.read_stream()                      # the Kafka source, options from the arguments
+        return (df.writeStream.foreachBatch(...)    # call ctx.record_batch(...) in there
+                .option("checkpointLocation", ctx.args.checkpoint)
+                .trigger(**ctx.trigger_kwargs()).start())
+
+    if __name__ == "__main__":
+        run(build)
+
+and runs as ``python -m jobs.<name> --pipeline P --version N --bootstrap-servers B --topics t1,t2
+--output PATH --rejects PATH --checkpoint PATH --run-dir PATH --group-id G [--rules FILE]
+[--max-records-per-batch 100000] [--trigger available-now|continuous] [--interval-seconds 1]
+[--kafka-config JSON] [--master URL] [--extra JSON]``.
+
+What the runtime guarantees, so the orchestrator can watch and steer any job the same way:
+
+* ``<run-dir>/status.json`` is replaced atomically when the job starts, after every micro-batch
+  and on a 2 s heartbeat: ``pipeline, version, pid, state, started_at, heartbeat_at, batch_id,
+  batches, rows_in, rows_out, rejects, rejects_total, end_offsets, error, rules_hash`` (plus
+  ``query_id``, ``trigger``). ``state`` (`RunState`) goes ``starting -> running`` and ends in
+  ``finished`` (available-now reached its end offsets; exit 0), ``stopped`` (``<run-dir>/STOP``
+  appeared or SIGTERM/SIGINT; ``stopping`` while the current micro-batch completes; exit 0) or
+  ``failed`` (``error`` set; exit 1). ``rows_in/rows_out/rejects`` are totals since this process
+  started; ``rejects_total`` is the output's cumulative reject count when the job reports it.
+* Batch completion is tracked by a StreamingQueryListener (batch id, input rows, end offsets of
+  each completed micro-batch); a job refines the counts from its foreachBatch function with
+  ``ctx.record_batch(batch_id, rows_in, rows_out, rejects, rejects_total=None)``, and sets
+  ``ctx.rules_hash`` when it applies rules.
+* A graceful stop waits for the running micro-batch to finish (up to KAPPA_STOP_GRACE_SECONDS,
+  default 120) before stopping the query, so nothing is left half-done; an interrupted batch would
+  be replayed from the checkpoint anyway, idempotently.
+* A STOP file older than the process (left by an earlier run of the version) is removed at
+  start, so a version restarted from its checkpoint does not stop at once.
+* When the job ends, the end offsets of the last committed micro-batch are committed once more
+  to the consumer group (the source commits after every batch; this closes the last gap).
+* Logs go to stdout (the launcher redirects them to ``<run-dir>/job.log``). Spark scratch space
+  is ``<run-dir>/spark-local``.
+
+The package: `args` (the command line), `status` (status.json and `RunState`), `context`
+(`JobContext` and the progress listener), `loop` (`run`: signals, heartbeat, graceful stop).
+"""
+
+from jobs.lib.runtime.args import build_parser, parse_args
+from jobs.lib.runtime.context import JobContext
+from jobs.lib.runtime.loop import run, run_job
+from jobs.lib.runtime.status import RunState, Status, read_status, summarize_error
+
+__all__ = ["JobContext", "run", "run_job", "build_parser", "parse_args", "RunState", "Status", "read_status",
+           "summarize_error"]

@@ -1,0 +1,71 @@
+"""A job's command line: the arguments every kappa job takes (see `jobs.lib.runtime`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Callable
+
+from orchestrator.core.exceptions import ConfigError
+
+__all__ = ["build_parser", "parse_args"]
+
+
+def _json_object(what: str) -> Callable[[str], dict]:
+    def parse(raw: str) -> dict:
+        try:
+            v = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"{what} must be a JSON object: {e}") from None
+        if not isinstance(v, dict):
+            raise argparse.ArgumentTypeError(f"{what} must be a JSON object, got {type(v).__name__}")
+        return v
+    return parse
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(raw: str) -> int | float:
+        try:
+            v = kind(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {raw!r}")
+        return v
+    return parse
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="A kappa streaming job (one pipeline version).")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--version", required=True, type=int)
+    p.add_argument("--bootstrap-servers", required=True)
+    p.add_argument("--topics", required=True, help="comma-separated")
+    p.add_argument("--output", required=True, help="output Delta table path")
+    p.add_argument("--rejects", default=None, help="rejects Delta table path (default <output>__rejects)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--group-id", default=None, help="consumer group (default kappa.<pipeline>.v<version>)")
+    p.add_argument("--rules", default=None)
+    p.add_argument("--max-records-per-batch", type=_positive(int), default=100_000)
+    p.add_argument("--trigger", choices=("available-now", "continuous"), default="continuous")
+    p.add_argument("--interval-seconds", type=_positive(float), default=1.0)
+    p.add_argument("--kafka-config", type=_json_object("--kafka-config"), default={})
+    p.add_argument("--master", default=None)
+    p.add_argument("--extra", type=_json_object("--extra"), default={},
+                   help='job-specific options; "source_options" (object) is passed to the Kafka source')
+    return p
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    """The parsed arguments with the derived ``topics_list`` and the defaults of ``--rejects`` and
+    ``--group-id`` filled in; ConfigError when ``--topics`` names no topic."""
+    args = build_parser(prog).parse_args(argv)
+    args.topics_list = [t.strip() for t in args.topics.split(",") if t.strip()]
+    if not args.topics_list:
+        raise ConfigError("--topics must name at least one topic")
+    if args.rejects is None:
+        args.rejects = args.output.rstrip("/") + "__rejects"
+    if args.group_id is None:
+        args.group_id = f"kappa.{args.pipeline}.v{args.version}"
+    return args

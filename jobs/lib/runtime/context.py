@@ -1,0 +1,184 @@
+"""What a job's ``build(ctx)`` gets (`JobContext`), and how batch progress reaches its status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from jobs.lib.kafka import map_to_offsets, merge_offsets, offsets_to_map
+from jobs.lib.runtime.status import Status
+from orchestrator.core.exceptions import KappaError
+
+__all__ = ["JobContext", "ProgressListener"]
+
+log = logging.getLogger("kappa.runtime")
+
+
+class JobContext:
+    """What a job's ``build(ctx)`` gets: arguments, the SparkSession, the source, the status."""
+
+    def __init__(self, args: argparse.Namespace, spark: Any, status: Status):
+        self.args = args
+        self.spark = spark
+        self.status = status
+        self.run_dir = Path(args.run_dir)
+        self.extra: dict = dict(args.extra or {})
+        self._lock = threading.Lock()
+        self._reported: dict[int, tuple[int, int, int]] = {}
+        self._counted_batches: set[int] = set()
+        self._rules_hash: str | None = None
+
+    @property
+    def rules_hash(self) -> str | None:
+        return self._rules_hash
+
+    @rules_hash.setter
+    def rules_hash(self, value: str | None) -> None:
+        self._rules_hash = value
+        self.status.update(rules_hash=value)
+
+    def source_options(self, topics: list[str] | str | None = None) -> dict[str, str]:
+        """The Kafka source options the arguments imply (see jobs.lib.kafka)."""
+        if topics is None:
+            topics = self.args.topics_list
+        if not isinstance(topics, str):
+            topics = ",".join(topics)
+        opts = {
+            "bootstrap.servers": self.args.bootstrap_servers,
+            "topics": topics,
+            "group.id": self.args.group_id,
+            "max.records.per.batch": str(self.args.max_records_per_batch),
+        }
+        try:
+            opts["min.partitions"] = str(max(1, int(self.spark.sparkContext.defaultParallelism)))
+        except Exception:
+            pass
+        for k, v in (self.args.kafka_config or {}).items():
+            opts[f"kafka.{k}"] = str(v)
+        for k, v in (self.extra.get("source_options") or {}).items():
+            opts[str(k)] = v if isinstance(v, str) else json.dumps(v)
+        return opts
+
+    def read_stream(self, topics: list[str] | str | None = None) -> Any:
+        """A streaming DataFrame over ``topics`` (default: all of ``--topics``); schema in the contract."""
+        reader = self.spark.readStream.format("kappa_kafka")
+        for k, v in self.source_options(topics).items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    def trigger_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``DataStreamWriter.trigger`` from ``--trigger``/``--interval-seconds``."""
+        if self.args.trigger == "available-now":
+            return {"availableNow": True}
+        return {"processingTime": f"{max(1, int(round(self.args.interval_seconds * 1000)))} milliseconds"}
+
+    def record_batch(self, batch_id: int, rows_in: int, rows_out: int, rejects: int = 0,
+                     rejects_total: int | None = None) -> None:
+        """Called by the job (from foreachBatch, on the driver) once a batch's output is written.
+
+        Re-reporting a batch replaces its counts. Writes status.json at once.
+        """
+        batch_id = int(batch_id)
+        with self._lock:
+            old = self._reported.get(batch_id, (0, 0, 0))
+            new = (int(rows_in), int(rows_out), int(rejects))
+            self._reported[batch_id] = new
+            d = self.status.data
+            fields: dict[str, Any] = {"rows_out": d["rows_out"] + new[1] - old[1],
+                                      "rejects": d["rejects"] + new[2] - old[2]}
+            if batch_id not in self._counted_batches:  # else the listener counted its input already
+                fields["rows_in"] = d["rows_in"] + new[0] - old[0]
+            if rejects_total is not None:
+                fields["rejects_total"] = int(rejects_total)
+            self.status.update(**fields)
+
+    def on_progress(self, progress: dict) -> None:
+        """A completed micro-batch, from the listener or the query's recent progress."""
+        try:
+            batch_id = int(progress.get("batchId"))
+        except (TypeError, ValueError):
+            return
+        ran = "addBatch" in (progress.get("durationMs") or {}) or (progress.get("numInputRows") or 0) > 0
+        with self._lock:
+            if batch_id in self._counted_batches or not ran:
+                return
+            self._counted_batches.add(batch_id)
+            d = self.status.data
+            fields: dict[str, Any] = {"batch_id": batch_id if d["batch_id"] is None else max(batch_id, d["batch_id"]),
+                                      "batches": d["batches"] + 1}
+            if batch_id not in self._reported:
+                fields["rows_in"] = d["rows_in"] + int(progress.get("numInputRows") or 0)
+            end = _source_end_offsets(progress)
+            if end is not None and fields["batch_id"] == batch_id:
+                fields["end_offsets"] = end
+            self.status.update(**fields)
+
+
+def _source_end_offsets(progress: dict) -> dict | None:
+    """The kappa Kafka sources' end offsets in a progress report, merged into one offset JSON."""
+    maps = []
+    for src in progress.get("sources") or []:
+        end = src.get("endOffset")
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                continue
+        try:
+            maps.append(offsets_to_map(end))
+        except KappaError:
+            continue
+    merged = merge_offsets(maps)
+    return map_to_offsets(merged) if merged else None
+
+
+class ProgressListener(StreamingQueryListener):
+    """Forwards the progress of the job's query to its context (runs on a py4j thread).
+
+    Registered before the query starts, so progress that arrives before `attach` is buffered.
+    """
+
+    def __init__(self) -> None:
+        self.ctx: JobContext | None = None
+        self.query_id: str | None = None
+        self.buffer: list[dict] = []
+        self.lock = threading.Lock()
+
+    def attach(self, ctx: JobContext, query_id: str) -> None:
+        with self.lock:
+            self.ctx, self.query_id = ctx, query_id
+            pending, self.buffer = self.buffer, []
+        for p in pending:
+            if p.get("id") == query_id:
+                ctx.on_progress(p)
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        try:
+            p = json.loads(event.progress.json)
+        except Exception:
+            return
+        with self.lock:
+            if self.ctx is None:
+                self.buffer.append(p)
+                return
+            ctx, qid = self.ctx, self.query_id
+        if p.get("id") == qid:
+            try:
+                ctx.on_progress(p)
+            except Exception:
+                log.exception("could not record batch progress")
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
