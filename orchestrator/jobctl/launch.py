@@ -205,7 +205,7 @@ def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | N
     started = created if created is not None else time.time()
     launch = {"pid": proc.pid, "pgid": proc.pid, "created": created, "mode": mode, "master": master,
               "command": cmd, "started_at": started, "trigger": trigger, "resumed": resumed, "actor": actor}
-    write_json_atomic(paths.launch_file, launch, indent=None)
+    write_json_atomic(paths.launch_file, launch, mode=0o600, indent=None)  # its command holds the Kafka config
     fields = {"pid": proc.pid, "run_dir": str(paths.run_dir), "started_at": started, "error": None}
     state = rec.state if rec.state in (VersionState.SERVING, VersionState.STANDBY) else VersionState.STARTING
     reg.set_state(pipeline, version, state, **fields)

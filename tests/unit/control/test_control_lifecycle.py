@@ -115,6 +115,16 @@ def test_the_launch_records_the_processs_creation_time(k, fake_jobs):
     stop_version(k, PIPELINE, v, actor="tester", graceful_timeout=10)
 
 
+def test_the_launch_file_is_readable_by_its_owner_only(k, fake_jobs):
+    """Its command line carries the Kafka config, secrets included."""
+    v = allocate(k).version
+    start_version(k, PIPELINE, v, actor="tester")
+    try:
+        assert k.paths(PIPELINE, v).launch_file.stat().st_mode & 0o777 == 0o600
+    finally:
+        stop_version(k, PIPELINE, v, actor="tester", graceful_timeout=10)
+
+
 def test_a_recorded_creation_time_is_checked_to_the_second(k):
     v = allocate(k).version
     fake_running(k, v)
