@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import uuid
+import zlib
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,50 @@ def spark(tmp_path_factory):
         for q in session.streams.active:
             q.stop()
         session.stop()
+
+
+SEED_ENV = "KAPPA_TEST_SEED"
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """The seed of this test's random data, logged so that a failure can be rerun with it.
+
+    By default it varies from run to run (so that the data explores), derived from one session
+    seed and the test's id; `KAPPA_TEST_SEED=<n>` fixes it. A failed test's report names the seed
+    and the command that reruns it with the same data.
+    """
+    base = os.environ.get(SEED_ENV)
+    if base is not None:
+        value = int(base)
+    else:
+        value = (request.config.stash[_SESSION_SEED] ^ zlib.crc32(request.node.nodeid.encode())) % 2**31
+    request.node.user_properties.append(("seed", value))
+    print(f"seed={value} (rerun with {SEED_ENV}={value} pytest '{request.node.nodeid}')")
+    return value
+
+
+@pytest.fixture
+def rng(seed) -> random.Random:
+    """A `random.Random` seeded with this test's logged `seed`."""
+    return random.Random(seed)
+
+
+_SESSION_SEED = pytest.StashKey[int]()
+
+
+def pytest_configure(config):
+    config.stash[_SESSION_SEED] = random.SystemRandom().randrange(2**31)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    seeds = [v for k, v in item.user_properties if k == "seed"]
+    if seeds and report.failed:
+        report.sections.append(("random data", f"seed={seeds[-1]}: rerun with "
+                                               f"{SEED_ENV}={seeds[-1]} pytest '{item.nodeid}'"))
+    return report
 
 
 @pytest.fixture
