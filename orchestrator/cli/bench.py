@@ -31,7 +31,7 @@ def bench_reprocess(
     rules: Annotated[str, typer.Option("--rules", help="rules version of the titles ruleset")] = "v2",
     malformed_share: Annotated[float, typer.Option("--malformed-share", min=0.0, max=1.0, help="share of malformed records")] = 0.0,
     use_configured_broker: Annotated[bool, typer.Option("--use-configured-broker", help="produce to the configured bootstrap servers instead of a fresh embedded broker")] = False,
-    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="compare the output with the expected table")] = True,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="check the output's raw columns and rejects against the generated records")] = True,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
 ) -> None:
     """Full standardize reprocess from offset zero against a raw consumer: records/s, MB/s, start-up, memory."""

@@ -1,10 +1,10 @@
-"""Member-profile changelogs for tests, the demo and the benchmark, and the table they should give.
+"""Member-profile changelogs for tests, the demo and the benchmark.
 
 `generate_changelog` is deterministic for a seed: keys are member ids ("m0000042"), values JSON
 profiles (name, title, company, location, updated_at) with unicode names and titles; later
 records update existing keys, some are tombstones (null value) and a configurable share is
 malformed (invalid JSON, wrong types, a JSON value that is not an object, a missing name, a
-missing Kafka key).
+missing Kafka key, a profile field given twice).
 
 `produce` writes records to a topic with confluent-kafka. Each record goes to the partition
 `partition_for(key)` chooses, so the layout does not depend on librdkafka's partitioner. By
@@ -13,9 +13,8 @@ tansu reports a wrong high watermark for batches of several records; `batching=T
 in large lz4 batches for speed and then sends the last record of every partition on its own,
 which keeps the watermark right.
 
-`expected_table` computes the standardized table from the records as read back from the log,
-independently of the job: latest valid value per key in log order, tombstones remove the key,
-malformed records go to the rejects and leave the output as it was, rules applied value by value.
+The table a changelog should give is not computed here: the tests do that on their own, with no
+code shared with the job (tests/oracle/standardize.py).
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ from pydantic import BaseModel, ConfigDict
 from orchestrator.core.exceptions import BrokerError, ConfigError
 from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
 
-__all__ = ["ChangeRecord", "LogRecord", "ProduceStats", "Expected", "generate_changelog", "member_key",
-           "partition_for", "ensure_topic", "topic_partitions", "produce", "produce_live", "iter_log",
-           "validate_value", "expected_table"]
+__all__ = ["ChangeRecord", "LogRecord", "ProduceStats", "generate_changelog", "member_key", "partition_for",
+           "ensure_topic", "topic_partitions", "produce", "produce_live", "iter_log"]
 
 PROFILE_FIELDS = ("name", "title", "company", "location", "updated_at")
 
@@ -86,7 +84,16 @@ LOCATIONS = (
     "Москва, Россия", "Αθήνα, Ελλάδα", "Bengaluru, India", "Reykjavík, Iceland", "Toronto, Canada",
     None,
 )
-MALFORMED_KINDS = ("invalid_json", "wrong_type", "not_object", "missing_name", "missing_key")
+MALFORMED_KINDS = ("invalid_json", "wrong_type", "not_object", "missing_name", "missing_key", "duplicate_field")
+#: Values with a profile field given twice (ambiguous: the job rejects them, naming the field). The
+#: third spells the second "name" with a JSON escape; the last repeats two fields, title first.
+DUPLICATE_FIELDS = (
+    '{"name": "Twice Titled", "title": "SWE", "company": "Acme", "title": "Senior SWE", "updated_at": "%s"}',
+    '{"name": "First Name", "title": "Nurse", "name": "Second Name", "updated_at": "%s"}',
+    '{"name": "Escaped Twice", "na\\u006de": "Hidden Name", "title": "CTO", "updated_at": "%s"}',
+    '{"name": "Same Company", "company": "Hooli", "company": "Hooli", "updated_at": "%s"}',
+    '{"title": "PM", "name": "Both Twice", "title": "PM", "name": "Both Twice", "updated_at": "%s"}',
+)
 _EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)
 _FILLER = "Builds reliable systems; enjoys distributed logs, stream processing and good coffee. "
 
@@ -204,6 +211,8 @@ def _malformed(kind: str, key: bytes, rng: random.Random, updated: str) -> Chang
     if kind == "missing_key":
         value = json.dumps({"name": "No Key", "title": "SWE", "updated_at": updated})
         return ChangeRecord(None, value.encode(), kind)
+    if kind == "duplicate_field":
+        return ChangeRecord(key, (rng.choice(DUPLICATE_FIELDS) % updated).encode(), kind)
     raise ConfigError(f"unknown malformed kind {kind!r}; expected one of {MALFORMED_KINDS}")
 
 
@@ -390,81 +399,3 @@ def iter_log(bootstrap: str, topic: str, *, config: dict | None = None,
                                       f"{pos} of {high}")
     finally:
         consumer.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# The expected standardized table, computed independently of the job
-
-_OPTIONAL = ("title", "company", "location", "updated_at")
-
-
-def validate_value(value: bytes) -> tuple[dict | None, str | None]:
-    """Parse one profile value the plain way: (profile, None) or (None, reason)."""
-    try:
-        doc = json.loads(value.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        return None, f"invalid JSON: {e}"
-    if not isinstance(doc, dict):
-        return None, f"not a JSON object: {type(doc).__name__}"
-    if not isinstance(doc.get("name"), str):
-        return None, "name: " + ("missing" if doc.get("name") is None else f"expected a string")
-    for f in _OPTIONAL:
-        if doc.get(f) is not None and not isinstance(doc[f], str):
-            return None, f"{f}: expected a string or null"
-    return doc, None
-
-
-@dataclass
-class Expected:
-    table: "object"                      # pa.Table, sorted by member_id
-    rejects: list[tuple[int, int, str]]  # (partition, offset, reason)
-    records: int
-
-
-def expected_table(log: Iterable[LogRecord], rules) -> Expected:
-    """The standardize output for these log records (see the module docstring); `rules` a jobs.lib.rules.Rules.
-
-    `log` must list each partition's records in offset order (as `iter_log` does); a key lives
-    in one partition, so that is log order for every key.
-    """
-    import pyarrow as pa
-
-    from jobs.lib.profiles import OUTPUT_SCHEMA
-
-    latest: dict[str, tuple] = {}
-    rejects: list[tuple[int, int, str]] = []
-    n = 0
-    for rec in log:
-        n += 1
-        if rec.key is None:
-            rejects.append((rec.partition, rec.offset, "no key"))
-            continue
-        try:
-            key = rec.key.decode("utf-8")
-        except UnicodeDecodeError:
-            rejects.append((rec.partition, rec.offset, "key is not UTF-8"))
-            continue
-        if rec.value is None:
-            latest.pop(key, None)
-            continue
-        doc, err = validate_value(rec.value)
-        if err:
-            rejects.append((rec.partition, rec.offset, err))
-            continue
-        latest[key] = (rec.partition, rec.offset, rec.timestamp_ms, doc)
-    rows = {name: [] for name in OUTPUT_SCHEMA.names}
-    for key in sorted(latest):
-        part, off, ts, doc = latest[key]
-        rows["member_id"].append(key)
-        rows["name"].append(doc["name"])
-        rows["title_raw"].append(doc.get("title"))
-        rows["title"].append(rules.standardize_title(doc.get("title")))
-        rows["company_raw"].append(doc.get("company"))
-        rows["company"].append(rules.standardize_company(doc.get("company")))
-        rows["location"].append(doc.get("location"))
-        rows["source_partition"].append(part)
-        rows["source_offset"].append(off)
-        rows["source_timestamp"].append(ts * 1000)
-    table = pa.table({k: pa.array(v, type=OUTPUT_SCHEMA.field(k).type) for k, v in rows.items()},
-                     schema=OUTPUT_SCHEMA)
-    return Expected(table, rejects, n)

@@ -10,6 +10,12 @@ every reader has read once. Any exception in a reader is a reader error (the goa
 readers never see a half-switched alias). The alias ends where it started, so version states
 are untouched; the flips are in the alias history, and one audit entry holds the figures
 (p50_ms, p99_ms, max_ms, mean_ms, reads, reads_by_version, reader_errors, goal_met, ...).
+
+With `record_dir`, every reader also writes down each read as it happened, one JSON line per
+read in `<record_dir>/reader-<i>.jsonl`: {"pointer": the pointer file's text as read (null if it
+could not be read), "rows": rows read from the table it named (null on failure), "error": null or
+"Type: message"}. That lets a check from outside (the tests) judge what readers saw, instead of
+trusting the benchmark's own error counter.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError, NotReadyError
 from orchestrator.core.paths import alias_pointer_path as pointer_path
-from orchestrator.serving import publish_current, read_pointer
+from orchestrator.serving import publish_current
 
 __all__ = ["flip_benchmark"]
 
@@ -42,39 +48,52 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def _read_loop(warehouse: str, alias: str, column: str | None, should_stop, on_first_read=None) -> dict[str, Any]:
-    """One reader: resolve, open, read, until `should_stop()`; returns reads, errors and versions seen."""
+def _read_loop(warehouse: str, alias: str, column: str | None, should_stop, on_first_read=None,
+               record: str | None = None) -> dict[str, Any]:
+    """One reader: resolve, open, read, until `should_stop()`; returns reads, errors and versions seen.
+
+    `record`: a file to write each read down in (module docstring), line by line as it happens.
+    """
     from deltalake import DeltaTable
 
     path = pointer_path(warehouse, alias)
     reads = errors = 0
     samples: list[str] = []
     seen: dict[str, int] = {}
-    while not should_stop():
-        try:
-            pointer = read_pointer(path)
-            if pointer is None:
-                raise FileNotFoundError(f"pointer {path} missing")
-            table = DeltaTable(pointer["table"]).to_pyarrow_table(columns=[column] if column else None)
-            if table.num_rows < 0:  # touch the data
-                raise AssertionError("negative row count")
-            reads += 1
-            seen[str(pointer["version"])] = seen.get(str(pointer["version"]), 0) + 1
-            if reads == 1 and on_first_read is not None:
-                on_first_read()
-        except Exception as e:  # every failure is a reader error
-            errors += 1
-            if len(samples) < 5:
-                samples.append(f"{type(e).__name__}: {e}")
+    out = open(record, "a", encoding="utf-8", buffering=1) if record else None
+    try:
+        while not should_stop():
+            text = rows = error = None
+            try:
+                try:
+                    text = path.read_text()
+                except FileNotFoundError:
+                    raise FileNotFoundError(f"pointer {path} missing") from None
+                pointer = json.loads(text)
+                rows = DeltaTable(pointer["table"]).to_pyarrow_table(columns=[column] if column else None).num_rows
+                reads += 1
+                seen[str(pointer["version"])] = seen.get(str(pointer["version"]), 0) + 1
+                if reads == 1 and on_first_read is not None:
+                    on_first_read()
+            except Exception as e:  # every failure is a reader error
+                errors += 1
+                error = f"{type(e).__name__}: {e}"
+                if len(samples) < 5:
+                    samples.append(error)
+            if out is not None:
+                out.write(json.dumps({"pointer": text, "rows": rows, "error": error}) + "\n")
+    finally:
+        if out is not None:
+            out.close()
     return {"reads": reads, "errors": errors, "samples": samples, "seen": seen}
 
 
 def _reader_process_main(argv: list[str]) -> None:
-    """`python -m orchestrator.dev.flipbench --reader WAREHOUSE ALIAS COLUMN CONTROL_DIR INDEX`."""
-    warehouse, alias, column, control, index = argv
+    """`python -m orchestrator.dev.flipbench --reader WAREHOUSE ALIAS COLUMN CONTROL_DIR INDEX RECORD`."""
+    warehouse, alias, column, control, index, record = argv
     ctl = Path(control)
     result = _read_loop(warehouse, alias, column or None, lambda: (ctl / "stop").exists(),
-                        lambda: (ctl / f"ready.{index}").touch())
+                        lambda: (ctl / f"ready.{index}").touch(), record or None)
     print(json.dumps(result), flush=True)
     # delta-rs' runtime threads can abort the interpreter's shutdown ("terminate called without an
     # active exception"); the result is out, so leave without it.
@@ -83,8 +102,11 @@ def _reader_process_main(argv: list[str]) -> None:
 
 def flip_benchmark(k, pipeline: str, *, versions: tuple[int, int] | None = None, flips: int = 100,
                    readers: int = 4, reader_mode: str = "process", actor: str = "flipbench",
-                   warmup_seconds: float = 0.5) -> dict[str, Any]:
-    """Flip the alias `flips` times under `readers` concurrent readers; latency percentiles in ms."""
+                   warmup_seconds: float = 0.5, record_dir: str | Path | None = None) -> dict[str, Any]:
+    """Flip the alias `flips` times under `readers` concurrent readers; latency percentiles in ms.
+
+    `record_dir`: where readers write down each read (module docstring).
+    """
     from deltalake import DeltaTable
 
     if reader_mode not in ("process", "thread"):
@@ -113,18 +135,24 @@ def flip_benchmark(k, pipeline: str, *, versions: tuple[int, int] | None = None,
     warehouse = str(k.settings.warehouse)
 
     control = Path(tempfile.mkdtemp(prefix="kappa-flipbench-"))
+    if record_dir is not None:
+        Path(record_dir).mkdir(parents=True, exist_ok=True)
+
+    def record(i: int) -> str:
+        return str(Path(record_dir) / f"reader-{i}.jsonl") if record_dir is not None else ""
+
     results: list[dict[str, Any]] = []
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
     stop = threading.Event()
     if reader_mode == "process":
         procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.dev.flipbench", "--reader", warehouse, spec.alias,
-                                   column, str(control), str(i)], stdout=subprocess.PIPE, text=True)
+                                   column, str(control), str(i), record(i)], stdout=subprocess.PIPE, text=True)
                  for i in range(readers)]
     else:
         def run(i: int) -> None:
             results.append(_read_loop(warehouse, spec.alias, column, stop.is_set,
-                                      lambda: (control / f"ready.{i}").touch()))
+                                      lambda: (control / f"ready.{i}").touch(), record(i) or None))
 
         threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(readers)]
         for t in threads:

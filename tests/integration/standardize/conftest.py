@@ -7,9 +7,9 @@ from std_helpers import Changelog, JobPaths, make_changelog
 
 
 @pytest.fixture
-def changelog(bootstrap, unique) -> Changelog:
+def changelog(bootstrap, unique, seed) -> Changelog:
     """A 4-partition compacted topic with creates, updates, deletes, malformed records and unicode."""
-    return make_changelog(bootstrap, unique)
+    return make_changelog(bootstrap, unique, seed)
 
 
 @pytest.fixture

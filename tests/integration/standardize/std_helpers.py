@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lib.rules import Rules, load_rules, rules_path
-from orchestrator.dev.datagen import Expected, LogRecord, ensure_topic, expected_table, generate_changelog, iter_log, produce
+from jobs.lib.rules import load_rules, rules_path
+from orchestrator.dev.datagen import LogRecord, ensure_topic, generate_changelog, iter_log, produce
+from tests.oracle.standardize import Expected, expected_table
 
 V1 = load_rules(rules_path("titles", "v1"))
 V2 = load_rules(rules_path("titles", "v2"))
@@ -23,16 +24,17 @@ class Changelog:
     topic: str
     log: list[LogRecord]
 
-    def expected(self, rules: Rules) -> Expected:
-        return expected_table(self.log, rules)
+    def expected(self, rules_version: str) -> Expected:
+        """The tests' own expected table and rejects (tests/oracle), for rules "v1" or "v2"."""
+        return expected_table(self.log, rules_version)
 
 
-def make_changelog(bootstrap: str, unique: str) -> Changelog:
+def make_changelog(bootstrap: str, unique: str, seed: int) -> Changelog:
     """A 4-partition compacted topic with creates, updates, deletes, malformed records and unicode."""
     topic = f"profiles_{unique}"
     ensure_topic(bootstrap, topic, partitions=4)
-    stats = produce(bootstrap, topic, generate_changelog(4000, 1000, seed=int(unique[:6], 16),
-                                                          malformed_share=0.04, delete_share=0.06))
+    stats = produce(bootstrap, topic, generate_changelog(4000, 1000, seed=seed, malformed_share=0.04,
+                                                          delete_share=0.06))
     assert stats.records == 4000 and stats.by_kind["tombstone"] > 50
     log = list(iter_log(bootstrap, topic))
     assert len(log) == 4000

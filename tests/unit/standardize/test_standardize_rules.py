@@ -50,6 +50,7 @@ def test_shipped_rulesets_load_and_differ():
     ("Software Developer", "Software Developer", "Software Engineer"),
     ("Ingénieur logiciel", "Ingénieur logiciel", "Software Engineer"),
     ("ソフトウェアエンジニア", "ソフトウェアエンジニア", "Software Engineer"),
+    ("Инженер-программист", "Инженер-программист", "Software Engineer"),
     ("  SOFTWARE   engineer ", "Software Engineer", "Software Engineer"),
     ("Summer Intern", "Intern", "Intern"),
     ("Chief  Happiness Officer 🎉", "Chief Happiness Officer 🎉", "Chief Happiness Officer 🎉"),

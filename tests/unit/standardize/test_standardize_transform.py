@@ -10,8 +10,9 @@ import pyarrow.compute as pc
 import pytest
 
 from jobs.lib.rules import load_rules, rules_path
-from jobs.lib.profiles import OUTPUT_SCHEMA, parse_one, parse_profiles, transform_batch
-from orchestrator.dev.datagen import LogRecord, expected_table, generate_changelog, partition_for
+from jobs.lib.profiles import OUTPUT_SCHEMA, parse_profiles, transform_batch
+from orchestrator.dev.datagen import generate_changelog
+from tests.oracle import standardize as oracle
 
 V2 = load_rules(rules_path("titles", "v2"))
 
@@ -76,26 +77,35 @@ def test_malformed_records_go_to_rejects_and_leave_the_member_unchanged():
         (b"m7", b'{"name": "caf\xe9"}'),                           # value not UTF-8
         (b"m8", b'{"name": "A", "name": "B"}'),                    # a profile field twice
         (b"m9", b'null'),
+        (b"m10", b'{"name": "A", "na\\u006de": "B"}'),            # the same field, spelled with an escape
+        (b"m11", b'{"title": "x", "title": "x", "name": "A", "name": "A"}'),  # two fields twice
+        (b"m12", b'{"name": "A", "title": {"name": 1}}'),            # an object, "name" twice in the text
     ], partition=3, first_offset=100), V2, batch_id=5)
     out = rows(result)
     assert set(out) == {"m1"} and out["m1"]["source_offset"] == 100 and out["m1"]["title_raw"] == "Senior SWE"
     rejects = {r["offset"]: r for r in result.rejects.to_pylist()}
-    assert sorted(rejects) == list(range(101, 112))
+    assert sorted(rejects) == list(range(101, 115))
     assert {r["partition"] for r in rejects.values()} == {3}
     assert {r["batch_id"] for r in rejects.values()} == {5}
     assert {r["topic"] for r in rejects.values()} == {"member_profiles"}
     reasons = {o: r["error"] for o, r in rejects.items()}
-    assert reasons[101].startswith("invalid JSON: ")
+    assert reasons[101] == "invalid JSON: Expecting ',' delimiter: line 1 column 34 (char 33)"
     assert reasons[102] == "title: expected a string or null, got number"
     assert reasons[103] == "not a JSON object: array"
     assert reasons[104] == "name: missing"
     assert reasons[105] == "no key"
     assert reasons[106] == "key is not UTF-8 (byte 0)"
-    assert reasons[107].startswith("invalid JSON: ")
-    assert reasons[108].startswith("invalid JSON: Extra data")
+    assert reasons[107] == "invalid JSON: Expecting value: line 1 column 1 (char 0)"
+    assert reasons[108] == "invalid JSON: Extra data: line 1 column 15 (char 14)"
     assert reasons[109] == "invalid JSON: not UTF-8 at byte 13"
     assert reasons[110] == "name: given twice"
     assert reasons[111] == "not a JSON object: null"
+    assert reasons[112] == "name: given twice"
+    assert reasons[113] == "name: given twice"   # the first of the profile fields, whatever the set order
+    assert reasons[114] == "title: expected a string or null, got object"
+    values = {r["offset"]: r["value"] for r in rejects.values()}
+    assert {o: oracle.value_reason(v) for o, v in values.items() if o not in (105, 106)} == {
+        o: r for o, r in reasons.items() if o not in (105, 106)}
     assert rejects[106]["key"] == b"\xff\xfe" and rejects[109]["value"] == b'{"name": "caf\xe9"}'
     assert rejects[105]["key"] is None
 
@@ -127,7 +137,7 @@ def test_empty_batch():
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("bad_every", [1, 3, 50, 997, None])
 def test_fast_and_slow_parsing_agree_record_by_record(bad_every, threads, monkeypatch):
-    """Whatever the density of bad records, parse_profiles decides each value like parse_one."""
+    """Whatever the density of bad records, parse_profiles decides each value like the tests' oracle."""
     import jobs.lib.profiles as std
 
     monkeypatch.setattr(std, "PARSE_THREADS", threads)
@@ -135,7 +145,8 @@ def test_fast_and_slow_parsing_agree_record_by_record(bad_every, threads, monkey
     rng = random.Random(bad_every or 0)
     bad_values = [b'{"name": 1}', b'{"name": "a", "title": [1]}', b'{"name": "a"', b'{"title": "x"}',
                   b'{"name": "a", "name": "b"}', b'{"name": "a", "title": {"x": 1}}', b"{}",
-                  b'{"name": "a"}{"name": "b"}', b'{"name": true}']
+                  b'{"name": "a"}{"name": "b"}', b'{"name": true}', b'{"name": "a", "na\\u006de": "b"}',
+                  b'{"title": "x", "name": "a", "title": "y", "name": "b"}']
     values = []
     for i in range(5000):
         if bad_every and i % bad_every == 0:
@@ -143,22 +154,19 @@ def test_fast_and_slow_parsing_agree_record_by_record(bad_every, threads, monkey
         else:
             values.append(profile(name=f"Member {i}", title=rng.choice(["SWE", None, "Nurse ✨"])))
     positions, table, errors = parse_profiles(pa.array(values, pa.binary()))
-    expected_good = {i: parse_one(v)[0] for i, v in enumerate(values) if parse_one(v)[1] is None}
-    expected_bad = {i: parse_one(v)[1] for i, v in enumerate(values) if parse_one(v)[1] is not None}
-    got = dict(zip(positions.tolist(), (tuple(r.values()) for r in table.to_pylist())))
+    decided = [oracle.parse_profile(v) for v in values]
+    expected_good = {i: doc for i, (doc, err) in enumerate(decided) if err is None}
+    expected_bad = {i: err for i, (doc, err) in enumerate(decided) if err is not None}
+    got = dict(zip(positions.tolist(), table.to_pylist()))
     assert got == expected_good
-    assert set(dict(errors)) == set(expected_bad)
+    assert dict(errors) == expected_bad
     assert len(errors) == len(expected_bad)
 
 
-def test_transform_equals_the_independent_expected_table():
-    """Replaying the generated log batch by batch through transform_batch gives datagen's expected table."""
-    log, next_offset = [], [0, 0, 0, 0]
-    for i, rec in enumerate(generate_changelog(6000, 1500, seed=11, malformed_share=0.03, delete_share=0.05)):
-        p = partition_for(rec.key, 4, i)
-        log.append(LogRecord(rec.key, rec.value, p, next_offset[p], 1_700_000_000_000 + i))
-        next_offset[p] += 1
-    expected = expected_table(log, V2)
+def test_transform_equals_the_independent_expected_table(seed):
+    """Replaying the generated log batch by batch through transform_batch gives the oracle's table and rejects."""
+    log = oracle.as_log(generate_changelog(6000, 1500, seed=seed, malformed_share=0.03, delete_share=0.05))
+    expected = oracle.expected_table(log, "v2")
 
     state: dict[str, dict] = {}
     rejects = []
@@ -178,8 +186,36 @@ def test_transform_equals_the_independent_expected_table():
                 state.pop(row["member_id"], None)
             else:
                 state[row["member_id"]] = row
-        rejects += [(r["partition"], r["offset"]) for r in result.rejects.to_pylist()]
+        rejects += [(r["partition"], r["offset"], r["error"]) for r in result.rejects.to_pylist()]
     got = pa.Table.from_pylist([state[k] for k in sorted(state)], schema=OUTPUT_SCHEMA)
+    assert got.schema.equals(oracle.OUTPUT_SCHEMA)
     assert got.equals(expected.table)
-    assert sorted(rejects) == sorted((p, o) for p, o, _ in expected.rejects)
+    assert sorted(rejects) == sorted(expected.rejects)
     assert len(expected.rejects) > 100 and pc.sum(pc.is_null(expected.table["title"])).as_py() > 0
+    assert any(reason.endswith(": given twice") for _, _, reason in expected.rejects)
+
+
+#: Bytes spliced into generated values: JSON structure, escapes (the same field spelled with one),
+#: lone surrogates, invalid UTF-8, line breaks, numbers pyarrow and Python read differently.
+SPLICES = [b'"name"', b'"title"', b'null', b'42', b'true', b'[1]', b'{"a":1}', b'\\u0041', b'\\ud800', b',', b':',
+           b'"', b'\\', b'\n', b' ', b'\xff', b'\xc3\xa9', b'"na\\u006de": "x",', b'"title": 1,', b'NaN', b'1e999',
+           b'-0', b'"\\"', b'}', b'{']
+
+
+def test_parse_profiles_decides_mutated_values_like_the_oracle(rng):
+    """Generated values with bytes spliced in, cut out or cut short: each decided like tests/oracle."""
+    values = []
+    for rec in generate_changelog(3000, 1000, seed=rng.randrange(1 << 30), malformed_share=0.2):
+        v = rec.value
+        if v is None:
+            continue
+        for _ in range(rng.randrange(3)):
+            i, op = rng.randrange(len(v) + 1), rng.random()
+            v = (v[:i] + rng.choice(SPLICES) + v[i:] if op < 0.5 else v[:i] + v[i + rng.randrange(1, 5):] if op < 0.8
+                 else v[:i])
+        values.append(v)
+    positions, table, errors = parse_profiles(pa.array(values, pa.binary()))
+    got = {**{p: row for p, row in zip(positions.tolist(), table.to_pylist())}, **dict(errors)}
+    want = {i: doc if err is None else err for i, (doc, err) in enumerate(map(oracle.parse_profile, values))}
+    assert got == want
+    assert sum(isinstance(w, str) for w in want.values()) > 500   # plenty of rejects among them
