@@ -66,6 +66,13 @@ def spark(tmp_path_factory):
 SEED_ENV = "KAPPA_TEST_SEED"
 
 
+def _seed_of(request) -> int:
+    base = os.environ.get(SEED_ENV)
+    if base is not None:
+        return int(base)
+    return (request.config.stash[_SESSION_SEED] ^ zlib.crc32(request.node.nodeid.encode())) % 2**31
+
+
 @pytest.fixture
 def seed(request) -> int:
     """The seed of this test's random data, logged so that a failure can be rerun with it.
@@ -74,14 +81,30 @@ def seed(request) -> int:
     seed and the test's id; `KAPPA_TEST_SEED=<n>` fixes it. A failed test's report names the seed
     and the command that reruns it with the same data.
     """
-    base = os.environ.get(SEED_ENV)
-    if base is not None:
-        value = int(base)
-    else:
-        value = (request.config.stash[_SESSION_SEED] ^ zlib.crc32(request.node.nodeid.encode())) % 2**31
+    value = _seed_of(request)
     request.node.user_properties.append(("seed", value))
     print(f"seed={value} (rerun with {SEED_ENV}={value} pytest '{request.node.nodeid}')")
     return value
+
+
+def _shared_seed(request) -> int:
+    value = _seed_of(request)
+    request.config.stash.setdefault(_SHARED_SEEDS, {})[(request.fixturename, request.node.nodeid)] = value
+    print(f"seed={value} of the data shared by {request.node.nodeid or 'the session'} "
+          f"(rerun with {SEED_ENV}={value})")
+    return value
+
+
+@pytest.fixture(scope="module")
+def module_seed(request) -> int:
+    """Like `seed`, for the random data a module-scoped fixture builds; a failed test's report names it."""
+    return _shared_seed(request)
+
+
+@pytest.fixture(scope="session")
+def session_seed(request) -> int:
+    """Like `seed`, for the random data a session-scoped fixture builds; a failed test's report names it."""
+    return _shared_seed(request)
 
 
 @pytest.fixture
@@ -91,6 +114,7 @@ def rng(seed) -> random.Random:
 
 
 _SESSION_SEED = pytest.StashKey[int]()
+_SHARED_SEEDS = pytest.StashKey[dict]()
 
 
 def pytest_configure(config):
@@ -100,10 +124,20 @@ def pytest_configure(config):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    if not report.failed:
+        return report
     seeds = [v for k, v in item.user_properties if k == "seed"]
-    if seeds and report.failed:
+    if seeds:
         report.sections.append(("random data", f"seed={seeds[-1]}: rerun with "
                                                f"{SEED_ENV}={seeds[-1]} pytest '{item.nodeid}'"))
+    shared = item.config.stash.get(_SHARED_SEEDS, {})
+    for node in item.listchain():
+        for fixture in ("module_seed", "session_seed"):
+            value = shared.get((fixture, node.nodeid)) if fixture in item.fixturenames else None
+            if value is not None:
+                report.sections.append(("random data", f"seed={value} of the data shared by "
+                                                       f"{node.nodeid or 'the session'}: rerun with "
+                                                       f"{SEED_ENV}={value} pytest '{item.nodeid}'"))
     return report
 
 

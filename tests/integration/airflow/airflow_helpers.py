@@ -1,12 +1,15 @@
-"""Shared by the Airflow integration tests: the test bed, table checks, job clean-up."""
+"""Shared by the Airflow integration tests: the test bed, exact table checks, job clean-up."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
-PIPELINES = ("af_dagtest", "af_rest", "af_busy", "af_ui")
+PIPELINES = ("af_dagtest", "af_rest", "af_busy", "af_ui", "af_flip")
 RECORDS, KEYS = 300, 200
+#: Of the records after the first KEYS (which create each member once): tombstones and malformed
+#: records (rejects), so that every DAG run meets both; the pipelines allow this reject rate.
+DELETE_SHARE, MALFORMED_SHARE, MAX_REJECT_RATE = 0.05, 0.15, 0.25
 #: The sensors poke at Airflow's floor for kappa (see orchestrator.airflow.params.MIN_POKE_SECONDS).
 POKE_SECONDS = "10"
 RUN_TIMEOUT = 420.0
@@ -33,7 +36,8 @@ class AirflowTestBed:
 
 
 def pipelines_toml(topics: dict[str, str]) -> str:
-    """The test pipelines: standardize jobs, two samples at lag 0 make a version ready, no standby grace."""
+    """The test pipelines: standardize jobs, two samples at lag 0 make a version ready, no standby grace,
+    the test data's share of malformed records allowed."""
     out = []
     for name, topic in topics.items():
         out.append(f'''[pipelines.{name}]
@@ -45,6 +49,7 @@ alias = "{name}_served"
 catchup_threshold = 0
 catchup_samples = 2
 grace_period_seconds = 0
+max_reject_rate = {MAX_REJECT_RATE}
 ''')
     return "\n".join(out)
 
@@ -64,18 +69,22 @@ def stop_all_jobs(bed: AirflowTestBed) -> list[str]:
     return stopped
 
 
-def served_titles(bed: AirflowTestBed, pipeline: str) -> dict[str, str | None]:
-    """member_id -> title of the table the pipeline's alias serves now (read through the pointer file)."""
-    from orchestrator.serving import open_alias
+def served_diff(bed: AirflowTestBed, pipeline: str, rules_version: str) -> str | None:
+    """None when the table the pipeline's alias serves (read through the pointer file), and the
+    rejects of the version it serves, equal exactly what the oracle computes from the topic under
+    `rules_version` (every column, the literal schema, full reject reasons); else what differs."""
+    from orchestrator.serving import resolve_alias
+    from tests.served import served_diff as diff
 
-    table = open_alias(bed.alias(pipeline), bed.settings).to_pyarrow_table(columns=["member_id", "title"])
-    return dict(zip(table.column("member_id").to_pylist(), table.column("title").to_pylist()))
+    pointer = resolve_alias(bed.alias(pipeline), bed.settings)
+    with bed.kappa() as k:
+        rejects = k.paths(pointer["pipeline"], pointer["version"]).rejects
+    why, _rows = diff(bed.settings, bed.alias(pipeline), bed.bootstrap, bed.topics[pipeline], rules_version, rejects)
+    return why
 
 
-def expected_titles(bed: AirflowTestBed, pipeline: str, rules_version: str) -> dict[str, str | None]:
-    """member_id -> title computed independently from the topic and the rules file."""
-    from jobs.lib.rules import load_rules, rules_path
-    from orchestrator.dev.datagen import expected_table, iter_log
+def expected(bed: AirflowTestBed, pipeline: str, rules_version: str):
+    """The oracle's `Expected` (table, rejects) for the pipeline's topic under `rules_version`."""
+    from tests.served import expected_from_log
 
-    exp = expected_table(iter_log(bed.bootstrap, bed.topics[pipeline]), load_rules(rules_path("titles", rules_version)))
-    return dict(zip(exp.table.column("member_id").to_pylist(), exp.table.column("title").to_pylist()))
+    return expected_from_log(bed.bootstrap, bed.topics[pipeline], rules_version)[0]

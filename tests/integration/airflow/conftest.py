@@ -6,8 +6,10 @@ shared with the unit conftest through KAPPA_TEST_AIRFLOW_HOME. The real stack ha
 AIRFLOW_HOME under the test kappa home; both read this repository's dags/.
 
 Every test pipeline reads its own compacted topic and serves its own alias, so tests do not
-depend on each other's versions. The Spark jobs a test started are stopped after it (by PID,
-through kappa's lifecycle); the stack is stopped by its PIDs at the end of the session.
+depend on each other's versions. The topics hold tombstones and malformed records, generated
+from the logged `session_seed` (rerun with KAPPA_TEST_SEED=<seed>). The Spark jobs a test started
+are stopped after it (by PID, through kappa's lifecycle); the stack is stopped by its PIDs at the
+end of the session.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ if not os.environ.get("KAPPA_TEST_AIRFLOW_HOME"):
     atexit.register(shutil.rmtree, os.environ["KAPPA_TEST_AIRFLOW_HOME"], True)
 os.environ.update(airflow_env(Path(os.environ["KAPPA_TEST_AIRFLOW_HOME"])))
 
-from airflow_helpers import (KEYS, PIPELINES, POKE_SECONDS, RECORDS, AirflowTestBed,  # noqa: E402
-                             pipelines_toml, stop_all_jobs)
+from airflow_helpers import (DELETE_SHARE, KEYS, MALFORMED_SHARE, PIPELINES, POKE_SECONDS, RECORDS,  # noqa: E402
+                             AirflowTestBed, pipelines_toml, stop_all_jobs)
 
 
 @pytest.fixture(scope="session")
-def airflow_testbed(tmp_path_factory, bootstrap) -> AirflowTestBed:
+def airflow_testbed(tmp_path_factory, bootstrap, session_seed) -> AirflowTestBed:
     from orchestrator.dev import datagen
     from orchestrator.core.settings import Settings
 
@@ -42,10 +44,10 @@ def airflow_testbed(tmp_path_factory, bootstrap) -> AirflowTestBed:
     topics = {name: f"{name}_{suffix}" for name in PIPELINES}
     pipelines_file = home / "pipelines.toml"
     pipelines_file.write_text(pipelines_toml(topics))
-    for seed, topic in enumerate(topics.values()):
+    for i, topic in enumerate(topics.values()):
         datagen.ensure_topic(bootstrap, topic, partitions=2)
-        datagen.produce(bootstrap, topic, datagen.generate_changelog(RECORDS, KEYS, seed=seed, malformed_share=0.0,
-                                                                     delete_share=0.05))
+        datagen.produce(bootstrap, topic, datagen.generate_changelog(
+            RECORDS, KEYS, seed=session_seed + i, malformed_share=MALFORMED_SHARE, delete_share=DELETE_SHARE))
     settings = Settings(home=home / "kappa", pipelines_file=pipelines_file, bootstrap_servers=bootstrap)
     return AirflowTestBed(settings=settings, bootstrap=bootstrap, topics=topics)
 

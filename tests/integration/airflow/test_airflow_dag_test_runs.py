@@ -1,6 +1,6 @@
 """`dag.test()` runs of kappa_reprocess, kappa_promote and kappa_rollback against the embedded stack
-(real broker, real Spark jobs, real Delta tables, the registry), checking the registry and the
-served table after each run."""
+(real broker, real Spark jobs, real Delta tables, the registry), checking the registry, the whole
+served table and the served version's rejects (the topic holds malformed records) after each run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from unittest import mock
 
 import pytest
-from airflow_helpers import expected_titles, pipelines_toml, served_titles
+from airflow_helpers import expected, pipelines_toml, served_diff
 
 from orchestrator.airflow import tasks
 from orchestrator.airflow.stack import DAGS_FOLDER
@@ -46,9 +46,10 @@ def xcom(dr, task_id: str):
 def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_process_kappa, tmp_path, monkeypatch):
     bed = in_process_kappa
     alias = bed.alias(PIPELINE)
-    v1_titles = expected_titles(bed, PIPELINE, "v1")
-    v2_titles = expected_titles(bed, PIPELINE, "v2")
-    assert v1_titles != v2_titles, "the test data must show what the v2 rules change"
+    exp_v1, exp_v2 = expected(bed, PIPELINE, "v1"), expected(bed, PIPELINE, "v2")
+    assert exp_v1.table["title"].to_pylist() != exp_v2.table["title"].to_pylist(), \
+        "the test data must show what the v2 rules change"
+    assert exp_v1.rejects, "the test data must hold malformed records"
 
     # 1. reprocess with rules v1, auto-promote: v1 serves
     dr, states = run_dag("kappa_reprocess", {"pipeline": PIPELINE, "rules_version": "v1", "reason": "first build"})
@@ -60,9 +61,10 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
         v1 = k.registry.get_version(PIPELINE, 1)
         assert v1.state == "serving" and v1.rules_version == "v1"
         assert v1.actor == "airflow:dag_test" and f"first build [airflow kappa_reprocess run {dr.run_id}]" == v1.reason
-    assert served_titles(bed, PIPELINE) == v1_titles
+    assert served_diff(bed, PIPELINE, "v1") is None
     report = xcom(dr, "validation_report")
-    assert report["version"] == 1 and report["keys_new"] == len(v1_titles) and report["serving_version"] is None
+    assert report["version"] == 1 and report["keys_new"] == exp_v1.table.num_rows and report["serving_version"] is None
+    assert report["rejects"] == len(exp_v1.rejects)
 
     # 2. reprocess with rules v2, auto-promote off: v2 ready, v1 still serves
     dr, states = run_dag("kappa_reprocess", {"pipeline": PIPELINE, "rules_version": "v2", "auto_promote": False,
@@ -74,7 +76,7 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     with bed.kappa() as k:
         assert k.registry.get_alias(alias).version == 1
         assert k.registry.get_version(PIPELINE, 2).state == "caught_up"
-    assert served_titles(bed, PIPELINE) == v1_titles
+    assert served_diff(bed, PIPELINE, "v1") is None
 
     # a retry of this run's tasks (say its worker died after the deploy) continues with v2: no second
     # version, no second job; any other run is refused while v2 is in flight
@@ -98,7 +100,7 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
         assert k.registry.get_version(PIPELINE, 1).state == "stopped"
         flips = [e for e in k.registry.audit_log(PIPELINE, action="promote") if e.outcome == "ok"]
         assert flips[-1].actor == "airflow:dag_test" and f"[airflow kappa_promote run {dr.run_id}]" in flips[-1].reason
-    assert served_titles(bed, PIPELINE) == v2_titles
+    assert served_diff(bed, PIPELINE, "v2") is None
     # a retried promote task after the flip: a no-op that still knows which version it replaced
     retried = tasks.promote(PIPELINE, 2, "reviewed the report", user="dag_test", run_id=dr.run_id)
     assert retried["flipped"] is False and retried["previous_version"] == 1
@@ -117,7 +119,7 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
         assert k.registry.get_version(PIPELINE, 2).state == "standby"
         starts = k.registry.audit_log(PIPELINE, action="start", version=1)
         assert starts[-1].details["resumed"] is True  # from its checkpoint, not from offset zero
-    assert served_titles(bed, PIPELINE) == v1_titles
+    assert served_diff(bed, PIPELINE, "v1") is None
 
     # 5. the same rollback again is a no-op: nothing restarted, nothing flipped
     dr, states = run_dag("kappa_rollback", {"pipeline": PIPELINE, "to_version": 1, "reason": "again"})

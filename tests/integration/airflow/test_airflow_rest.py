@@ -5,7 +5,7 @@ while one is in flight."""
 from __future__ import annotations
 
 import pytest
-from airflow_helpers import RUN_TIMEOUT, expected_titles, served_titles
+from airflow_helpers import RUN_TIMEOUT, expected, served_diff
 
 from orchestrator.airflow import client as trigger
 from orchestrator.core.exceptions import AirflowError
@@ -26,8 +26,10 @@ def test_reprocess_through_rest(airflow, stack_jobs_stopped):
         "validate": "success", "start_version": "success", "wait_ready": "success",
         "validation_report": "success", "promote": "success", "stop_previous": "success"}
     assert outcome.xcom["start_version"]["version"] == 1
-    expected = expected_titles(bed, "af_rest", "v2")
-    assert outcome.xcom["validation_report"]["keys_new"] == len(expected)
+    exp = expected(bed, "af_rest", "v2")
+    assert exp.rejects, "the test data must hold malformed records"
+    report = outcome.xcom["validation_report"]
+    assert (report["keys_new"], report["rejects"]) == (exp.table.num_rows, len(exp.rejects))
     assert outcome.xcom["promote"]["flipped"] is True
 
     with bed.kappa() as k:
@@ -38,7 +40,7 @@ def test_reprocess_through_rest(airflow, stack_jobs_stopped):
         assert v1.reason == f"standardize titles with v2 [airflow kappa_reprocess run {outcome.run_id}]"
         promote = [e for e in k.registry.audit_log("af_rest", action="promote") if e.outcome == "ok"][-1]
         assert promote.actor == "airflow:admin" and outcome.run_id in promote.reason
-    assert served_titles(bed, "af_rest") == expected
+    assert served_diff(bed, "af_rest", "v2") is None
 
 
 def test_param_validation_rejects_bad_conf_before_any_run(airflow, airflow_testbed):

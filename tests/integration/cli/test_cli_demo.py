@@ -20,7 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from orchestrator.core.files import read_json
 from orchestrator.observe.lagplot import is_png
+from tests.waiting import wait_until
 
 KAPPA = [sys.executable, "-m", "orchestrator.cli"]
 DEMO_TIMEOUT = 1500  # seconds; on an idle 2-core machine it takes a few minutes at most
@@ -130,8 +132,17 @@ def test_demo_interrupted_stops_everything(tmp_path):
             if re.search(r"deployed standardize v1 .*pid \d+", line):
                 break
             assert time.monotonic() < deadline, "the demo did not deploy v1 in time"
+        else:
+            pytest.fail("the demo's output ended before it deployed v1:\n" + "".join(lines)[-3000:])
         assert proc.poll() is None, "".join(lines)
-        time.sleep(3)  # let the job get going
+
+        def v1_job_running() -> bool:   # its query runs: the interrupt comes while the job works
+            assert proc.poll() is None, "the demo exited before its v1 job ran:\n" + "".join(lines)[-3000:]
+            statuses = [read_json(f) for f in home.rglob("status.json")]
+            return any((st.get("pipeline"), st.get("version"), st.get("state")) == ("standardize", 1, "running")
+                       for st in statuses if st)
+
+        wait_until(v1_job_running, "the v1 job's status.json to say 'running'", 600, poll=0.5)
         proc.send_signal(signal.SIGINT)
         rest, err = proc.communicate(timeout=300)
     finally:

@@ -10,11 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pyarrow as pa
 
 from orchestrator.dev import datagen
 
@@ -23,6 +20,7 @@ from orchestrator.jobctl.health import CHILDREN
 from orchestrator.core.settings import Settings
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
+from tests.served import served_diff
 
 PIPELINE = "standardize"
 PARTITIONS = 4
@@ -45,28 +43,37 @@ class Live:
     alias: str
     home: Path
     k: Kappa
+    #: Every record this setup produces derives from it (the `module_seed` or `seed` of the test).
+    seed: int
     produced: int = 0
     _stop: threading.Event | None = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _live_count: list = field(default_factory=lambda: [0], repr=False)
+    _batches: int = field(default=0, repr=False)
 
     @property
     def settings(self) -> Settings:
         return self.k.settings
 
-    def produce(self, n: int, keys: int, seed: int, *, first_new: bool = False) -> None:
-        stats = datagen.produce(self.bootstrap, self.topic, datagen.generate_changelog(n, keys, seed=seed,
-                                                                                      first_new=first_new),
+    def next_seed(self) -> int:
+        """A fresh seed for the next batch of records, derived from `seed` (so a rerun repeats it)."""
+        self._batches += 1
+        return (self.seed + 7919 * self._batches) % 2**31
+
+    def produce(self, n: int, keys: int, *, first_new: bool = False) -> None:
+        stats = datagen.produce(self.bootstrap, self.topic,
+                                datagen.generate_changelog(n, keys, seed=self.next_seed(), first_new=first_new),
                                 partitions=PARTITIONS)
         self.produced += stats.records
 
     def start_producer(self, rate: float = 15.0, keys: int = 600) -> None:
         assert self._thread is None, "the live producer already runs"
         self._stop = threading.Event()
+        seed = self.next_seed()
 
         def run():
             self._live_count[0] += datagen.produce_live(self.bootstrap, self.topic, rate=rate, stop=self._stop,
-                                                        keys=keys, seed=int(time.time()) % 1000)
+                                                        keys=keys, seed=seed)
 
         self._thread = threading.Thread(target=run, name="live-producer", daemon=True)
         self._thread.start()
@@ -78,12 +85,6 @@ class Live:
             self._thread.join(60)
             self._thread = None
         return self._live_count[0]
-
-    def expected(self, rules_version: str) -> pa.Table:
-        from jobs.lib.rules import load_rules, rules_path
-
-        rules = load_rules(rules_path("titles", rules_version))
-        return datagen.expected_table(datagen.iter_log(self.bootstrap, self.topic), rules).table
 
     def close(self) -> None:
         self.stop_producer()
@@ -106,27 +107,12 @@ class Live:
             CHILDREN.pop(pid, None)
 
 
-def sorted_table(table: pa.Table, columns: list[str]) -> pa.Table:
-    return table.select(columns).sort_by("member_id")
-
-
 def served_equals_expected(live: Live, rules_version: str) -> tuple[bool, str]:
-    """(equal, explanation) for the table the alias serves against the expected table from the log."""
-    from orchestrator.serving import open_alias
+    """(equal, explanation): the table the alias serves and the rejects of the version it serves,
+    exactly against the oracle's table and rejects for the log as it is now."""
+    from orchestrator.serving import resolve_alias
 
-    expected = live.expected(rules_version)
-    served = open_alias(live.alias, live.settings).to_pyarrow_table()
-    served = sorted_table(served, expected.column_names).cast(expected.schema)
-    if served.equals(expected):
-        return True, f"{served.num_rows} rows equal"
-    exp_keys = set(expected["member_id"].to_pylist())
-    got_keys = set(served["member_id"].to_pylist())
-    diff = {"missing": sorted(exp_keys - got_keys)[:5], "extra": sorted(got_keys - exp_keys)[:5]}
-    if not diff["missing"] and not diff["extra"]:
-        for name in expected.column_names:
-            if not served[name].equals(expected[name]):
-                rows = [i for i, (a, b) in enumerate(zip(served[name].to_pylist(), expected[name].to_pylist()))
-                        if a != b][:3]
-                diff[name] = [(served["member_id"][i].as_py(), served[name][i].as_py(), expected[name][i].as_py())
-                              for i in rows]
-    return False, f"served {served.num_rows} rows, expected {expected.num_rows}: {diff}"
+    pointer = resolve_alias(live.alias, live.settings)
+    rejects = live.k.paths(pointer["pipeline"], pointer["version"]).rejects
+    why, rows = served_diff(live.settings, live.alias, live.bootstrap, live.topic, rules_version, rejects)
+    return why is None, why or f"{rows} rows and the rejects equal"

@@ -2,14 +2,15 @@
 by the orchestrator, Delta tables, PostgreSQL and SQLite registries.
 
 One live setup serves the whole module (each job costs a JVM start on 2 shared cores). The
-first tests are one story and run in file order: deploy v1 -> ready -> promote; stop it, lag
-checked against the broker and the consumer group, restart from its checkpoint; deploy v2 with
-new rules while updates arrive -> ready -> promote -> rollback -> roll forward, the served table
-checked against the expected table each time; then promotes refused for a failed job and for
-unknown lag, and a retire. The registry-centred tests after them run on both databases
-(`registry_url`): a fresh registry adopts the two live versions (their jobs, tables and
-checkpoints are real) for concurrent promotes, a crash between the CAS and the publish, and
-retention's refusals.
+first tests tell a story in file order: deploy v1 -> ready -> promote; stop it, lag checked
+against the broker and the consumer group, restart from its checkpoint; deploy v2 with new rules
+while updates arrive -> ready -> promote -> rollback -> roll forward, the served table checked
+against the expected table each time; then promotes refused for a failed job and for unknown
+lag, and a retire. Each test still runs alone (`-k`): the state it starts from (v1 serving, or
+v2 serving with v1 behind it) comes from a module fixture that builds it when no earlier test
+did. The registry-centred tests after them run on both databases (`registry_url`): a fresh
+registry adopts the two live versions (their jobs, tables and checkpoints are real) for
+concurrent promotes, a crash between the CAS and the publish, and retention's refusals.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import os
 import re
 import signal
 import threading
-import time
 import uuid
 
 import pytest
@@ -41,6 +41,8 @@ from orchestrator.lifecycle.report import validation_report
 from orchestrator.lifecycle.retire import apply_retention, retire
 from orchestrator.lifecycle.rollback import rollback
 from orchestrator.serving import open_alias, resolve_alias
+from tests.oracle.standardize import standardize
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +68,7 @@ def pg_url(postgres_server_url):
 
 
 @pytest.fixture(scope="module")
-def live(broker, pg_url, tmp_path_factory):
+def live(broker, pg_url, tmp_path_factory, module_seed):
     unique = uuid.uuid4().hex[:8]
     topic, alias = f"profiles_{unique}", f"profiles_std_{unique}"
     datagen.ensure_topic(broker.bootstrap_servers, topic, PARTITIONS)
@@ -74,13 +76,46 @@ def live(broker, pg_url, tmp_path_factory):
     settings = Settings(home=home, bootstrap_servers=broker.bootstrap_servers)
     reg = Registry(pg_url)
     k = Kappa(settings, registry=reg, pipelines={PIPELINE: make_spec(topic, alias)})
-    lv = Live(broker.bootstrap_servers, topic, alias, home, k)
+    lv = Live(broker.bootstrap_servers, topic, alias, home, k, seed=module_seed)
     try:
-        lv.produce(INITIAL, KEYS, seed=11, first_new=True)
+        lv.produce(INITIAL, KEYS, first_new=True)
         yield lv
     finally:
         lv.close()
         reg.close()
+
+
+def ensure_serving(live: Live, version: int, rules_version: str) -> None:
+    """Make `version` (rules `rules_version`) serve, deploying it if no earlier test did.
+
+    Versions are numbered in deploy order, so v2 needs v1 first (`v2_serving` asks `v1_serving`).
+    """
+    k = live.k
+    have = [rec.version for rec in k.registry.list_versions(PIPELINE)]
+    if version not in have:
+        assert have == list(range(1, version)), f"cannot deploy v{version} for the next test after versions {have}"
+        info = deploy(k, PIPELINE, rules_version, actor="setup", reason=f"v{version} for the tests that need it",
+                      threshold=LIVE_THRESHOLD)
+        assert info.version == version
+    alias = k.registry.get_alias(live.alias)
+    if alias is None or alias.version != version:
+        assert wait_ready(k, PIPELINE, version, deadline_seconds=DEADLINE, poll_seconds=1).ready
+        promote(k, PIPELINE, version, actor="setup", reason=f"v{version} serves for the tests that need it")
+    assert resolve_alias(live.alias, live.settings)["version"] == version
+
+
+@pytest.fixture(scope="module")
+def v1_serving(live) -> Live:
+    """v1 (rules v1) serving, as the first test leaves it."""
+    ensure_serving(live, 1, "v1")
+    return live
+
+
+@pytest.fixture(scope="module")
+def v2_serving(v1_serving) -> Live:
+    """v2 (rules v2) serving with v1 as its rollback target, as the promote/rollback test leaves it."""
+    ensure_serving(v1_serving, 2, "v2")
+    return v1_serving
 
 
 def quiesce(live: Live, version: int):
@@ -122,15 +157,17 @@ def test_deploy_ready_promote_the_first_version(live):
     res = promote(k, PIPELINE, 1, actor="alice", reason="first build")
     assert res.flipped and res.previous_version is None
     assert resolve_alias(live.alias, live.settings)["version"] == 1
+    quiesce(live, 1)                 # ready allows a lag of LIVE_THRESHOLD: compare once it has read everything
     ok, why = served_equals_expected(live, "v1")
     assert ok, why
 
 
-def test_lag_equals_the_independently_computed_lag_and_a_restart_resumes_from_the_checkpoint(live):
-    k = live.k
+def test_lag_equals_the_independently_computed_lag_and_a_restart_resumes_from_the_checkpoint(v1_serving):
+    live, k = v1_serving, v1_serving.k
+    quiesce(live, 1)                                     # v1 has read the whole log: the 300 below are all lag
     stopped = stop_version(k, PIPELINE, 1, actor="bob", reason="maintenance", force=True)
     assert stopped.how == "graceful" and stopped.final_state == "stopped"
-    live.produce(300, KEYS, seed=12)                     # quiet from here: nothing reads, nothing writes
+    live.produce(300, KEYS)                              # quiet from here: nothing reads, nothing writes
     reading = measure_lag(k, PIPELINE, 1)
     expected = independent_lag(live.bootstrap, live.topic, k.paths(PIPELINE, 1).group_id)
     assert reading.source == "checkpoint"
@@ -147,8 +184,8 @@ def test_lag_equals_the_independently_computed_lag_and_a_restart_resumes_from_th
     assert ok, why
 
 
-def test_new_rules_on_live_data_promote_rollback_and_roll_forward(live):
-    k = live.k
+def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
+    live, k = v1_serving, v1_serving.k
     live.start_producer(rate=10)
     info = deploy(k, PIPELINE, "v2", actor="carol", reason="merge title spellings", threshold=LIVE_THRESHOLD)
     assert info.version == 2
@@ -157,13 +194,10 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(live):
     report = validation_report(k, PIPELINE, 2)
     assert report.serving_version == 1 and report.rules_version == "v2" and report.serving_rules_version == "v1"
     assert report.rows_changed > 0 and report.top_changes["title"]
-    from jobs.lib.rules import load_rules, rules_path
-
-    v1_rules, v2_rules = (load_rules(rules_path("titles", v)) for v in ("v1", "v2"))
     for change in report.top_changes["title"]:   # each change old -> new is what the rules do to a raw title
         assert change["old"] != change["new"] and change["count"] > 0
-        assert any(v1_rules.standardize_title(raw) == change["old"] and v2_rules.standardize_title(raw) == change["new"]
-                   for raw, _weight in datagen.TITLES), change
+        assert any(standardize("titles", raw, "v1") == change["old"] and standardize("titles", raw, "v2")
+                   == change["new"] for raw, _weight in datagen.TITLES), change
 
     res = promote(k, PIPELINE, 2, actor="carol", reason="merge title spellings")
     assert res.flipped and res.previous_version == 1
@@ -190,21 +224,16 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(live):
     assert history == [(None, 1), (1, 2), (2, 1), (1, 2)]
 
 
-def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(live):
-    k = live.k
+def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_serving):
+    live, k = v2_serving, v2_serving.k
     info = deploy(k, PIPELINE, "v2", actor="erin", reason="a build that will crash", threshold=LIVE_THRESHOLD)
     v = info.version
     assert v == 3
-    for _ in range(int(DEADLINE)):
-        if inspect_version(k, PIPELINE, v).health == "running":
-            break
-        time.sleep(1)
-    assert inspect_version(k, PIPELINE, v).health == "running"
+    wait_until(lambda: inspect_version(k, PIPELINE, v).health, f"the job of v{v} to report health 'running'",
+               DEADLINE, poll=1, done=lambda health: health == "running")
     os.killpg(info.pid, signal.SIGKILL)         # the job, its JVM and its Python workers die at once
-    for _ in range(100):
-        if not inspect_version(k, PIPELINE, v).alive:
-            break
-        time.sleep(0.1)
+    wait_until(lambda: inspect_version(k, PIPELINE, v).alive, f"the killed job of v{v} (pid {info.pid}) to be gone",
+               30, poll=0.1, done=lambda alive: not alive)
     log = k.paths(PIPELINE, v).log_file
     with pytest.raises(NotReadyError) as e:
         promote(k, PIPELINE, v, actor="erin", reason="should be refused")
@@ -234,8 +263,8 @@ def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(live):
     assert any(d.startswith(f"consumer group {paths.group_id}: ") for d in done.done)
 
 
-def test_retention_refuses_the_serving_version_and_the_rollback_target(live):
-    k = live.k
+def test_retention_refuses_the_serving_version_and_the_rollback_target(v2_serving):
+    live, k = v2_serving, v2_serving.k
     with pytest.raises(LifecycleError) as e:
         retire(k, PIPELINE, 2, actor="frank", reason="cleanup")
     assert str(e.value) == (f"cannot retire {PIPELINE} v2: it serves alias '{live.alias}'; promote or roll back "
@@ -253,8 +282,9 @@ def test_retention_refuses_the_serving_version_and_the_rollback_target(live):
 # -- the registry on both databases, with the live jobs adopted ---------------------------------
 
 @pytest.fixture
-def adopted(live, registry_url):
+def adopted(v2_serving, registry_url):
     """A fresh registry (sqlite or postgresql) holding v1 and v2 of the live setup, both caught up."""
+    live = v2_serving
     live.stop_producer()
     reg = Registry(registry_url)
     k2 = Kappa(live.settings, registry=reg, pipelines=live.k.pipelines)

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.jobctl import inspect_version, read_launch, stop_version
 from orchestrator.lifecycle.promote import promote
 from orchestrator.registry import Registry
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -43,28 +43,30 @@ def _spark_class() -> tuple[Path, dict[str, str]]:
     return home / "bin" / "spark-class", env
 
 
+def _running(proc: subprocess.Popen, log: Path) -> None:
+    assert proc.poll() is None, f"process exited with {proc.returncode}: {log.read_text()[-2000:]}"
+
+
 def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited with {proc.returncode}: {log.read_text()[-2000:]}")
+    def listening() -> bool:
+        _running(proc, log)
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
+                return True
         except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s: {log.read_text()[-2000:]}")
+            return False
+
+    wait_until(listening, f"a listener on 127.0.0.1:{port} (log: {log})", timeout, poll=0.3)
 
 
 def _wait_log(log: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def logged() -> bool:
         if text in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        time.sleep(0.3)
-    raise AssertionError(f"{text!r} not in {log} after {timeout:.0f} s: {log.read_text()[-2000:]}")
+            return True
+        _running(proc, log)
+        return False
+
+    wait_until(logged, f"{text!r} in {log}", timeout, poll=0.3)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -105,7 +107,7 @@ def cluster(tmp_path_factory):
             _stop(proc)
 
 
-def test_a_version_runs_on_a_standalone_cluster_through_spark_submit(broker, cluster, tmp_path):
+def test_a_version_runs_on_a_standalone_cluster_through_spark_submit(broker, cluster, tmp_path, seed):
     unique = uuid.uuid4().hex[:8]
     topic, alias = f"cluster_profiles_{unique}", f"cluster_std_{unique}"
     datagen.ensure_topic(broker.bootstrap_servers, topic, PARTITIONS)
@@ -113,9 +115,9 @@ def test_a_version_runs_on_a_standalone_cluster_through_spark_submit(broker, clu
                         spark_master=cluster["url"])
     reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
     k = Kappa(settings, registry=reg, pipelines={PIPELINE: make_spec(topic, alias)})
-    live = Live(broker.bootstrap_servers, topic, alias, settings.home, k)
+    live = Live(broker.bootstrap_servers, topic, alias, settings.home, k, seed=seed)
     try:
-        live.produce(1500, 400, seed=21, first_new=True)
+        live.produce(1500, 400, first_new=True)
         info = deploy(k, PIPELINE, "v2", actor="ops", reason="run on the cluster")
         launch = read_launch(k, PIPELINE, info.version)
         assert launch["mode"] == "spark-submit" and launch["master"] == cluster["url"]

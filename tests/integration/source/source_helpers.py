@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 
 from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
+from tests.waiting import wait_until
 
 #: Generous bound for anything that waits on Spark: the test machine is shared and loaded.
 WAIT_SECONDS = float(os.environ.get("KAPPA_TEST_WAIT_SECONDS", "600"))
@@ -32,14 +32,12 @@ class Kafka:
 
     def wait_partitions(self, name: str, partitions: int | None) -> None:
         """Until the metadata shows ``partitions`` partitions of the topic (None: topic absent)."""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        def shown() -> int | None:
             t = self.admin.list_topics(timeout=10).topics.get(name)
-            n = None if t is None or t.error is not None else len(t.partitions)
-            if n == partitions:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"topic {name} never showed {partitions} partitions")
+            return None if t is None or t.error is not None else len(t.partitions)
+
+        wait_until(shown, f"topic {name} with {partitions} partitions (None: no topic)", 60, poll=0.1,
+                   done=lambda n: n == partitions)
 
     def delete_topic(self, name: str) -> None:
         self.admin.delete_topics([name])[name].result(timeout=30)
@@ -78,15 +76,9 @@ class Kafka:
         return out
 
     def wait_group_offsets(self, group: str, expected: dict) -> dict:
-        """Group commits land asynchronously: poll until they equal ``expected`` (bounded)."""
-        deadline = time.monotonic() + 60
-        got = None
-        while time.monotonic() < deadline:
-            got = self.group_offsets(group)
-            if got == expected:
-                break
-            time.sleep(0.2)
-        return got
+        """Group commits land asynchronously: poll until they equal ``expected``; fail after 60 s."""
+        return wait_until(lambda: self.group_offsets(group), f"the committed offsets of group {group} to be "
+                          f"{expected}", 60, done=lambda got: got == expected)
 
 
 def source(spark, bootstrap: str, topics: str, **options):
