@@ -321,7 +321,7 @@ def poke_stop_previous(pipeline: str, promoted: dict[str, Any] | None, grace_sec
                            reason=tagged_reason(None, dag_id, run_id,
                                                 f"standby grace period of {grace:.0f} s after promoting v{version} is over"))
         log.info("%s", res.message)
-        return {"is_done": True, "xcom_value": {"stopped": previous, **res.model_dump(mode="json")}}
+        return {"is_done": True, "xcom_value": {**res.model_dump(mode="json"), "stopped": previous}}
 
 
 # -- kappa_rollback ---------------------------------------------------------------------------

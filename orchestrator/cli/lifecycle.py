@@ -104,9 +104,9 @@ def promote_cmd(
     result = promote(k, pipeline, n, actor=actor or default_actor(), reason=reason, dry_run=dry_run)
     if as_json:
         print_json(result)
-        return
-    render_report(cli.out, result.report)
-    print_result(cli.out, result)
+    else:
+        render_report(cli.out, result.report)
+        print_result(cli.out, result)
     if dry_run and not result.would_succeed:
         raise typer.Exit(1)
 

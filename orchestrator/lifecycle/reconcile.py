@@ -9,7 +9,9 @@ Two kinds of drift are repaired:
 
 The serving version keeps its state when its job dies (the alias still points at it); the
 error is recorded on it and `monitor` raises about it. Idempotent: a second run finds nothing.
-`reconcile` returns one dict per repair (its `kind`, the version, what was found).
+`reconcile` returns one dict per repair (its `kind`, the version, what was found). A repair that
+raises a KappaError is returned as kind `error` (with the alias, or the version and its state)
+and logged; the other repairs still run.
 """
 
 from __future__ import annotations
@@ -55,28 +57,39 @@ def _reconcile_alias(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str,
 def _reconcile_versions(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str, Any]]:
     out = []
     for rec in k.registry.list_versions(spec.name):
-        st = inspect_version(k, spec.name, rec.version)
-        action: dict[str, Any] | None = None
-        if rec.state in RUNNING:
-            if st.failed:
-                if mark_failed(k, st, actor=actor):
-                    action = {"kind": "mark_failed", "error": st.error}
-                elif rec.state == VersionState.SERVING and rec.error != (st.error or "")[:2000]:
-                    action = {"kind": "serving_job_failed", "error": st.error}
-            elif st.health in ("stopped", "finished", "not_started") and rec.state != VersionState.SERVING:
-                k.registry.set_state(spec.name, rec.version, VersionState.STOPPED, expected=rec.state, pid=None)
-                action = {"kind": "mark_stopped", "was": rec.state, "job": st.health}
-        elif rec.state in _NOT_RUNNING and st.alive:
-            res = stop_version(k, spec.name, rec.version, actor=actor, force=True, final_state=None,
-                               reason=f"reconcile: the registry says {rec.state}, but its job was running")
-            action = {"kind": "stop_orphan_job", "state": rec.state, "pid": res.pid, "how": res.how}
+        try:
+            action = _reconcile_version(k, spec, rec, actor)
+        except KappaError as e:  # reported; the other versions are still repaired
+            log.warning("reconcile of %s v%s: %s", spec.name, rec.version, e)
+            action = {"kind": "error", "pipeline": spec.name, "version": rec.version, "state": rec.state,
+                      "error": str(e)}
         if action is not None:
-            action.update(pipeline=spec.name, version=rec.version, state=rec.state)
-            if action["kind"] != "mark_failed":  # mark_failed audits itself
-                k.registry.audit("reconcile", actor=actor, pipeline=spec.name, version=rec.version,
-                                 reason=action["kind"], details=action)
             out.append(action)
     return out
+
+
+def _reconcile_version(k: Kappa, spec: PipelineSpec, rec: Any, actor: str) -> dict[str, Any] | None:
+    st = inspect_version(k, spec.name, rec.version)
+    action: dict[str, Any] | None = None
+    if rec.state in RUNNING:
+        if st.failed:
+            if mark_failed(k, st, actor=actor):
+                action = {"kind": "mark_failed", "error": st.error}
+            elif rec.state == VersionState.SERVING and rec.error != (st.error or "")[:2000]:
+                action = {"kind": "serving_job_failed", "error": st.error}
+        elif st.health in ("stopped", "finished", "not_started") and rec.state != VersionState.SERVING:
+            k.registry.set_state(spec.name, rec.version, VersionState.STOPPED, expected=rec.state, pid=None)
+            action = {"kind": "mark_stopped", "was": rec.state, "job": st.health}
+    elif rec.state in _NOT_RUNNING and st.alive:
+        res = stop_version(k, spec.name, rec.version, actor=actor, force=True, final_state=None,
+                           reason=f"reconcile: the registry says {rec.state}, but its job was running")
+        action = {"kind": "stop_orphan_job", "state": rec.state, "pid": res.pid, "how": res.how}
+    if action is not None:
+        action.update(pipeline=spec.name, version=rec.version, state=rec.state)
+        if action["kind"] != "mark_failed":  # mark_failed audits itself
+            k.registry.audit("reconcile", actor=actor, pipeline=spec.name, version=rec.version,
+                             reason=action["kind"], details=action)
+    return action
 
 
 def reconcile(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None) -> list[dict[str, Any]]:
@@ -87,8 +100,12 @@ def reconcile(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None) -
         spec = k.pipeline(name)
         try:
             actions += _reconcile_alias(k, spec, actor)
+        except KappaError as e:  # reported; the versions are still repaired
+            log.warning("reconcile of alias %s of %s: %s", spec.alias, name, e)
+            actions.append({"kind": "error", "pipeline": name, "alias": spec.alias, "error": str(e)})
+        try:
             actions += _reconcile_versions(k, spec, actor)
-        except KappaError as e:
+        except KappaError as e:  # its versions could not be listed
             log.warning("reconcile of %s: %s", name, e)
             actions.append({"kind": "error", "pipeline": name, "error": str(e)})
     return actions

@@ -122,3 +122,36 @@ def test_promote_if_asked_off_says_how(kappa_env, caplog):
     with caplog.at_level(logging.INFO, logger="kappa.airflow"):
         assert tasks.promote_if_asked("std_a", 4, False, "why", user="alice", run_id="r") is None
     assert "kappa promote std_a 4" in caplog.text and "NOT promoted" in caplog.text
+
+
+@pytest.mark.parametrize("after, done", [(299.5, False), (300.0, True), (300.5, True)])
+def test_stop_previous_waits_exactly_the_grace_period_in_seconds(kappa_env, monkeypatch, after, done):
+    """The promote's `at` and the grace period are seconds: 299.5 s after it the standby is kept."""
+    from types import SimpleNamespace
+
+    from orchestrator.core.kappa import Kappa
+
+    promoted_at = 1_700_000_000.0
+    monkeypatch.setattr(tasks, "time", SimpleNamespace(time=lambda: promoted_at + after))
+    with Kappa() as k:
+        for _ in range(2):
+            k.registry.allocate_version("std_a", rules_version="v1", rules_hash=None, code_ref="test",
+                                        paths=lambda n: k.paths("std_a", n), actor="t", reason="r", queue=True)
+        k.registry.flip_alias("std_a_served", "std_a", expected_version=None, new_version=1, actor="t", reason="r")
+        k.registry.flip_alias("std_a_served", "std_a", expected_version=1, new_version=2, actor="t", reason="r")
+        k.registry.set_state("std_a", 2, "serving")
+        k.registry.set_state("std_a", 1, "standby")
+    promoted = {"version": 2, "previous_version": 1, "at": promoted_at}
+    res = tasks.poke_stop_previous("std_a", promoted, 300, user="alice", run_id="r7", dag_id="kappa_promote")
+    with Kappa() as k:
+        state = k.registry.get_version("std_a", 1).state
+        stops = [(e.actor, e.reason) for e in k.registry.audit_log("std_a", action="stop")]
+    if not done:
+        assert res == {"is_done": False, "xcom_value": None}
+        assert (state, stops) == ("standby", [])
+    else:
+        assert res["is_done"] is True and res["xcom_value"]["stopped"] == 1
+        assert (res["xcom_value"]["how"], res["xcom_value"]["version"]) == ("not-running", 1)
+        assert state == "stopped"
+        assert stops == [("airflow:alice", "standby grace period of 300 s after promoting v2 is over "
+                                            "[airflow kappa_promote run r7]")]

@@ -20,6 +20,7 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.core.exceptions import BrokerError
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.registry import Registry
+from tests.waiting import wait_until
 
 FAKE_JOB = Path(__file__).with_name("fake_job.py")
 PIPELINE = "orders"
@@ -48,12 +49,17 @@ def k(tmp_path, spec):
     try:
         yield kk
     finally:
-        for pid, proc in list(CHILDREN.items()):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
-            CHILDREN.pop(pid, None)
+        end_children()
         reg.close()
+
+
+def end_children() -> None:
+    """Kill the (fake) jobs this process started that are still running, and forget them."""
+    for pid, proc in list(CHILDREN.items()):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        CHILDREN.pop(pid, None)
 
 
 def allocate(k, pipeline: str = PIPELINE, **details):
@@ -114,9 +120,26 @@ def fake_running(k, version: int, pipeline: str = PIPELINE, *, state: str = "run
     paths.status_file.write_text(json.dumps(data))
 
 
+def ready_version(k, fake_log, rows, state="caught_up"):
+    """A version whose fake job runs, caught up (lag 0 for two samples already), with a table."""
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, state)
+    fake_running(k, v)
+    fake_log.read_all()
+    write_table(k.paths(PIPELINE, v).table, profiles(rows))
+    for _ in range(2):
+        k.registry.add_lag_sample(PIPELINE, v, 0, {})
+    return v
+
+
 @pytest.fixture
 def fake_jobs(monkeypatch):
     """Start fake job processes through start_version: {version: behaviour}."""
+    return install_fake_jobs(monkeypatch)
+
+
+def install_fake_jobs(monkeypatch) -> dict[int, str]:
+    """start_version launches fake_job.py instead of Spark; returns {version: behaviour} to fill in."""
     behaviours: dict[int, str] = {}
 
     def job_command(k, pipeline, version, *, trigger="continuous", rules_file=None, master=None):
@@ -128,14 +151,41 @@ def fake_jobs(monkeypatch):
     return behaviours
 
 
+class Clock:
+    """A clock the test sets, installed as the `time` module of the modules that read it.
+
+    `time()` is `now`; `monotonic()` counts from 0; `sleep(s)` advances both at once (no real
+    sleep). Everything else is the real `time` module's.
+    """
+
+    def __init__(self, now: float = 1_700_000_000.0):
+        self.now = now
+        self.mono = 0.0
+        self.slept: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        self.mono += seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def install(self, monkeypatch, *modules) -> "Clock":
+        for module in modules:
+            monkeypatch.setattr(module, "time", self)
+        return self
+
+
 def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    """`predicate()`'s first true value; the test fails naming `what` if none comes within `timeout` s."""
+    return wait_until(predicate, what, timeout, poll=0.05)
 
 
 def profiles(rows: list[tuple]) -> pa.Table:

@@ -5,7 +5,7 @@
 normal: status.json starting -> running, heartbeat every 0.1 s; the STOP file or SIGTERM -> stopped, exit 0.
 ignore-stop: ignores the STOP file (SIGTERM still stops it).
 ignore-term: ignores the STOP file and SIGTERM (only SIGKILL ends it).
-crash: exits with code 3 after 0.3 s without a final status.
+crash: exits with code 3 at once, its last status 'starting' (no final status).
 fail: reports state failed with an error, exit 1.
 hang: stops heartbeating after the first status (process stays alive).
 """
@@ -44,7 +44,6 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN if a.behaviour == "ignore-term" else on_term)
     if a.behaviour == "crash":
-        time.sleep(0.3)
         print("fake job crashing: something broke", flush=True)
         return 3
     if a.behaviour == "fail":

@@ -12,7 +12,8 @@ import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, wait_for
 from orchestrator.core.exceptions import LifecycleError
-from orchestrator.jobctl import inspect_version, job_command, start_version, stop_version
+from orchestrator.jobctl import (STALE_HEARTBEAT_SECONDS, STARTUP_TIMEOUT_SECONDS, inspect_version, job_command,
+                                 start_version, stop_version)
 
 
 def _running(k, v):
@@ -92,6 +93,40 @@ def test_a_hung_job_is_failed_by_its_stale_heartbeat(k, fake_jobs):
     st = inspect_version(k, PIPELINE, v, stale_after=0.5, now=time.time() + 2)
     assert st.failed and st.alive and "heartbeat is" in st.error
     stop_version(k, PIPELINE, v, actor="tester", graceful_timeout=0.2, term_timeout=5)
+
+
+@pytest.mark.parametrize("over", [-0.5, 0.5])
+def test_the_stale_heartbeat_boundary_in_seconds(k, over):
+    assert STALE_HEARTBEAT_SECONDS == 30.0
+    v = allocate(k).version
+    beat = 1_700_000_000.0   # whole seconds: beat + 29.5 is exact in floating point
+    fake_running(k, v, heartbeat_at=beat)
+    st = inspect_version(k, PIPELINE, v, now=beat + 30.0 + over)
+    assert st.alive and st.heartbeat_age == 30.0 + over
+    if over < 0:
+        assert (st.health, st.error) == ("running", None)
+    else:
+        assert st.health == "failed" and st.error == (
+            f"the job's heartbeat is 30 s old (limit 30 s): process {os.getpid()} is alive but not making "
+            f"progress; see {k.paths(PIPELINE, v).log_file}")
+
+
+@pytest.mark.parametrize("over", [-0.5, 0.5])
+def test_the_startup_timeout_boundary_in_seconds(k, over):
+    """A live process that has written no status.json yet is starting, for 180 s."""
+    assert STARTUP_TIMEOUT_SECONDS == 180.0
+    v = allocate(k).version
+    created = psutil.Process().create_time()
+    k.paths(PIPELINE, v).run_dir.mkdir(parents=True)
+    k.paths(PIPELINE, v).launch_file.write_text(json.dumps({"pid": os.getpid(), "created": created,
+                                                            "started_at": created}))
+    st = inspect_version(k, PIPELINE, v, now=created + 180.0 + over)
+    assert st.alive
+    if over < 0:
+        assert (st.health, st.error) == ("starting", None)
+    else:
+        assert st.health == "failed" and st.error == (
+            f"the job process {os.getpid()} has written no status in 180 s; see {k.paths(PIPELINE, v).log_file}")
 
 
 def test_a_reused_pid_is_not_taken_for_the_job(k):

@@ -1,17 +1,18 @@
-"""Monitor and reconcile of job states; the flip benchmark on small tables."""
+"""Monitor: standbys stopped after their grace period (to the second), serving failures and sustained
+lag raised. The flip benchmark is judged in test_control_flipbench."""
 
 from __future__ import annotations
 
 import pytest
 
-from control_helpers import ALIAS, PIPELINE, allocate, fake_running, make_spec, profiles, write_table
+from control_helpers import ALIAS, PIPELINE, Clock, allocate, fake_running, make_spec, wait_for
+from orchestrator import serving
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.exceptions import LifecycleError, NotReadyError
-from orchestrator.dev.flipbench import flip_benchmark
 from orchestrator.jobctl import inspect_version, start_version
+from orchestrator.lifecycle import monitor as monitor_mod
 from orchestrator.lifecycle.monitor import monitor
-from orchestrator.lifecycle.reconcile import reconcile
-from orchestrator.serving import publish_current, resolve_alias
+from orchestrator.serving import publish_current, set_serving_states
 
 
 def _serving_pair(k, fake_log):
@@ -47,6 +48,58 @@ def test_monitor_keeps_a_standby_within_its_grace_period(k, fake_log):
     assert k.registry.get_version(PIPELINE, v1).state == "standby"
 
 
+GRACE = 300.0
+
+
+@pytest.mark.parametrize("since_from", ["standby_since", "alias_history"])
+@pytest.mark.parametrize("after, stopped", [(GRACE - 0.5, False), (GRACE, True), (GRACE + 0.5, True)])
+def test_the_standby_grace_period_boundary_in_seconds(k, fake_log, fake_jobs, monkeypatch, after, stopped,
+                                                      since_from):
+    """The promote path writes when the standby began; monitor reads it: both in seconds."""
+    kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: make_spec(grace_period_seconds=GRACE)})
+    clock = Clock().install(monkeypatch, serving)
+    v1, v2 = allocate(kk).version, allocate(kk).version
+    pid = start_version(kk, PIPELINE, v1, actor="t").pid
+    wait_for(lambda: inspect_version(kk, PIPELINE, v1).health == "running", 15, "the fake job of v1 to run")
+    fake_running(kk, v2)
+    fake_log.read_all()
+    kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v1, actor="t", reason="r")
+    set_serving_states(kk, PIPELINE, v1, None)
+    kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=v1, new_version=v2, actor="t", reason="r")
+    set_serving_states(kk, PIPELINE, v2, v1)      # v1 is standby from clock.now on
+    publish_current(kk, ALIAS)
+    rec = kk.registry.get_version(PIPELINE, v1)
+    assert (rec.state, rec.details["standby_since"]) == ("standby", clock.now)
+    began = clock.now
+    if since_from == "alias_history":              # versions from before standby_since was recorded
+        kk.registry.set_state(PIPELINE, v1, "standby", details={})
+        began = kk.registry.alias_history(ALIAS)[-1].at
+    Clock(began + after).install(monkeypatch, monitor_mod)
+    report = monitor(kk, actor="cron")
+    assert report.errors == [] and report.problems == []
+    if stopped:
+        assert [(s["version"], s["how"], s["pid"]) for s in report.stopped] == [(v1, "graceful", pid)]
+        assert kk.registry.get_version(PIPELINE, v1).state == "stopped"
+        (stop,) = kk.registry.audit_log(PIPELINE, action="stop")
+        assert stop.reason == "standby grace period of 300 s is over"
+    else:
+        assert report.stopped == []
+        assert kk.registry.get_version(PIPELINE, v1).state == "standby"
+        assert inspect_version(kk, PIPELINE, v1).health == "running"
+        assert kk.registry.audit_log(PIPELINE, action="stop") == []
+
+
+@pytest.mark.parametrize("lag, alert", [(500, False), (501, True)])
+def test_sustained_serving_lag_boundary_is_the_threshold_itself(k, fake_log, lag, alert):
+    v1, v2 = _serving_pair(k, fake_log)
+    fake_log.ends = {tp: e + (lag - 250 if tp[1] == 0 else 250) for tp, e in fake_log.ends.items()}
+    reports = [monitor(k, actor="cron", lag_threshold=500, raise_on_problem=False) for _ in range(3)]
+    assert [v["lag"] for r in reports for v in r.versions if v["version"] == v2] == [lag] * 3
+    assert [r.problems for r in reports[:2]] == [[], []]   # two samples of the three: not sustained yet
+    assert reports[2].problems == ([f"{PIPELINE} v{v2} serves alias '{ALIAS}' and lags beyond its threshold 500: "
+                                    f"last 3 samples {lag}, {lag}, {lag}"] if alert else [])
+
+
 def test_monitor_raises_when_the_serving_job_fails(k, fake_log):
     v1, v2 = _serving_pair(k, fake_log)
     fake_running(k, v2, state="failed", error="SinkError: disk full")
@@ -68,35 +121,3 @@ def test_monitor_raises_on_sustained_serving_lag_only(k, fake_log):
                                             r"threshold 0: last 3 samples 1000, 1000, 1000"):
         monitor(k, actor="cron")
     assert monitor(k, actor="cron", lag_threshold=2000).problems == []
-
-
-def test_reconcile_marks_dead_jobs(k, fake_log, fake_jobs):
-    v = allocate(k).version
-    fake_jobs[v] = "crash"
-    start_version(k, PIPELINE, v, actor="t", check_exit_seconds=0)
-    k.registry.set_state(PIPELINE, v, "backfilling")
-    import time
-
-    deadline = time.monotonic() + 10
-    while inspect_version(k, PIPELINE, v).alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-    actions = reconcile(k, actor="cron")
-    assert [(a["kind"], a["version"]) for a in actions] == [("mark_failed", v)]
-    assert k.registry.get_version(PIPELINE, v).state == "failed"
-    assert reconcile(k, actor="cron") == []
-
-
-@pytest.mark.parametrize("mode", ["thread", "process"])
-def test_flip_benchmark_keeps_readers_error_free_and_ends_where_it_started(tmp_path, k, mode):
-    kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: make_spec()})
-    v1, v2 = allocate(kk).version, allocate(kk).version
-    write_table(kk.paths(PIPELINE, v1).table, profiles([("m1", "a", "A", "n", 1)]))
-    write_table(kk.paths(PIPELINE, v2).table, profiles([("m1", "a", "B", "n", 1), ("m2", "b", "B", "n", 2)]))
-    kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v1, actor="t", reason="r")
-    kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=v1, new_version=v2, actor="t", reason="r")
-    figures = flip_benchmark(kk, PIPELINE, flips=21, readers=2, reader_mode=mode, warmup_seconds=0.2)
-    assert figures["flips"] == 21 and figures["reader_errors"] == 0, figures["reader_error_samples"]
-    assert figures["reads"] > 0 and figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
-    assert kk.registry.get_alias(ALIAS).version == v2
-    assert resolve_alias(ALIAS, kk.settings)["version"] == v2
-    assert kk.registry.audit_log(PIPELINE, action="flipbench")[-1].details["flips"] == 21

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from control_helpers import ALIAS, PIPELINE, allocate, fake_running, profiles, write_table
+from control_helpers import ALIAS, PIPELINE, allocate, fake_running, profiles, ready_version, write_table
 from orchestrator.lifecycle import promote as promote_mod
 from orchestrator.core.exceptions import ConflictError, LifecycleError, NotFoundError, NotReadyError
 from orchestrator.lifecycle.promote import promote, promote_target
@@ -17,18 +17,6 @@ from orchestrator.serving import read_pointer, resolve_alias
 ROWS_V1 = [("m1", "swe", "SWE", "Ada", 1), ("m2", "sr swe", "Sr SWE", "Alan", 2), ("m3", "pm", "PM", "Grace", 3)]
 ROWS_V2 = [("m1", "swe", "Software Engineer", "Ada", 1), ("m2", "sr swe", "Senior Software Engineer", "Alan", 2),
            ("m3", "pm", "PM", "Grace", 3)]
-
-
-def ready_version(k, fake_log, rows, state="caught_up"):
-    """A version whose fake job runs, caught up (lag 0 for two samples already), with a table."""
-    v = allocate(k).version
-    k.registry.set_state(PIPELINE, v, state)
-    fake_running(k, v)
-    fake_log.read_all()
-    write_table(k.paths(PIPELINE, v).table, profiles(rows))
-    for _ in range(2):
-        k.registry.add_lag_sample(PIPELINE, v, 0, {})
-    return v
 
 
 def test_first_promote_needs_no_key_comparison_and_publishes(k, fake_log):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+
+import psutil
 import pytest
 
-from control_helpers import PIPELINE, TOPIC, allocate, fake_running
+from control_helpers import PIPELINE, TOPIC, Clock, allocate, fake_running
+from orchestrator.lifecycle import await_ready
 from orchestrator.lifecycle.await_ready import readiness, wait_ready
 from orchestrator.core.exceptions import NotReadyError
 
@@ -127,3 +132,54 @@ def test_wait_ready_fails_at_once_when_the_job_fails(k, fake_log):
     with pytest.raises(NotReadyError, match=rf"{PIPELINE} v{v} cannot become ready: the job reported "
                                             r"failure: RulesError: bad rule"):
         wait_ready(k, PIPELINE, v, deadline_seconds=600, poll_seconds=5)
+
+
+@pytest.mark.parametrize("lag", [5, 6])
+def test_a_sample_at_the_threshold_counts_and_one_over_does_not(k, fake_log, lag):
+    v = allocate(k, threshold=5).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    fake_log.read_all()
+    fake_log.ends[(TOPIC, 1)] += lag
+    rs = [readiness(k, PIPELINE, v) for _ in range(3)]
+    assert [r.total_lag for r in rs] == [lag] * 3
+    if lag == 5:
+        assert [(r.state, r.consecutive_ok, r.reason) for r in rs] == [
+            ("hydrating", 1, "1 of 3 consecutive samples at or under 5"),
+            ("hydrating", 2, "2 of 3 consecutive samples at or under 5"),   # N-1 samples: not yet
+            ("ready", 3, "lag <= 5 for 3 consecutive samples, job running")]
+        assert k.registry.get_version(PIPELINE, v).state == "caught_up"
+    else:
+        assert [(r.state, r.consecutive_ok, r.reason) for r in rs] == [("hydrating", 0, "lag 6 > threshold 5")] * 3
+        assert k.registry.get_version(PIPELINE, v).state == "backfilling"
+        assert k.registry.audit_log(PIPELINE, action="caught_up") == []
+
+
+def test_only_samples_since_the_jobs_current_start_count(k, fake_log):
+    """A restarted job's samples from before its start (its previous run) are not part of the run."""
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    started = psutil.Process().create_time() + 0.25   # the launch's wall clock trails the creation time
+    (k.paths(PIPELINE, v).launch_file).write_text(json.dumps(
+        {"pid": os.getpid(), "mode": "local", "created": psutil.Process().create_time(), "started_at": started}))
+    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=started - 0.5)   # the previous run's
+    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=started + 0.5)   # this run's
+    fake_log.read_all()
+    r = readiness(k, PIPELINE, v)
+    assert (r.state, r.consecutive_ok) == ("hydrating", 2)
+    assert [s["at"] for s in r.samples][1:] == [started + 0.5]
+    assert readiness(k, PIPELINE, v).state == "ready"
+
+
+def test_wait_ready_deadline_and_poll_are_seconds(k, fake_log, monkeypatch):
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "backfilling")
+    fake_running(k, v)
+    fake_log.read_all(1)  # partition 0 stays 100 behind
+    clock = Clock().install(monkeypatch, await_ready)
+    with pytest.raises(NotReadyError) as e:
+        wait_ready(k, PIPELINE, v, deadline_seconds=10, poll_seconds=2)
+    assert clock.slept == [2.0] * 5   # samples at 0, 2, 4, 6, 8 and 10 s; the next would pass the deadline
+    assert str(e.value).startswith(f"{PIPELINE} v{v} is not ready after 10 s (hydrating): total lag 100 records")
+    assert len(k.registry.lag_samples(PIPELINE, v)) == 6
