@@ -1,0 +1,240 @@
+"""`kappa retire` and `kappa retention --apply` for real, each a separate `kappa` process.
+
+Four versions of a small standardize pipeline run on the session broker (real Spark jobs, real
+Delta tables, real consumer groups): v1 stopped, v2 a running standby, v3 the rollback target,
+v4 serving. The CLI retires v1 by name, then retention (keep 2) retires v2 and keeps v3 and v4,
+and a retire of the rollback target is refused. Everything is checked from outside the product:
+the directories are gone, the broker no longer lists the retired versions' consumer groups, a
+retired job's process is gone, and the kept versions (tables, checkpoints, groups, jobs), the
+alias, its pointer file and its history are exactly as they were.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pytest
+
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.settings import Settings
+from orchestrator.dev import datagen
+from orchestrator.jobctl import inspect_version, stop_version
+from orchestrator.lifecycle.await_ready import wait_ready
+from orchestrator.lifecycle.deploy import deploy
+from orchestrator.lifecycle.promote import promote
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+#: JVM start plus a tiny backfill on 2 shared cores: generous, never relied upon for timing.
+DEADLINE = float(os.environ.get("KAPPA_TEST_READY_DEADLINE", "900"))
+RECORDS, KEYS, PARTITIONS = 240, 90, 2
+KAPPA = [sys.executable, "-m", "orchestrator.cli"]
+ACTOR = "ops:retention-test"
+
+
+@dataclass
+class Bed:
+    k: Kappa
+    pipeline: str
+    alias: str
+    topic: str
+    bootstrap: str
+    home: Path
+    pipelines_file: Path
+
+    def kappa(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """One `kappa` process on this home, settings by flag only (no KAPPA_* from the environment)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+        return subprocess.run([*KAPPA, "--home", str(self.home), "--pipelines-file", str(self.pipelines_file),
+                               "--bootstrap-servers", self.bootstrap, *args],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+
+    def deploy_ready(self, rules: str) -> int:
+        info = deploy(self.k, self.pipeline, rules, actor=ACTOR, reason=f"rules {rules}")
+        wait_ready(self.k, self.pipeline, info.version, deadline_seconds=DEADLINE, poll_seconds=1)
+        return info.version
+
+
+@pytest.fixture
+def bed(bootstrap, tmp_path, seed):
+    unique = uuid.uuid4().hex[:8]
+    pipeline, topic = f"ret_{unique}", f"ret_profiles_{unique}"
+    alias = f"{pipeline}_served"
+    pipelines_file = tmp_path / "pipelines.toml"
+    pipelines_file.write_text(f'''[pipelines.{pipeline}]
+job = "standardize"
+topics = ["{topic}"]
+key = "member_id"
+ruleset = "titles"
+alias = "{alias}"
+catchup_threshold = 0
+catchup_samples = 2
+grace_period_seconds = 3600
+keep_versions = 2
+max_reject_rate = 0.05
+''')
+    datagen.ensure_topic(bootstrap, topic, partitions=PARTITIONS)
+    datagen.produce(bootstrap, topic, datagen.generate_changelog(RECORDS, KEYS, seed=seed))
+    home = tmp_path / "home"
+    k = Kappa(Settings(home=home, pipelines_file=pipelines_file, bootstrap_servers=bootstrap))
+    b = Bed(k, pipeline, alias, topic, bootstrap, home, pipelines_file)
+    try:
+        yield b
+    finally:
+        for rec in k.registry.list_versions(pipeline):
+            if inspect_version(k, pipeline, rec.version).alive:
+                stop_version(k, pipeline, rec.version, actor="tests", reason="test teardown", force=True,
+                             graceful_timeout=20, final_state=None)
+        k.close()
+
+
+# -- what the broker and the files say, read without kappa ---------------------------------------
+
+@functools.cache
+def admin(bootstrap: str):
+    """A plain AdminClient of this test's own (not kappa's), one per broker."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def listed_groups(bootstrap: str) -> set[str]:
+    res = admin(bootstrap).list_consumer_groups(request_timeout=10).result()
+    assert not res.errors, res.errors
+    return {g.group_id for g in res.valid}
+
+
+def committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    res = admin(bootstrap).list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
+    return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions}
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        return {(topic, p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(PARTITIONS)}
+    finally:
+        c.close()
+
+
+def table_rows(path: Path) -> pa.Table:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).to_pyarrow_table().sort_by("member_id")
+
+
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
+    k, p = bed.k, bed.pipeline
+    reg = k.registry
+    v1 = bed.deploy_ready("v1")
+    stop_version(k, p, v1, actor=ACTOR, reason="superseded before it served")
+    for rules in ("v2", "v1", "v2"):
+        n = bed.deploy_ready(rules)
+        promote(k, p, n, actor=ACTOR, reason=f"serve v{n}")
+    assert {r.version: str(r.state) for r in reg.list_versions(p)} == {
+        1: "stopped", 2: "standby", 3: "standby", 4: "serving"}
+    alias = reg.get_alias(bed.alias)
+    assert (alias.version, alias.previous_version) == (4, 3)
+
+    paths = {n: k.paths(p, n) for n in (1, 2, 3, 4)}
+    ends = end_offsets(bed.bootstrap, bed.topic)
+    assert sum(ends.values()) == RECORDS
+    for vp in paths.values():
+        wait_until(lambda: committed(bed.bootstrap, vp.group_id), f"consumer group {vp.group_id} to commit the "
+                   f"end offsets {ends}", timeout=60, poll=0.5, done=lambda offsets: offsets == ends)
+        assert vp.table.is_dir() and vp.checkpoint.is_dir()
+    assert {vp.group_id for vp in paths.values()} <= listed_groups(bed.bootstrap)
+    v2_pid = reg.get_version(p, 2).pid
+    assert inspect_version(k, p, 2).alive and psutil.pid_exists(v2_pid)
+    kept_jobs = {n: reg.get_version(p, n).pid for n in (3, 4)}
+    kept_tables = {n: table_rows(paths[n].table) for n in (3, 4)}
+    assert all(t.num_rows > 0 for t in kept_tables.values())
+    pointer_file = k.alias_file(bed.alias)
+    pointer_before = pointer_file.read_bytes()
+    history_before = reg.alias_history(bed.alias)
+
+    # 1. retire v1 (stopped) by name
+    existed = {n: [what for what, path in (("table", paths[n].table), ("rejects table", paths[n].rejects),
+                                           ("checkpoint and run dir", paths[n].version_dir)) if path.exists()]
+               for n in (1, 2)}
+    assert {"table", "checkpoint and run dir"} <= set(existed[1]) and {"table", "checkpoint and run dir"} <= set(existed[2])
+    retired = bed.kappa("retire", p, "1", "--actor", ACTOR, "--reason", "never served", "--json")
+    assert retired.returncode == 0, retired.stdout + retired.stderr
+    out = json.loads(retired.stdout)
+    where = {"table": paths[1].table, "rejects table": paths[1].rejects,
+             "checkpoint and run dir": paths[1].version_dir}
+    assert out["done"] == (["job stopped"] + [f"deleted {what} {where[what]}" for what in existed[1]]
+                           + [f"consumer group {paths[1].group_id}: deleted"])
+    assert out["dry_run"] is False and out["bytes_freed"] > 0
+    assert not paths[1].table.exists() and not paths[1].rejects.exists() and not paths[1].version_dir.exists()
+    assert paths[1].group_id not in listed_groups(bed.bootstrap)
+    assert committed(bed.bootstrap, paths[1].group_id) == {}
+    assert reg.get_version(p, 1).state == "retired"
+
+    # 2. retention: a dry run names v2 and deletes nothing; --apply retires it, job included
+    dry = bed.kappa("retention", p, "--json")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    plan = json.loads(dry.stdout)
+    assert (plan["dry_run"], plan["keep"], plan["kept"], plan["retire"], plan["protected"]) == (True, 2, [3, 4], [2], {})
+    assert paths[2].table.exists() and inspect_version(k, p, 2).alive and reg.get_version(p, 2).state == "standby"
+
+    applied = bed.kappa("retention", p, "--apply", "--actor", ACTOR, "--json")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    plan = json.loads(applied.stdout)
+    assert (plan["dry_run"], plan["kept"], plan["retire"], plan["protected"]) == (False, [3, 4], [2], {})
+    assert plan["message"] == f"{p}: keep [3, 4]; retired [2]"
+    where = {"table": paths[2].table, "rejects table": paths[2].rejects,
+             "checkpoint and run dir": paths[2].version_dir}
+    (result,) = plan["results"]
+    assert result["done"] == (["job stopped"] + [f"deleted {what} {where[what]}" for what in existed[2]]
+                              + [f"consumer group {paths[2].group_id}: deleted"])
+    assert gone(v2_pid)
+    assert not paths[2].table.exists() and not paths[2].rejects.exists() and not paths[2].version_dir.exists()
+    assert paths[2].group_id not in listed_groups(bed.bootstrap)
+    assert committed(bed.bootstrap, paths[2].group_id) == {}
+    assert reg.get_version(p, 2).state == "retired"
+
+    # 3. the rollback target is refused, and the refusal changes nothing
+    refused = bed.kappa("retire", p, "3", "--actor", ACTOR, "--reason", "too eager")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (f"Error: cannot retire {p} v3: it is the rollback target of alias "
+                                      f"'{bed.alias}'; promote or roll back to another version first")
+
+    # the kept versions, the alias and its readers: exactly as before
+    for n in (3, 4):
+        assert table_rows(paths[n].table).equals(kept_tables[n]), f"v{n}'s table changed"
+        assert paths[n].checkpoint.is_dir()
+        assert committed(bed.bootstrap, paths[n].group_id) == ends
+        assert inspect_version(k, p, n).alive and reg.get_version(p, n).pid == kept_jobs[n]
+    assert {paths[3].group_id, paths[4].group_id} <= listed_groups(bed.bootstrap)
+    assert {r.version: str(r.state) for r in reg.list_versions(p)} == {
+        1: "retired", 2: "retired", 3: "standby", 4: "serving"}
+    assert reg.get_alias(bed.alias) == alias
+    assert pointer_file.read_bytes() == pointer_before
+    assert reg.alias_history(bed.alias) == history_before
+    from orchestrator.serving import open_alias
+
+    assert open_alias(bed.alias, k.settings).to_pyarrow_table().sort_by("member_id").equals(kept_tables[4])
+
+    audit = [(e.version, e.actor, e.outcome, e.reason) for e in reg.audit_log(p, action="retire")]
+    assert audit == [(1, ACTOR, "ok", "never served"), (2, ACTOR, "ok", "retention: keep the last 2"),
+                     (3, ACTOR, "refused", "too eager")]
