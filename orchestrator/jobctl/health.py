@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, computed_field
@@ -20,11 +19,12 @@ from pydantic import BaseModel, ConfigDict, computed_field
 from orchestrator.core.exceptions import KappaError
 from orchestrator.core.files import read_json, tail
 from orchestrator.core.states import ENDED_RUNS, RunState, VersionState
+from orchestrator.core.times import to_seconds
 from orchestrator.jobctl.process import CREATE_TIME_TOLERANCE, is_ours
 
 __all__ = ["JobHealth", "JobStatus", "STALE_HEARTBEAT_SECONDS", "STARTUP_TIMEOUT_SECONDS", "LEGACY_START_TOLERANCE",
            "read_launch", "read_status", "inspect_version", "mark_failed", "ensure_failed_recorded",
-           "launch_identity", "job_alive", "to_seconds"]
+           "launch_identity", "job_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +44,6 @@ HEALTHY = frozenset({"starting", "running"})
 #: Popen objects of the jobs this process started: the only way to reap them and learn their
 #: exit codes. Another process (a later CLI call, an Airflow task) knows a job by PID alone.
 CHILDREN: dict[int, subprocess.Popen] = {}
-
-
-def to_seconds(value: Any) -> float | None:
-    """Unix seconds of a datetime, a number or an ISO string; None if it is none of them."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.timestamp()
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        return to_seconds(datetime.fromisoformat(str(value)))
-    except ValueError:
-        return None
 
 
 class JobStatus(BaseModel):

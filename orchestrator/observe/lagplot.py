@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError
+from orchestrator.core.times import to_seconds
 
 __all__ = ["Series", "series_from_samples", "plot_lag", "plot_pipeline_lag", "is_png", "PNG_SIGNATURE"]
 
@@ -29,14 +29,6 @@ class Series:
     label: str
     points: list[tuple[float, int | None]]
     threshold: int | None = None
-
-
-def _seconds(at: Any) -> float:
-    if isinstance(at, datetime):
-        if at.tzinfo is None:
-            at = at.replace(tzinfo=timezone.utc)
-        return at.timestamp()
-    return float(at)
 
 
 def _field(sample: Any, *names: str) -> Any:
@@ -54,7 +46,7 @@ def series_from_samples(label: str, samples: Iterable[Any], threshold: int | Non
     points = []
     for s in samples:
         total = _field(s, "total", "total_lag", "lag")
-        points.append((_seconds(_field(s, "at", "sampled_at", "ts")), None if total is None else int(total)))
+        points.append((float(to_seconds(_field(s, "at", "sampled_at", "ts"))), None if total is None else int(total)))
     points.sort(key=lambda p: p[0])
     return Series(label=label, points=points, threshold=threshold)
 
