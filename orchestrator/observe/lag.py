@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core.exceptions import BrokerError, KappaError
+from orchestrator.core.times import to_seconds
 
 __all__ = ["KAFKA_TIMEOUT", "PartitionLag", "LagReading", "measure_lag", "sample_lag", "lag_from_offsets",
            "topic_partitions", "log_offsets", "group_offsets", "checkpoint_next_offsets", "eta_seconds",
@@ -223,16 +223,11 @@ def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT
 
 def sample_time(sample: Any) -> float:
     """Unix seconds of a lag sample record (datetime or number in `.at`)."""
-    at = sample["at"] if isinstance(sample, dict) else getattr(sample, "at")
-    if isinstance(at, datetime):
-        if at.tzinfo is None:
-            at = at.replace(tzinfo=timezone.utc)
-        return at.timestamp()
-    return float(at)
+    return float(to_seconds(sample["at"] if isinstance(sample, dict) else sample.at))
 
 
 def sample_total(sample: Any) -> int | None:
-    return sample["total"] if isinstance(sample, dict) else getattr(sample, "total")
+    return sample["total"] if isinstance(sample, dict) else sample.total
 
 
 def eta_seconds(samples: Iterable[Any], threshold: int = 0, *, since: float | None = None,
