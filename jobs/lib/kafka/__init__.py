@@ -1,10 +1,13 @@
 """Kafka as a Spark streaming source, on Spark's Python Data Source API and confluent-kafka.
 
     spark.readStream.format("kappa_kafka")
-        .option("bootstrap.servers", "127.0.0.1:9092")
-        .option("topics", "member_profiles")
-        .option("group.id", "kappa.standardize.v3")     # optional: lag visible to Kafka tools
+        .option("kafka.bootstrap.servers", "127.0.0.1:9092")
+        .option("subscribe", "member_profiles")
+        .option("kafka.group.id", "kappa.standardize.v3")   # optional: lag visible to Kafka tools
         .load()
+
+The options are named as in Spark's own Kafka connector (`options` lists them, their old names
+and what differs), so a cluster with ``spark-sql-kafka`` can switch a job to ``format("kafka")``.
 
 Why a Python source: Spark's own Kafka connector is a JAR that cannot be fetched on these
 machines; this one runs on any Spark 4.2 from PyPI.
@@ -17,8 +20,8 @@ Offsets are Spark's offset JSON, a plain dict ``{"topic": {"0": 120, "1": 98}}``
 offset to read per partition; they live in ``<checkpoint>/offsets/<batch_id>``, which is the truth
 about what a query has processed (the consumer-group commits are a courtesy for lag tools).
 Offsets the broker no longer has (log start moved past a checkpointed offset, or the log ends
-before it): ``SourceError`` by default; with ``on.missing.offsets=earliest`` the source continues
-from the earliest available offset and logs how many offsets it skipped. Partitions that appear
+before it): ``SourceError`` by default; with ``failOnDataLoss=false`` the source continues from
+the earliest available offset and logs how many offsets it skipped. Partitions that appear
 while the query runs start at offset 0 (their earliest offset, if the log start moved already).
 
 The package, in the order a micro-batch meets it:

@@ -12,6 +12,7 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQueryListener
 
 from jobs.lib.kafka import map_to_offsets, merge_offsets, offsets_to_map
+from jobs.lib.kafka.options import canonical_option
 from jobs.lib.runtime.status import Status
 from orchestrator.core.exceptions import KappaError
 
@@ -44,26 +45,31 @@ class JobContext:
         self.status.update(rules_hash=value)
 
     def source_options(self, topics: list[str] | str | None = None) -> dict[str, str]:
-        """The Kafka source options the arguments imply (see jobs.lib.kafka)."""
+        """The Kafka source options the arguments imply, named as in Spark's Kafka connector (see
+        `jobs.lib.kafka.options`). ``--extra`` ``source_options`` override them by either name
+        of an option (an old dotted name replaces the primary one the arguments set)."""
         if topics is None:
             topics = self.args.topics_list
         if not isinstance(topics, str):
             topics = ",".join(topics)
         opts = {
-            "bootstrap.servers": self.args.bootstrap_servers,
-            "topics": topics,
-            "group.id": self.args.group_id,
-            "max.records.per.batch": str(self.args.max_records_per_batch),
+            "kafka.bootstrap.servers": self.args.bootstrap_servers,
+            "subscribe": topics,
+            "kafka.group.id": self.args.group_id,
+            "maxOffsetsPerTrigger": str(self.args.max_records_per_batch),
         }
         try:
-            opts["min.partitions"] = str(max(1, int(self.spark.sparkContext.defaultParallelism)))
+            opts["minPartitions"] = str(max(1, int(self.spark.sparkContext.defaultParallelism)))
         except Exception:
             pass
         for k, v in (self.args.kafka_config or {}).items():
             opts[f"kafka.{k}"] = str(v)
+        overrides: dict[str, str] = {}
         for k, v in (self.extra.get("source_options") or {}).items():
-            opts[str(k)] = v if isinstance(v, str) else json.dumps(v)
-        return opts
+            overrides[str(k)] = v if isinstance(v, str) else json.dumps(v)
+        named = {canonical_option(k) for k in overrides}
+        opts = {k: v for k, v in opts.items() if canonical_option(k) not in named}
+        return {**opts, **overrides}
 
     def read_stream(self, topics: list[str] | str | None = None) -> Any:
         """A streaming DataFrame over ``topics`` (default: all of ``--topics``); schema in the contract."""
