@@ -153,7 +153,8 @@ def plan_end_offsets(start: Mapping[TP, int], watermarks: Mapping[TP, Watermarks
     if missing:
         raise SourceError(
             "the broker no longer has offsets this query must read: " + "; ".join(missing)
-            + ". Reprocess from a new checkpoint, or set the source option on.missing.offsets=earliest "
+            + ". Reprocess from a new checkpoint, or set the source option failOnDataLoss=false "
+              "(on.missing.offsets=earliest) "
               "to continue from the earliest available offsets (skipped offsets are logged)."
         )
     available = {tp: limit_to[tp] - eff_start[tp] for tp in eff_start}
@@ -178,8 +179,11 @@ def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], *, min_partition
 
     Deterministic in (start, end): Spark calls it again with the logged offsets after a restart.
     A partition missing from ``start`` is new and reads from 0. ``end < start`` only comes from a
-    rewind under ``on.missing.offsets=earliest`` (log end moved below the checkpoint): the range is
-    then read from 0, which the reader moves up to the log start.
+    rewind under ``failOnDataLoss=false`` (log end moved below the checkpoint): the range is
+    then read from 0 too. Such a range's log start is not in the logged offsets (it may be above 0,
+    and may move between a run and its replay), so EVERY piece of it is marked ``new``: the reader
+    moves a new piece up to the log start, and finishes a piece that lies wholly below it empty.
+    Marking only the first piece made the others fail offset-out-of-range on every restart.
     """
     whole: list[RangeSpec] = []
     for tp in sorted(end):
@@ -199,5 +203,5 @@ def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], *, min_partition
         n = math.ceil((r.end - r.start) / piece)
         size = math.ceil((r.end - r.start) / n)
         for a in range(r.start, r.end, size):
-            out.append(RangeSpec(r.topic, r.partition, a, min(a + size, r.end), r.new and a == r.start))
+            out.append(RangeSpec(r.topic, r.partition, a, min(a + size, r.end), r.new))
     return out

@@ -10,8 +10,8 @@ stateless between ranges. Correctness rules that hold for compacted and transact
   return more than was asked).
 * A range never blocks forever: without progress the reader re-reads the watermarks and either
   finishes, or raises ``SourceError`` after ``read.timeout.seconds``.
-* Offsets the broker no longer has: ``SourceError`` by default; with ``on.missing.offsets=earliest``
-  the range continues from the earliest available offset and logs how many offsets it skipped.
+* Offsets the broker no longer has: ``SourceError`` by default; with ``failOnDataLoss=false``
+  (old name ``on.missing.offsets=earliest``) the range continues from the earliest available offset and logs how many offsets it skipped.
 
 RecordBatches are built column by column from ``consume()`` chunks, with the garbage collector
 paused: building Python objects per record is where a Python Kafka reader spends its time.
@@ -234,14 +234,19 @@ class _RangeReader:
             raise SourceError(
                 f"the broker no longer has offset {self.pos} of {self._where()} (log is now "
                 f"[{wm.low}, {wm.high})): {err}. Reprocess from a new checkpoint, or set the source "
-                f"option on.missing.offsets=earliest to continue from the earliest available offset.")
+                f"option failOnDataLoss=false (on.missing.offsets=earliest) to continue from the earliest "
+                f"available offset.")
         if self.pos >= wm.high or wm.low >= r.end:
+            if r.new and wm.low >= r.end:  # a piece of a new partition below its log start
+                log.info("%s: below the log start %d of a new partition; nothing to read",
+                         self._where(), wm.low)
+                return True
             log.warning("%s: offsets %d..%d are gone (log is [%d, %d)); skipping %d offsets",
                         self._where(), self.pos, r.end - 1, wm.low, wm.high, r.end - self.pos)
             return True
         if wm.low > self.pos:
             if not r.new:
-                log.warning("on.missing.offsets=earliest: %s skips offsets %d..%d (%d offsets the broker "
+                log.warning("failOnDataLoss=false: %s skips offsets %d..%d (%d offsets the broker "
                             "no longer has)", self._where(), self.pos, wm.low - 1, wm.low - self.pos)
             self.pos = wm.low
         consumer.assign([TopicPartition(r.topic, r.partition, self.pos)])
@@ -260,7 +265,7 @@ class _RangeReader:
             raise SourceError(
                 f"the broker no longer has offsets {wm.high}..{r.end - 1} of {self._where()}: its log "
                 f"now ends at {wm.high} (truncated, or the topic was recreated). Reprocess from a new "
-                f"checkpoint, or set on.missing.offsets=earliest to skip them.")
+                f"checkpoint, or set failOnDataLoss=false (on.missing.offsets=earliest) to skip them.")
         if idle >= self.s.read_timeout_seconds:
             raise SourceError(
                 f"no progress reading {self._where()} for {idle:.0f}s at offset {self.pos} although the "

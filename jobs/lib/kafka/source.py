@@ -71,10 +71,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[TP, int] | None = None
         self._latest: dict[TP, int] | None = None
         self._group_committed: dict[TP, int] | None = None
+        self._initial: dict[TP, int] | None = None  # a fresh query's start, until its first batch
 
     def __getstate__(self) -> dict:
         return {"settings": self.settings, "_broker": None, "_target": None, "_latest": None,
-                "_group_committed": None}
+                "_group_committed": None, "_initial": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -102,10 +103,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise SourceError(f"starting.offsets names partitions that do not exist: {unknown}; "
                               f"existing partitions: {tps}")
         log.info("initial offsets %s", map_to_offsets(start))
+        # Spark asks for initial offsets only while its checkpoint has none for this source: the
+        # next batch planned from them is a fresh query's first, the backfill.
+        self._initial = dict(start)
         return map_to_offsets(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        """Driver. At most ``max.records.per.batch`` records (offsets) per micro-batch."""
+        """Driver. At most ``maxOffsetsPerTrigger`` records (offsets) per micro-batch (the first
+        batch of a fresh query is exempt under ``backfill=one-batch``, see `latestOffset`)."""
         return ReadMaxRows(self.settings.max_records_per_batch)
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -117,7 +122,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """Driver. End offsets of the next micro-batch: up to the latest offsets (or the
-        available-now target), capped by ``limit``; new partitions are included from offset 0."""
+        available-now target), capped by ``limit``; new partitions are included from offset 0.
+
+        Backfill (``backfill=one-batch``, the default): the first batch of a fresh query, planned
+        from the offsets `initialOffset` returned, is not capped. A per-partition cap would let
+        partitions of different event density drift apart in event time, and a watermark that
+        follows the fastest one drops the others' rows as late; in one batch every operator sees
+        the whole backfill at once. Later batches (the live tail) are capped. A restart replays a
+        logged batch with its logged offsets, so the decision is made once per batch.
+        """
         start_map = offsets_to_map(start)
         # Spark only asks for the next batch once the previous one is committed, so ``start`` is
         # processed: committing it here keeps the group current while the query idles and after
@@ -129,14 +142,22 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if not isinstance(limit, (ReadMaxRows, ReadAllAvailable)):
             log.warning("read limit %r is not supported; reading all available", limit)
-        plan = plan_end_offsets(start_map, wms, max_rows=max_rows, target=self._target,
-                                on_missing=self.settings.on_missing_offsets)
+        backfill = (self.settings.backfill == "one-batch" and self._initial is not None
+                    and start_map == self._initial)
+        plan = plan_end_offsets(start_map, wms, max_rows=None if backfill else max_rows,
+                                target=self._target, on_missing=self.settings.on_missing_offsets)
+        if backfill and plan.end != start_map:
+            self._initial = None
+            log.info("backfill: the first micro-batch reads %d offsets up to %s in one batch (no "
+                     "per-batch cap; later batches take at most %s)",
+                     sum(e - start_map.get(tp, 0) for tp, e in plan.end.items()),
+                     map_to_offsets(plan.end), max_rows)
         for (t, p), (a, b) in plan.skipped.items():
             if b > a:
-                log.warning("on.missing.offsets=earliest: %s[%d] skips offsets %d..%d (%d offsets the "
+                log.warning("failOnDataLoss=false: %s[%d] skips offsets %d..%d (%d offsets the "
                             "broker no longer has)", t, p, a, b - 1, b - a)
             else:
-                log.warning("on.missing.offsets=earliest: %s[%d] checkpointed offset %d is beyond the "
+                log.warning("failOnDataLoss=false: %s[%d] checkpointed offset %d is beyond the "
                             "log end; continuing from the log start %d", t, p, a, b)
         for t, p in plan.new_partitions:
             if start_map:

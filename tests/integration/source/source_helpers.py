@@ -82,8 +82,9 @@ class Kafka:
 
 
 def source(spark, bootstrap: str, topics: str, **options):
-    """A kappa_kafka streaming DataFrame; option names use dots (pass them as a dict if needed)."""
-    r = spark.readStream.format("kappa_kafka").option("bootstrap.servers", bootstrap).option("topics", topics)
+    """A kappa_kafka streaming DataFrame (options by Spark's Kafka connector names or their old
+    dotted names; pass them as a dict where they are not identifiers)."""
+    r = spark.readStream.format("kappa_kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topics)
     for k, v in options.items():
         r = r.option(k, str(v))
     return r.load()

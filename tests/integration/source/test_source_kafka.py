@@ -38,7 +38,8 @@ def test_reads_everything_from_offset_zero_in_capped_batches(spark, kafka, uniqu
     kafka.produce(topic, records)
     group = f"g_{unique}"
 
-    df = source(spark, kafka.bootstrap, topic, **{"max.records.per.batch": 100, "group.id": group})
+    df = source(spark, kafka.bootstrap, topic, **{"maxOffsetsPerTrigger": 100, "kafka.group.id": group,
+                                                   "backfill": "capped"})
     rows, progress = run_available_now(spark, df, f"everything_{unique}", str(tmp_path / "cp"))
 
     assert all(r["timestamp"] is not None for r in rows)
@@ -68,7 +69,7 @@ def test_transactional_offset_gaps_and_marker_only_ranges(spark, kafka, unique, 
         p.commit_transaction(30)
     # per partition: 2 records + 1 commit marker per transaction -> offsets 0..8, data at 0,1,3,4,6,7
 
-    df = source(spark, kafka.bootstrap, topic, **{"max.records.per.batch": 2})
+    df = source(spark, kafka.bootstrap, topic, **{"max.records.per.batch": 2, "backfill": "capped"})
     rows, progress = run_available_now(spark, df, f"txn_{unique}", str(tmp_path / "cp"))
 
     got = sorted((r["partition"], r["key"], r["value"]) for r in rows)
@@ -240,3 +241,26 @@ def test_partitions_added_with_create_partitions(spark, apache_kafka, unique, tm
         q.stop()
     assert sorted((r["partition"], r["key"]) for r in spark.table(name).toArrow().to_pylist()) == \
         [(0, b"a"), (1, b"b"), (2, b"c")]
+
+
+@pytest.mark.apache_kafka
+def test_new_partition_with_a_moved_log_start_is_read_in_split_ranges(spark, apache_kafka, unique, tmp_path):
+    """issue 8 (d): a partition added while the query runs, whose log start is above 0 by then, is
+    planned [0, end) and split; every piece reads from the log start (only the first did before)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import NewPartitions
+
+    kafka = apache_kafka
+    topic = kafka.create_topic(f"newlow_{unique}", partitions=1)
+    kafka.produce(topic, [(0, b"a", b"1")])
+    cp, opts = str(tmp_path / "cp"), {"minPartitions": 4, "splitMinRecords": 1}
+    run_available_now(spark, source(spark, kafka.bootstrap, topic, **opts), f"newlow0_{unique}", cp,
+                      parquet_dir=str(tmp_path / "out0"))
+    kafka.admin.create_partitions([NewPartitions(topic, 2)])[topic].result(timeout=30)
+    kafka.wait_partitions(topic, 2)
+    kafka.produce(topic, [(1, f"b{i}".encode(), b"v") for i in range(40)])
+    for f in kafka.admin.delete_records([TopicPartition(topic, 1, 30)]).values():
+        f.result(timeout=30)
+    rows, _ = run_available_now(spark, source(spark, kafka.bootstrap, topic, **opts), f"newlow1_{unique}", cp,
+                                parquet_dir=str(tmp_path / "out1"))
+    assert sorted(r["offset"] for r in rows if r["partition"] == 1) == list(range(30, 40))

@@ -196,14 +196,14 @@ def test_settings_defaults_and_passthrough():
 
 
 @pytest.mark.parametrize("opts, fragment", [
-    ({"topics": "t"}, "bootstrap.servers is required"),
-    ({"bootstrap.servers": "h:1"}, "topics is required"),
+    ({"topics": "t"}, "kafka.bootstrap.servers is required"),
+    ({"bootstrap.servers": "h:1"}, "subscribe is required"),
     ({"bootstrap.servers": "h:1", "topics": "t", "on.missing.offsets": "latest"}, "on.missing.offsets must be one of fail, earliest"),
     ({"bootstrap.servers": "h:1", "topics": "t", "isolation.level": "dirty"}, "isolation.level must be one of"),
-    ({"bootstrap.servers": "h:1", "topics": "t", "max.records.per.batch": "0"}, "max.records.per.batch must be at least 1"),
+    ({"bootstrap.servers": "h:1", "topics": "t", "max.records.per.batch": "0"}, "maxOffsetsPerTrigger must be at least 1"),
     ({"bootstrap.servers": "h:1", "topics": "t", "max.records.per.batch": "lots"}, "must be an integer"),
-    ({"bootstrap.servers": "h:1", "topics": "t", "starting.offsets": "{nope"}, "starting.offsets must be earliest, latest or offset JSON"),
-    ({"bootstrap.servers": "h:1", "topics": "t", "starting.offsets": '{"u": {"0": 1}}'}, "names topics not in topics"),
+    ({"bootstrap.servers": "h:1", "topics": "t", "starting.offsets": "{nope"}, "startingOffsets must be earliest, latest or offset JSON"),
+    ({"bootstrap.servers": "h:1", "topics": "t", "starting.offsets": '{"u": {"0": 1}}'}, "names topics not in subscribe"),
 ])
 def test_settings_errors_name_the_option(opts, fragment):
     with pytest.raises(SourceError, match=fragment):
@@ -256,3 +256,16 @@ def test_checkpoint_offsets_of_last_committed_batch(tmp_path):
 def test_checkpoint_offsets_merges_sources_and_ignores_others(tmp_path):
     _write_batch(tmp_path, 0, {"a": {"0": 10}}, None, {"logOffset": 3}, {"b": {"0": 4}, "a": {"0": 8}})
     assert checkpoint_offsets(tmp_path) == {"a": {"0": 8}, "b": {"0": 4}}
+
+
+def test_every_piece_of_a_new_partition_is_new():
+    # issue 8 (d): a new partition whose log start is above 0 is planned [0, end) and split; a piece
+    # not marked new failed offset-out-of-range on every restart
+    ranges = plan_ranges({("t", 0): 10}, {("t", 0): 10, ("t", 1): 90_000}, min_partitions=3,
+                         split_min_records=10_000)
+    assert [(r.start, r.end) for r in ranges] == [(0, 30_000), (30_000, 60_000), (60_000, 90_000)]
+    assert all(r.new for r in ranges)
+    rewound = plan_ranges({("t", 0): 50_000}, {("t", 0): 30_000}, min_partitions=2, split_min_records=10)
+    assert len(rewound) == 2 and all(r.new for r in rewound)
+    old = plan_ranges({("t", 0): 0}, {("t", 0): 30_000}, min_partitions=2, split_min_records=10)
+    assert len(old) == 2 and not any(r.new for r in old)

@@ -208,3 +208,23 @@ def test_messages_to_batch_schema_tombstones_headers_timestamps():
     ts = b.column("timestamp").to_pylist()
     assert ts[0].isoformat() == "2023-11-14T22:13:20.123000+00:00" and ts[2] is None
     assert messages_to_batch(msgs[1:], "t", 0).column("headers").to_pylist() == [None, None]
+
+
+def test_new_partition_with_a_moved_log_start_reads_from_it_in_every_planned_piece(fake_log):
+    """issue 8 (d): the new partition's end comes from its log start (planned by plan_end_offsets),
+    its ranges from plan_ranges; every piece must read, none fail offset-out-of-range, also when
+    the batch is replayed from the logged offsets after the log start moved further."""
+    from jobs.lib.kafka import Watermarks, plan_end_offsets, plan_ranges
+
+    log = fake_log(FakeLog({o: (b"k", b"v%d" % o) for o in range(700, 1000)}, low=700, high=1000))
+    start = {("t", 0): 5}
+    plan = plan_end_offsets(start, {("t", 0): Watermarks(0, 5), ("t", 1): Watermarks(700, 1000)},
+                            max_rows=None)
+    assert plan.end[("t", 1)] == 1000
+    ranges = plan_ranges(start, plan.end, min_partitions=4, split_min_records=10)
+    assert [r.partition for r in ranges] == [1, 1, 1, 1] and ranges[0].start == 0
+    got = [offsets_of(read(KafkaRange(r.topic, r.partition, r.start, r.end, r.new))) for r in ranges]
+    assert [o for part in got for o in part] == list(range(700, 1000))
+    log.low = 800  # the restart replays the logged batch; retention moved the log start meanwhile
+    got = [offsets_of(read(KafkaRange(r.topic, r.partition, r.start, r.end, r.new))) for r in ranges]
+    assert [o for part in got for o in part] == list(range(800, 1000))
