@@ -13,9 +13,11 @@ Both sides are buffered in the state store (RocksDB, changelog checkpointing) â€
 stores of the pattern. The watermarks let Spark evict an impression once no click within the bound
 can still arrive, and a click once no impression can still match it; the global watermark is the
 minimum of both (Spark's default policy), so the slower topic holds eviction back. A delay must
-cover how far out of event-time order events arrive, including the skew between partitions within
-one capped micro-batch of a reprocess; events older than the watermark are dropped as late (not
-rejects). Each pair is emitted once (append output mode) and appended to Delta idempotently.
+cover how far out of event-time order events arrive in the live tail; events older than the
+watermark are dropped as late (not rejects). The backfill of a new version is one micro-batch
+(source option ``backfill=one-batch``, the default), so partitions of different event density do
+not drift apart in event time and a reprocess joins every pair a batch join over the same log
+finds. State partitions: the pipeline option ``state_partitions``. Each pair is emitted once (append output mode) and appended to Delta idempotently.
 Clicks without an impression in the bound, and impressions never clicked, produce no row (inner).
 
 Each topic is its own source, so each join input reads only its topic; the rejects branch (a

@@ -8,12 +8,28 @@ member id -> ZIP code; a profile update writes it, a page view reads it and is e
 Here the store is the state of `applyInPandasWithState` over the union of both topics (one source,
 one read per micro-batch), grouped by the Kafka key, on RocksDB with changelog checkpointing.
 
-"The ZIP code current at the view's position in the log": both topics are one log per member in
-which each topic keeps its offset order, and the two are interleaved by record timestamp (a
-profile record before a view at the same millisecond). A view gets the `zip` of the latest
-profile record before it, or null when there is none, the latest is a tombstone, or the profile
-has no ZIP code. Across micro-batches the order is the batch order: a profile update that is read
-in a later micro-batch than a view does not change that view (the view was already emitted).
+"The ZIP code as of the view": both topics are one log per member in which each topic keeps its
+offset order, and the two are interleaved by record timestamp. A view gets the `zip` of the latest
+profile record at or before its timestamp, or null when there is none, the latest is a tombstone,
+or the profile has no ZIP code. Tie rule: a profile record and a view with the same timestamp
+(millisecond) are ordered profile first, so the view sees that profile.
+
+What holds when:
+
+* Reprocess (the backfill of a new version): the source reads the whole log up to the deploy's end
+  offsets as ONE micro-batch (source option ``backfill=one-batch``, the default), so every view is
+  interleaved with every profile record of its member: each view joins the profile as it was at
+  the view's time, which is what the live job saw when the view arrived. (With capped batches the
+  few profile records ran ahead of the many views and later views got ZIP codes from their future.)
+* Live tail: micro-batches of at most ``maxOffsetsPerTrigger`` records; inside a batch the same
+  timestamp interleave holds, across batches the order is the batch order: a profile update that
+  is read in a later micro-batch than a view does not change that view (it was already emitted).
+  While the tail keeps up, a batch holds what arrived in one trigger interval, so this is the
+  arrival order. A tail with a backlog larger than one batch shares the cap equally between the
+  partitions of both topics, so the sparser profiles can run ahead of the views within that
+  backlog (restarting from a new checkpoint, i.e. a reprocess, restores the as-of join).
+* ``backfill=capped`` gives up the as-of guarantee for the backfill (batch order again).
+
 The output is append-only: every valid view exactly once, idempotent per micro-batch in Delta.
 
 Output table columns: view_id, member_id, page, viewed_at, zip, source_partition, source_offset (the

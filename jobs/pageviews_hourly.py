@@ -17,8 +17,11 @@ back until the watermark passes their end, which never happens at the end of the
 Watermark: a view whose event time is older than (latest event time seen - watermark) when it is
 read is late; Spark drops it from the aggregation and counts it in the query progress
 (`numRowsDroppedByWatermark`). The delay (default 2 hours) must cover how far out of event-time
-order views arrive, including the skew between partitions within one capped micro-batch of a
-reprocess; windows older than the watermark are evicted from state. Late views are not errors
+order views arrive in the live tail; windows older than the watermark are evicted from state. The
+backfill of a new version is one micro-batch (source option ``backfill=one-batch``, the default):
+no capped batches that let a sparse partition run ahead of a dense one in event time, so a
+reprocess drops no view that a batch computation over the same log would count.
+State partitions: the pipeline option ``state_partitions`` (`jobs.lib.seedjob.state_partitions`). Late views are not errors
 and do not go to the rejects table; malformed records do (see `jobs.lib.events.PAGE_VIEW`).
 
 Output table: member_id string, window_start timestamp, window_end timestamp, views int64.

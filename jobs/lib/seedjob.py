@@ -24,7 +24,8 @@ from orchestrator.core.names import app_id
 
 __all__ = [
     "REJECT_COLUMNS", "TAIL_DDL", "TAIL_COLUMNS", "null_columns", "rejects_and_counts", "reject_row",
-    "rows_frame", "SeedBatchWriter", "make_writer", "job_topics", "job_options", "start_query",
+    "rows_frame", "SeedBatchWriter", "make_writer", "job_topics", "COMMON_OPTIONS", "state_partitions",
+    "job_options", "start_query",
 ]
 
 REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
@@ -183,14 +184,38 @@ def job_topics(ctx: JobContext, roles: tuple[str, ...], job: str) -> list[str]:
 _DURATION = re.compile(r"^\d+ (second|minute|hour|day)s?$")
 
 
+#: `--extra` options every seed job takes besides its own durations (handled here, not by the job)
+COMMON_OPTIONS = ("source_options", "state_partitions")
+
+
+def state_partitions(ctx: JobContext, job: str) -> int | None:
+    """`--extra` ``state_partitions`` (a pipeline's ``options.state_partitions``): the number of
+    shuffle partitions, and so of state-store partitions, of the job's stateful operators; None
+    keeps the session's ``spark.sql.shuffle.partitions``. ConfigError unless a positive integer.
+
+    It counts at a query's first start only: Spark keeps the number in the checkpoint, because the
+    state is partitioned by it; a version restarted from its checkpoint keeps its own.
+    """
+    raw = (ctx.extra or {}).get("state_partitions")
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip().isdigit() \
+            or int(raw) < 1:
+        raise ConfigError(f"--extra option 'state_partitions' of job {job} must be a positive integer "
+                          f"(the pipeline's options.state_partitions), got {raw!r}")
+    return int(raw)
+
+
 def job_options(ctx: JobContext, defaults: dict[str, str], job: str) -> dict[str, str]:
     """The job-specific `--extra` options (durations such as "10 minutes") over their defaults;
-    ConfigError naming an unknown option or a malformed duration."""
-    extra = {k: v for k, v in (ctx.extra or {}).items() if k != "source_options"}
+    ConfigError naming an unknown option or a malformed duration. `COMMON_OPTIONS` are left out
+    (checked by `state_partitions` and the source)."""
+    extra = {k: v for k, v in (ctx.extra or {}).items() if k not in COMMON_OPTIONS}
+    state_partitions(ctx, job)
     unknown = sorted(set(extra) - set(defaults))
     if unknown:
         raise ConfigError(f"job {job} has no option {', '.join(map(repr, unknown))} in --extra; "
-                          f"known options: {', '.join(sorted(defaults))} (and source_options)")
+                          f"known options: {', '.join(sorted(defaults))} (and {', '.join(COMMON_OPTIONS)})")
     out = {**defaults, **extra}
     for k, v in out.items():
         if not isinstance(v, str) or not _DURATION.match(v.strip()):
@@ -202,12 +227,25 @@ def job_options(ctx: JobContext, defaults: dict[str, str], job: str) -> dict[str
 
 def start_query(ctx: JobContext, df: Any, writer: SeedBatchWriter, *, output_mode: str, job: str) -> Any:
     """Start a seed job's streaming query: foreachBatch into `writer`, the job's checkpoint and
-    trigger. Returns the StreamingQuery (the runtime contract of `build(ctx)`)."""
-    return (
-        df.writeStream.queryName(f"{job}_{ctx.args.pipeline}_v{ctx.args.version}")
-        .outputMode(output_mode)
-        .foreachBatch(writer)
-        .option("checkpointLocation", ctx.args.checkpoint)
-        .trigger(**ctx.trigger_kwargs())
-        .start()
-    )
+    trigger, its `state_partitions`. Returns the StreamingQuery (the runtime contract of `build(ctx)`).
+
+    The query takes the session's SQL settings when it starts, so the number of state partitions is
+    set for the start only and the session's own value restored (tests share one session)."""
+    partitions = state_partitions(ctx, job)
+    conf = ctx.spark.conf
+    key = "spark.sql.shuffle.partitions"
+    before = conf.get(key)
+    if partitions is not None:
+        conf.set(key, str(partitions))
+    try:
+        return (
+            df.writeStream.queryName(f"{job}_{ctx.args.pipeline}_v{ctx.args.version}")
+            .outputMode(output_mode)
+            .foreachBatch(writer)
+            .option("checkpointLocation", ctx.args.checkpoint)
+            .trigger(**ctx.trigger_kwargs())
+            .start()
+        )
+    finally:
+        if partitions is not None:
+            conf.set(key, before)

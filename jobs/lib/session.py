@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
-__all__ = ["find_java17", "spark_env", "prepare_environment", "build_session"]
+__all__ = ["find_java17", "spark_env", "prepare_environment", "default_shuffle_partitions", "build_session"]
 
 JAVA17_CANDIDATES = (
     "/usr/lib/jvm/java-17-openjdk-amd64",
@@ -53,20 +54,45 @@ def prepare_environment() -> None:
             os.environ.setdefault(k, v)
 
 
+def default_shuffle_partitions(master: str) -> int:
+    """The session's ``spark.sql.shuffle.partitions`` when the caller gives none:
+    KAPPA_SHUFFLE_PARTITIONS, else the cores of a local master (``local[N]``, ``local[*]``), else 2.
+
+    Spark's own default (200) would give a stateful query 200 state stores per operator. A seed
+    job's pipeline sets its own number (`jobs.lib.seedjob.state_partitions`).
+    """
+    raw = os.environ.get("KAPPA_SHUFFLE_PARTITIONS", "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            from orchestrator.core.exceptions import ConfigError
+
+            raise ConfigError(f"KAPPA_SHUFFLE_PARTITIONS must be a positive integer, got {raw!r}")
+        return int(raw)
+    m = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", master.strip())
+    if m:
+        cores = m.group(1)
+        return (os.cpu_count() or 2) if cores == "*" else int(cores or 1)
+    return 2
+
+
 def build_session(app_name: str = "kappa", master: str | None = None, local_dir: str | None = None,
-                  shuffle_partitions: int = 2, extra: dict[str, str] | None = None):
+                  shuffle_partitions: int | None = None, extra: dict[str, str] | None = None):
     """A SparkSession with the Kafka source registered and the RocksDB state store on.
 
-    Runs on the driver. `master` defaults to KAPPA_SPARK_MASTER or local[2].
+    Runs on the driver. `master` defaults to KAPPA_SPARK_MASTER or local[2]; `shuffle_partitions`
+    to `default_shuffle_partitions`.
     """
     prepare_environment()
     from pyspark.sql import SparkSession
 
     from jobs.lib.kafka import KafkaDataSource
 
+    master = master or os.environ.get("KAPPA_SPARK_MASTER", "local[2]")
+    if shuffle_partitions is None:
+        shuffle_partitions = default_shuffle_partitions(master)
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("KAPPA_SPARK_MASTER", "local[2]"))
+        .master(master)
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

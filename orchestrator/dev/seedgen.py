@@ -205,7 +205,10 @@ def create_topics(bootstrap: str, topics: dict[str, int], *, compacted: Iterable
 
 def produce(bootstrap: str, records: Iterable[SeedRecord], *, config: dict | None = None,
             timeout: float = 30.0) -> list[SeedRecord]:
-    """Produce records in order, one per batch; return them with their partition and offset."""
+    """Produce records in order, one per batch; return them with their partition and offset.
+
+    A record whose ``partition`` is set goes to that partition (tests that need skewed
+    partitions); otherwise the key decides, as for any producer."""
     from confluent_kafka import Producer
 
     records = list(records)
@@ -225,8 +228,9 @@ def produce(bootstrap: str, records: Iterable[SeedRecord], *, config: dict | Non
         for i, r in enumerate(records):
             while True:
                 try:
+                    where = {} if r.partition is None else {"partition": r.partition}
                     producer.produce(r.topic, key=r.key, value=r.value, timestamp=r.timestamp_ms,
-                                     on_delivery=on_delivery(i))
+                                     on_delivery=on_delivery(i), **where)
                     break
                 except BufferError:
                     producer.poll(0.05)

@@ -86,4 +86,5 @@ def test_clicks_join_impressions_within_the_bound(spark, bootstrap, unique, tmp_
         "field 'ad_id' is missing",
         "field 'clicked_at' is not an ISO-8601 timestamp with a UTC offset: '5 past 8'"]
     assert ctx.status.data["rows_in"] == len(produced)
-    assert ctx.status.data["batches"] >= 2
+    # the backfill is one batch with data, whatever max_records says (then maybe a no-data batch)
+    assert len([p for p in job.progress if p.get("numInputRows")]) == 1

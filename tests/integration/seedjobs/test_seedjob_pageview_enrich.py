@@ -79,3 +79,31 @@ def test_views_get_the_zip_current_at_their_position(spark, bootstrap, unique, t
     ctx3 = job.run_in_process(spark, pageview_enrich.build)
     assert enriched(job) == expected
     assert ctx3.status.data["rows_out"] == 0 and (job.checkpoint / "commits" / last.name).exists()
+
+
+def test_reprocess_joins_each_view_to_the_profile_as_of_the_view(spark, bootstrap, unique, tmp_path):
+    """issue 8 (c): profile updates spread over hours, many views, a small cap. Capped batches let
+    the few profile records run ahead of the views, so later views got ZIP codes from their
+    future; the one-batch backfill interleaves them by timestamp, as the live job saw them."""
+    views_topic, profiles_topic = f"page_views_asof_{unique}", f"member_profiles_asof_{unique}"
+    seedgen.create_topics(bootstrap, {views_topic: 2, profiles_topic: 2}, compacted=[profiles_topic])
+    members = seedgen.member_ids(4)
+    profiles = seedgen.member_profiles(profiles_topic, members, START, updates=24, spacing=timedelta(minutes=10),
+                                       seed=5)
+    views = seedgen.page_views(views_topic, members, 400, START, spacing=timedelta(seconds=36), seed=6)
+    produced = seedgen.produce(bootstrap, seedgen.by_time(profiles, views))
+
+    job = JobRun(tmp_path, "pageview_enrich", f"pva_{unique}", bootstrap, [views_topic, profiles_topic],
+                 max_records=40)
+    job.run_in_process(spark, pageview_enrich.build)
+
+    expected = expected_enriched([r for r in produced if r.topic == views_topic],
+                                 [r for r in produced if r.topic == profiles_topic])
+    latest = {}
+    for r in sorted((r for r in produced if r.topic == profiles_topic), key=lambda r: r.timestamp_ms):
+        latest[r.key.decode()] = json.loads(r.value).get("zip") if r.value else None
+    by_view = {json.loads(r.value)["view_id"]: json.loads(r.value)["member_id"]
+               for r in produced if r.topic == views_topic}
+    stale = [v for v, z in expected.items() if z != latest[by_view[v]]]
+    assert len(stale) > 100  # many views saw a ZIP code that a later profile update replaced
+    assert enriched(job) == expected

@@ -63,7 +63,9 @@ def test_hourly_counts_state_changelog_and_late_views(spark, bootstrap, unique, 
     for _, p, o, error in rejected:
         assert error.startswith(reasons[(p, o)])
     assert ctx.status.data["rows_in"] == len(produced) == 185
-    assert ctx.status.data["rejects"] == 5 and ctx.status.data["batches"] >= 4
+    assert ctx.status.data["rejects"] == 5
+    # the backfill is one batch with data, whatever max_records says (then maybe a no-data batch)
+    assert len([p for p in job.progress if p.get("numInputRows")]) == 1
 
     changelogs = list((job.checkpoint / "state").rglob("*.changelog"))
     assert changelogs, f"no RocksDB changelog files under {job.checkpoint / 'state'}"

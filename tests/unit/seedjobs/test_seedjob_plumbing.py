@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from jobs.lib.events import AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_record
-from jobs.lib.seedjob import SeedBatchWriter, job_options, job_topics
+from jobs.lib.seedjob import SeedBatchWriter, job_options, job_topics, start_query, state_partitions
 from jobs.pageviews_hourly import OUTPUT_SCHEMA as HOURLY_SCHEMA
 from jobs.profile_settings_join import OUTPUT_SCHEMA as JOIN_SCHEMA
 from orchestrator.dev import seedgen
@@ -127,6 +127,41 @@ def test_job_topics_and_options_say_what_is_expected():
         job_options(ctx("a", {"wm": "1 hour"}), {"watermark": "2 hours"}, "j")
     with pytest.raises(ConfigError, match=r"must be a duration such as \"10 minutes\""):
         job_options(ctx("a", {"watermark": "1 hour; DROP"}), {"watermark": "2 hours"}, "j")
+
+
+def test_state_partitions_is_a_pipeline_option_applied_when_the_query_starts():
+    """`[pipelines.X.options] state_partitions = 4` reaches the job as --extra; the query starts
+    with that many shuffle (state) partitions, and the shared session keeps its own number."""
+    assert state_partitions(ctx("a"), "j") is None
+    assert state_partitions(ctx("a", {"state_partitions": 4}), "j") == 4
+    assert job_options(ctx("a", {"state_partitions": "6", "watermark": "3 hours"}),
+                       {"watermark": "2 hours"}, "j") == {"watermark": "3 hours"}
+    for bad in (0, -1, "two", 1.5, True):
+        with pytest.raises(ConfigError, match=r"--extra option 'state_partitions' of job j must be a positive "
+                                              r"integer \(the pipeline's options.state_partitions\), got"):
+            job_options(ctx("a", {"state_partitions": bad}), {}, "j")
+
+    class Conf(dict):
+        def get(self, k):
+            return self[k]
+
+        def set(self, k, v):
+            self[k] = v
+
+    class Writer:  # records the session's setting at start()
+        def __getattr__(self, name):
+            return lambda *a, **k: self
+
+        def start(self):
+            return conf["spark.sql.shuffle.partitions"]
+
+    conf = Conf({"spark.sql.shuffle.partitions": "2"})
+    c = ctx("a", {"state_partitions": 5})
+    c.spark = argparse.Namespace(conf=conf)
+    c.args.pipeline, c.args.version, c.args.checkpoint = "p", 1, "/cp"
+    c.trigger_kwargs = lambda: {"availableNow": True}
+    assert start_query(c, argparse.Namespace(writeStream=Writer()), None, output_mode="update", job="j") == "5"
+    assert conf["spark.sql.shuffle.partitions"] == "2"
 
 
 def test_seed_generators_are_deterministic_and_valid():
