@@ -11,19 +11,20 @@ The rules file is loaded and validated before Spark starts (`main`): a bad file 
 with the RulesError message, status failed, exit 1, and nothing written. Its content hash goes
 into the status and every output commit's metadata.
 
-Each micro-batch runs on the driver in `foreachBatch`:
+The data path (DESIGN.md): the query reads ``format("kappa_kafka_ranges")``, whose micro-batch rows
+are the offset ranges Spark planned, and `jobs.lib.bucketed.UpsertBatches` maps them over Spark
+tasks that read, parse, apply the rules and stage their rows by bucket, then over tasks that merge
+each touched bucket into a new data file; the driver commits one Delta transaction per micro-batch
+(`jobs.lib.bucketed.table`). The records never pass through the driver or the JVM.
 
-1. skip it if the output table already has its app transaction (replay after a crash);
-2. the batch's records as Arrow: read in the driver from the offset range Spark planned and
-   logged (`DriverReader`, the default on a local master), or `toArrow()` through Spark (the
-   default on a cluster; `--extra '{"read": "spark"}'` or `"driver"` chooses);
-3. `transform_batch` (`jobs.lib.profiles`): JSON parsed by pyarrow, latest offset per key, rules
-   applied to the distinct titles and companies;
-4. rejects, then the upsert, each one idempotent Delta commit.
+A version's first micro-batch is its whole backfill (offset zero to the log end when it starts,
+no per-partition caps, see the Kafka source's ``backfill`` option); later micro-batches follow the
+live log under ``maxOffsetsPerTrigger``.
 
-Test hook: with `KAPPA_TEST_CRASH_AFTER_COMMIT=<batch id>` in the environment the process dies
-(exit 137, no clean-up) right after that batch's output commit and before Spark commits the batch
-to its checkpoint, which is the crash the replay test needs.
+Options (``[pipelines.<name>.options]``, passed as ``--extra``): ``buckets`` (32: the table's bucket
+count, fixed when the table is created), ``key_order`` (``partition``: refuse a key seen in two
+partitions; ``timestamp``: order by record timestamp, partition, offset), ``max_records_per_task``
+(125000), ``vacuum_hours`` (1: how long files a commit replaced are kept for readers).
 """
 
 from __future__ import annotations
@@ -31,38 +32,30 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
 
-from jobs.lib.delta_sink import DeltaSink, count_rows
-from jobs.lib.kafka import (
-    KafkaRange,
-    SourceSettings,
-    arrow_schema,
-    checkpoint_offsets,
-    offsets_to_map,
-    plan_ranges,
-    read_range,
-)
-from jobs.lib.profiles import DELETED, INPUT_COLUMNS, KEY_COLUMNS, BatchResult, thread_pool, transform_batch
+from jobs.lib.bucketed.batch import CRASH_HOOK, UpsertBatches
+from jobs.lib.bucketed.table import BucketedTable
+from jobs.lib.bucketed.tasks import KEY_ORDERS
+from jobs.lib.delta_sink import REJECTS_SCHEMA
+from jobs.lib.kafka.options import SourceSettings
+from jobs.lib.kafka.ranges import RANGES_NAME, TASK_RECORDS, KafkaRangesDataSource
+from jobs.lib.profiles import INPUT_COLUMNS, KEY_COLUMNS, OUTPUT_SCHEMA, BatchResult, transform_batch
 from jobs.lib.rules import Rules, load_rules
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
 from orchestrator.core.exceptions import ConfigError, KappaError, RulesError
 from orchestrator.core.names import app_id
 
-__all__ = ["CRASH_HOOK", "READ_MODES", "DriverReader", "BatchWriter", "load_job_rules", "make_writer", "read_mode",
-           "build", "main"]
+__all__ = ["CRASH_HOOK", "DEFAULT_BUCKETS", "JobOptions", "load_job_rules", "job_options", "transform",
+           "make_writer", "start_query", "build", "main"]
 
 log = logging.getLogger("kappa.standardize")
 
-CRASH_HOOK = "KAPPA_TEST_CRASH_AFTER_COMMIT"
-#: How micro-batches are read (`--extra '{"read": "spark"}'`): in the driver (DriverReader) or
-#: through Spark's data path (`toArrow()`).
-READ_MODES = ("driver", "spark")
+DEFAULT_BUCKETS = 32
 
 
 def load_job_rules(path: str | None) -> Rules:
@@ -72,155 +65,100 @@ def load_job_rules(path: str | None) -> Rules:
     return load_rules(path)
 
 
-class DriverReader:
-    """Reads a micro-batch's offset range in the driver, with the Kafka source's own range reader.
+class JobOptions:
+    """The job's own options (``--extra``), validated before Spark starts."""
 
-    `foreachBatch` + `toArrow()` brings every record to the driver anyway; reading the batch's
-    range here instead skips Spark's data path (a Python worker per range, Arrow to JVM rows and
-    back to Arrow, executor to driver), which is where most of a reprocess's time goes. Spark still
-    plans every micro-batch (admission control, available-now, new partitions), logs its offsets
-    in the checkpoint and commits it; the range read is exactly the one Spark planned: from the end
-    offsets of the previous batch in `<checkpoint>/offsets/` to this batch's. `read` returns None
-    when that range is not known from the checkpoint (batch 0 of a query whose starting offsets
-    are not "earliest"), and the caller falls back to `toArrow()`.
-    """
+    KNOWN = ("buckets", "key_order", "max_records_per_task", "vacuum_hours", "source_options")
 
-    def __init__(self, source_options: dict, checkpoint: str | Path):
-        self.settings = SourceSettings.from_options(source_options)
-        self.checkpoint = str(checkpoint)
-
-    def read(self, batch_id: int) -> pa.Table | None:
-        end = checkpoint_offsets(self.checkpoint, batch_id)
-        if end is None:
-            return None
-        if batch_id == 0:
-            if self.settings.starting_offsets != "earliest":
-                return None
-            start = {}  # every partition from its log start, as the source's initial offsets
-        else:
-            start = checkpoint_offsets(self.checkpoint, batch_id - 1)
-            if start is None:
-                return None
-        ranges = plan_ranges(offsets_to_map(start), offsets_to_map(end), min_partitions=1,
-                             split_min_records=2**62)
-
-        def read_one(r) -> list[pa.RecordBatch]:
-            return list(read_range(self.settings, KafkaRange(r.topic, r.partition, r.start, r.end, r.new)))
-
-        # librdkafka fetches and decompresses in its own threads: a few ranges at once are faster
-        parts = list(thread_pool().map(read_one, ranges)) if len(ranges) > 1 else [read_one(r) for r in ranges]
-        batches = [b for part in parts for b in part]
-        table = pa.Table.from_batches(batches, schema=arrow_schema()) if batches else arrow_schema().empty_table()
-        return table.select(INPUT_COLUMNS)
+    def __init__(self, extra: dict | None):
+        extra = dict(extra or {})
+        unknown = sorted(set(extra) - set(self.KNOWN))
+        if unknown:
+            raise ConfigError(f"--extra: unknown standardize option(s) {', '.join(map(repr, unknown))}; "
+                              f"known: {', '.join(self.KNOWN)}")
+        self.buckets = _positive_int(extra, "buckets", DEFAULT_BUCKETS, 1024)
+        self.max_records_per_task = _positive_int(extra, "max_records_per_task", TASK_RECORDS, 2**40)
+        self.key_order = str(extra.get("key_order", "partition"))
+        if self.key_order not in KEY_ORDERS:
+            raise ConfigError(f"--extra: key_order must be one of {', '.join(KEY_ORDERS)}, got {self.key_order!r}")
+        try:
+            self.vacuum_hours = float(extra.get("vacuum_hours", 1.0))
+        except (TypeError, ValueError):
+            raise ConfigError(f"--extra: vacuum_hours must be a number of hours, got {extra.get('vacuum_hours')!r}") from None
+        if self.vacuum_hours < 0:
+            raise ConfigError(f"--extra: vacuum_hours must be 0 or more, got {self.vacuum_hours}")
 
 
-class BatchWriter:
-    """The foreachBatch function: idempotent, so a replayed micro-batch is skipped before any work.
-
-    Runs on the driver. `end_offsets(batch_id)` gives the batch's end offsets for the commit
-    metadata (the job reads them from the Spark checkpoint, where Spark logged them before
-    running the batch). `on_batch(batch_id, rows_in, rows_out, rejects, rejects_total)` reports
-    progress (the runtime's `ctx.record_batch`).
-    """
-
-    def __init__(self, sink: DeltaSink, rules: Rules, *,
-                 end_offsets: Callable[[int], dict | None] | None = None,
-                 on_batch: Callable[..., None] | None = None,
-                 crash_after: int | None = None, reader: DriverReader | None = None):
-        self.sink = sink
-        self.reader = reader
-        self.rules = rules
-        self.end_offsets = end_offsets or (lambda batch_id: None)
-        self.on_batch = on_batch
-        self.crash_after = crash_after
-        self.skipped: list[int] = []
-        self.timings: list[dict] = []
-        self.rejects_total = count_rows(sink.rejects_uri) if sink.rejects_uri else 0
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        entered = time.perf_counter()
-        if self.sink.committed(batch_id):
-            log.warning("micro-batch %d is already in %s (app transaction %s): skipped (replay after a "
-                        "restart)", batch_id, self.sink.table_uri, self.sink.app_id)
-            self.skipped.append(batch_id)
-            if self.on_batch:
-                self.on_batch(batch_id, 0, 0, 0, self.rejects_total)
-            return
-        t0 = time.perf_counter()
-        batch = self.reader.read(batch_id) if self.reader is not None else None
-        if batch is None:
-            batch = df.select(*INPUT_COLUMNS).toArrow()
-        self.process_arrow(batch, batch_id, fetch_seconds=time.perf_counter() - t0, entered=entered)
-
-    def process_arrow(self, batch: pa.Table, batch_id: int, fetch_seconds: float = 0.0,
-                      entered: float | None = None) -> BatchResult:
-        t1 = time.perf_counter()
-        result = transform_batch(batch, self.rules, batch_id)
-        t2 = time.perf_counter()
-        rej = self.sink.write_rejects(batch_id, result.rejects)
-        write = self.sink.upsert(batch_id, result.upserts, KEY_COLUMNS, DELETED,
-                                 end_offsets=self.end_offsets(batch_id))
-        t3 = time.perf_counter()
-        if self.crash_after is not None and batch_id >= self.crash_after:
-            log.error("%s=%s: dying after the Delta commit of micro-batch %d, before Spark's checkpoint "
-                      "commit", CRASH_HOOK, self.crash_after, batch_id)
-            logging.shutdown()
-            os._exit(137)
-        if not rej.skipped:
-            self.rejects_total += rej.rows
-        self.timings.append({"batch_id": batch_id, "rows_in": result.rows_in, "fetch": fetch_seconds,
-                             "transform": t2 - t1, "write": t3 - t2, **result.seconds,
-                             "entered": t1 - fetch_seconds if entered is None else entered, "left": t3})
-        log.info("micro-batch %d: %d records in, %d keys upserted (%d tombstones in), %d rejects; fetch %.2fs, "
-                 "transform %.2fs (%s), %s %.2fs", batch_id, result.rows_in, result.rows_out,
-                 result.tombstones, result.rejects.num_rows, fetch_seconds, t2 - t1,
-                 ", ".join(f"{k} {v:.2f}" for k, v in result.seconds.items()), write.operation, t3 - t2)
-        if self.on_batch:
-            self.on_batch(batch_id, result.rows_in, result.rows_out, result.rejects.num_rows, self.rejects_total)
-        return result
+def _positive_int(extra: dict, name: str, default: int, most: int) -> int:
+    raw = extra.get(name, default)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= most:
+        raise ConfigError(f"--extra: {name} must be a whole number from 1 to {most}, got {raw!r}")
+    return raw
 
 
-def make_writer(args: Any, rules: Rules, on_batch: Callable[..., None] | None = None,
-                source_options: dict | None = None) -> BatchWriter:
-    """The BatchWriter for the job's arguments (runtime contract) and validated rules.
+def job_options(extra: dict | None) -> JobOptions:
+    return JobOptions(extra)
 
-    With `source_options` (the Kafka source's options) micro-batches are read in the driver
-    (`DriverReader`); without, through Spark (`toArrow()`).
-    """
-    sink = DeltaSink(args.output, args.rejects, app_id(args.pipeline, args.version), {
-        "pipeline": args.pipeline, "version": args.version, "rules_hash": rules.content_hash,
-        "rules_file": str(rules.path),
-    })
+
+def transform(rules: Rules, records: pa.Table, batch_id: int) -> BatchResult:
+    """Runs in Spark tasks: one offset range's records -> upserts and rejects (`jobs.lib.profiles`)."""
+    return transform_batch(records.select(INPUT_COLUMNS), rules, batch_id)
+
+
+def make_writer(args: Any, rules: Rules, source_options: dict, *, options: JobOptions | None = None,
+                on_batch: Callable[..., None] | None = None,
+                on_read: Callable[[int, int, int], None] | None = None) -> UpsertBatches:
+    """The foreachBatch callable for the job's arguments (runtime contract) and validated rules."""
+    options = options or JobOptions(getattr(args, "extra", None))
+    table = BucketedTable(args.output, args.rejects, app_id(args.pipeline, args.version),
+                          OUTPUT_SCHEMA, buckets=options.buckets, key_column=KEY_COLUMNS[0], rejects_schema=REJECTS_SCHEMA,
+                          vacuum_hours=options.vacuum_hours,
+                          metadata={"pipeline": args.pipeline, "version": args.version,
+                                    "rules_hash": rules.content_hash, "rules_file": str(rules.path)})
     crash = os.environ.get(CRASH_HOOK)
-    reader = DriverReader(source_options, args.checkpoint) if source_options is not None else None
-    return BatchWriter(sink, rules, end_offsets=lambda b: checkpoint_offsets(args.checkpoint, b),
-                       on_batch=on_batch, crash_after=int(crash) if crash else None, reader=reader)
+    settings = SourceSettings.from_options({k: v for k, v in source_options.items()
+                                            if k.lower() != "maxrecordspertask"})
+    return UpsertBatches(table, settings, partial(transform, rules), KEY_COLUMNS[0], key_order=options.key_order,
+                         on_batch=on_batch, on_read=on_read, crash_after=int(crash) if crash else None)
 
 
-def read_mode(extra: dict | None, master: str = "local") -> str:
-    """`driver` on a local master (fastest: one process holds every record anyway); on a cluster,
-    `spark`, so that executors do the reading and the driver does not carry every record."""
-    read = (extra or {}).get("read", "driver" if master.startswith("local") else "spark")
-    if read not in READ_MODES:
-        raise ConfigError(f"--extra: \"read\" must be one of {', '.join(READ_MODES)}, got {read!r}")
-    return read
+def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigger: dict, *,
+                on_batch: Callable[..., None] | None = None,
+                on_read: Callable[[int, int, int], None] | None = None) -> tuple[Any, UpsertBatches]:
+    """Start the standardize query; returns (query, its foreachBatch writer). Used by `build`, the
+    benchmarks and the tests, so that all of them run the job's own data path."""
+    options = JobOptions(getattr(args, "extra", None))
+    spark.dataSource.register(KafkaRangesDataSource)
+    writer = make_writer(args, rules, source_options, options=options, on_batch=on_batch, on_read=on_read)
+    reader = spark.readStream.format(RANGES_NAME).option("maxRecordsPerTask", str(options.max_records_per_task))
+    for k, v in source_options.items():
+        reader = reader.option(k, v)
+    query = (reader.load().writeStream
+             .queryName(f"standardize_{args.pipeline}_v{args.version}")
+             .foreachBatch(writer)
+             .option("checkpointLocation", str(args.checkpoint))
+             .trigger(**trigger)
+             .start())
+    return query, writer
 
 
 def build(ctx: JobContext, rules: Rules | None = None) -> Any:
     """Start the standardize query (runtime contract)."""
     rules = rules or load_job_rules(ctx.args.rules)
     ctx.rules_hash = rules.content_hash
-    read = read_mode(ctx.extra, ctx.spark.sparkContext.master)
-    writer = make_writer(ctx.args, rules, on_batch=ctx.record_batch,
-                         source_options=ctx.source_options() if read == "driver" else None)
-    return (
-        ctx.read_stream().writeStream
-        .queryName(f"standardize_{ctx.args.pipeline}_v{ctx.args.version}")
-        .foreachBatch(writer)
-        .option("checkpointLocation", ctx.args.checkpoint)
-        .trigger(**ctx.trigger_kwargs())
-        .start()
-    )
+
+    def on_read(batch_id: int, done: int, total: int) -> None:
+        ctx.status.update(reading={"batch_id": batch_id, "records_read": done, "records_total": total})
+
+    def on_batch(batch_id: int, *counts: Any) -> None:
+        ctx.record_batch(batch_id, *counts)
+        if ctx.status.data.get("reading"):
+            ctx.status.update(reading=None)
+
+    query, writer = start_query(ctx.spark, ctx.args, rules, ctx.source_options(), ctx.trigger_kwargs(),
+                                on_batch=on_batch, on_read=on_read)
+    ctx.stage_timings = writer.timings   # per-batch seconds by stage, for the benchmarks
+    return query
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         return run(build, argv)  # the runtime reports bad arguments its own way
     try:
         rules = load_job_rules(args.rules)
-        read_mode(args.extra)
+        JobOptions(args.extra)
     except KappaError as e:
         run_dir = Path(args.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

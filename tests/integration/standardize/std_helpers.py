@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,19 @@ class JobPaths:
                 "--max-records-per-batch", str(max_records), "--trigger", "available-now", "--master", "local[2]"]
 
 
+def bucket_layout_diff(uri, table) -> str | None:
+    """None when every row of a kappa table sits in the bucket of its key: CRC-32 of the key's
+    UTF-8 bytes modulo the bucket count the table records (the layout's contract, recomputed here)."""
+    import zlib
+
+    from deltalake import DeltaTable
+
+    n = json.loads(DeltaTable(str(uri)).metadata().description)["kappa"]["buckets"]
+    wrong = [(k, b) for k, b in zip(table["member_id"].to_pylist(), table["key_bucket"].to_pylist())
+             if zlib.crc32(k.encode("utf-8")) % n != b]
+    return f"{len(wrong)} rows in the wrong bucket, e.g. {wrong[:3]}" if wrong else None
+
+
 def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, timeout: float = 900):
     """`python -m jobs.standardize ...` to its end, output in `log_path`; returns (exit code, log text)."""
     from jobs.lib.session import spark_env
@@ -93,18 +107,19 @@ def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, ti
     return code, log_path.read_text(encoding="utf-8", errors="replace")
 
 
-def run_in_process(spark, bootstrap: str, topic: str, writer, checkpoint: Path, max_records: int = 1500) -> None:
-    """The standardize query on the shared session, available-now, driven to its end."""
-    query = (
-        spark.readStream.format("kappa_kafka")
-        .option("bootstrap.servers", bootstrap).option("topics", topic)
-        .option("max.records.per.batch", str(max_records)).load()
-        .writeStream.foreachBatch(writer).option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True).start()
-    )
+def run_in_process(spark, bootstrap: str, topic: str, args: Namespace, rules, *, max_records: int = 1500,
+                   source: dict | None = None, **kw):
+    """The standardize query (the job's own `start_query`) on the shared session, available-now,
+    driven to its end; returns its foreachBatch writer (timings, skipped batches)."""
+    from jobs.standardize import start_query
+
+    options = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
+               "maxOffsetsPerTrigger": str(max_records), **(source or {})}
+    query, writer = start_query(spark, args, rules, options, {"availableNow": True}, **kw)
     try:
         query.awaitTermination()
     finally:
         if query.isActive:
             query.stop()
-    assert query.exception() is None
+    assert query.exception() is None, query.exception()
+    return writer

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pyarrow.compute as pc
 import pytest
-from std_helpers import V1, V2, run_in_process, run_job_process
+from std_helpers import V1, V2, bucket_layout_diff, run_in_process, run_job_process
 from deltalake import DeltaTable
 
 from jobs.lib.delta_sink import count_rows, read_table
@@ -15,7 +15,6 @@ from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
 from tests.oracle.standardize import OUTPUT_SCHEMA
 from jobs.lib.rules import rules_path
 from jobs.lib.runtime import read_status
-from jobs.standardize import make_writer
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +30,8 @@ def test_job_process_output_equals_the_expected_table(bootstrap, changelog, path
     expected = changelog.expected("v2")
 
     out = read_table(paths.output).sort_by("member_id")
+    assert bucket_layout_diff(paths.output, out) is None
+    out = out.drop_columns(["key_bucket"])
     assert out.schema.equals(OUTPUT_SCHEMA)
     assert out.num_rows == expected.table.num_rows
     assert out.equals(expected.table)
@@ -56,7 +57,7 @@ def test_job_process_output_equals_the_expected_table(bootstrap, changelog, path
 
     # every output commit: app transaction and metadata; the last one carries the final end offsets
     last = last_committed_batch(paths.checkpoint)
-    assert last >= 2  # 4000 records at 1500 per batch
+    assert last == 0  # the whole backfill is one micro-batch, whatever maxOffsetsPerTrigger says
     history = [h for h in DeltaTable(str(paths.output)).history() if "batch_id" in h]
     assert sorted(int(h["batch_id"]) for h in history) == list(range(last + 1))
     assert {(h["pipeline"], h["pipeline_version"], h["rules_hash"]) for h in history} == {("standardize", "1", V2.content_hash)}
@@ -67,19 +68,16 @@ def test_job_process_output_equals_the_expected_table(bootstrap, changelog, path
 
 
 def test_reprocess_with_new_rules_in_process(spark, bootstrap, changelog, paths, tmp_path):
-    """v1 and v2 of the pipeline over the same log, in the shared session, one read through Spark,
-    one in the driver: each equals its expected table, and v2 changes a visible share of titles."""
+    """v1 and v2 of the pipeline over the same log, in the shared session, through the job's own
+    `start_query`: each equals its expected table, and v2 changes a visible share of titles."""
     tables = {}
     for name, rules in (("v1", V1), ("v2", V2)):
         args = paths.args(bootstrap, changelog.topic, rules.path)
         args.version = int(name[1:])
         args.output, args.rejects = str(tmp_path / name), str(tmp_path / f"{name}__rejects")
         args.checkpoint = str(tmp_path / f"{name}_checkpoint")
-        # v1 reads through Spark's data path, v2 in the driver (the job's default)
-        source = {"bootstrap.servers": bootstrap, "topics": changelog.topic} if name == "v2" else None
-        writer = make_writer(args, rules, source_options=source)
-        run_in_process(spark, bootstrap, changelog.topic, writer, tmp_path / f"{name}_checkpoint")
-        tables[name] = read_table(args.output).sort_by("member_id")
+        writer = run_in_process(spark, bootstrap, changelog.topic, args, rules)
+        tables[name] = read_table(args.output).drop_columns(["key_bucket"]).sort_by("member_id")
         expected = changelog.expected(name)
         assert tables[name].equals(expected.table)
         assert sorted((r["partition"], r["offset"], r["error"]) for r in read_table(args.rejects).to_pylist()) == sorted(
@@ -115,11 +113,15 @@ def test_bad_rules_file_fails_before_anything_starts(bootstrap, changelog, paths
     assert not paths.output.parent.exists()
 
 
-def test_unknown_read_mode_fails_before_anything_starts(paths):
+@pytest.mark.parametrize("extra, message", [
+    ({"read": "jvm"}, "ConfigError: --extra: unknown standardize option(s) 'read'; known: buckets, key_order, "
+                      "max_records_per_task, vacuum_hours, source_options"),
+    ({"key_order": "offset"}, "ConfigError: --extra: key_order must be one of partition, timestamp, got 'offset'"),
+    ({"buckets": 0}, "ConfigError: --extra: buckets must be a whole number from 1 to 1024, got 0"),
+])
+def test_bad_job_options_fail_before_anything_starts(paths, extra, message):
     argv = paths.argv("127.0.0.1:9", "no_topic", rules_path("titles", "v2"))
-    code, log = run_job_process([*argv, "--extra", json.dumps({"read": "jvm"})], paths.run_dir / "job.log",
-                                timeout=120)
-    message = "ConfigError: --extra: \"read\" must be one of driver, spark, got 'jvm'"
+    code, log = run_job_process([*argv, "--extra", json.dumps(extra)], paths.run_dir / "job.log", timeout=120)
     assert code == 1 and f"job standardize v1 failed before starting: {message}" in log
     assert read_status(paths.run_dir)["error"] == message
     assert not paths.output.parent.exists() and not paths.checkpoint.exists()
