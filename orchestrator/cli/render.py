@@ -110,6 +110,10 @@ def status_table(data: list[dict[str, Any]]) -> Table:
             jtext = job.get("health", "-")
             if job.get("pid"):
                 jtext += f" (pid {job['pid']})"
+            reading = job.get("reading") or {}
+            if reading.get("records_total"):
+                jtext += (f", reading micro-batch {reading.get('batch_id')}: {fmt_count(reading.get('records_read'))}"
+                          f" of {fmt_count(reading['records_total'])} records")
             t.add_row(p["pipeline"], f"v{v['version']}" + (" *" if v["serving"] else ""), v["state"],
                       v.get("readiness") or "-",
                       "-" if v.get("readiness") is None else fmt_count(v.get("lag")),

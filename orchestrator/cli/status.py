@@ -78,7 +78,8 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         return row
     job = inspect_version(k, pipeline, n)
     row["job"] = {"health": job.health, "pid": job.pid if job.alive else None, "batches": job.batches,
-                  "rows_in": job.rows_in, "rows_out": job.rows_out, "error": job.error}
+                  "rows_in": job.rows_in, "rows_out": job.rows_out, "error": job.error,
+                  "reading": job.reading if job.alive else None}
     row["rejects"] = job.rejects
     if rec.state in LIVE or job.alive:
         r = readiness(k, pipeline, n, record=record)

@@ -67,6 +67,9 @@ class JobStatus(BaseModel):
     rejects: int | None = None
     end_offsets: dict[str, Any] | None = None
     rules_hash: str | None = None
+    #: While a long micro-batch (the backfill) runs: {"batch_id", "records_read", "records_total"}.
+    #: The checkpoint and the consumer group move only when the batch commits; this moves meanwhile.
+    reading: dict[str, Any] | None = None
     exit_code: int | None = None
     error: str | None = None
     log_file: str | None = None
@@ -150,7 +153,7 @@ def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
         started_at=to_seconds((launch or {}).get("started_at")) or to_seconds(status.get("started_at")),
         heartbeat_age=None if hb is None else max(0.0, now - hb),
         **{name: status.get(name) for name in
-           ("batch_id", "batches", "rows_in", "rows_out", "rejects", "end_offsets", "rules_hash")},
+           ("batch_id", "batches", "rows_in", "rows_out", "rejects", "end_offsets", "rules_hash", "reading")},
     )
 
     def fail(why: str) -> JobStatus:

@@ -93,3 +93,17 @@ def test_json_values_are_strict_json():
     assert strict(to_json({"r": r, "n": float("-inf"), "title": "Señor"})) == {"r": expected, "n": "-inf",
                                                                                 "title": "Señor"}
     assert "Señor" in to_json({"title": "Señor"})
+
+
+def test_status_shows_read_progress_of_a_running_backfill():
+    """The backfill is one micro-batch: while it runs, lag (checkpoint offsets) stays put and the
+    job's read progress is what moves."""
+    from orchestrator.cli.render import status_table
+
+    version = {"version": 2, "serving": False, "state": "backfilling", "readiness": "hydrating", "lag": 2_000_000,
+               "eta_seconds": None, "rejects": 0, "rules_version": "v2",
+               "job": {"health": "running", "pid": 4242,
+                       "reading": {"batch_id": 0, "records_read": 750_000, "records_total": 2_000_000}}}
+    console, out = _console()
+    console.print(status_table([{"pipeline": "standardize", "versions": [version]}]))
+    assert "running (pid 4242), reading micro-batch 0: 750,000 of 2,000,000 records" in out.getvalue()
