@@ -1,7 +1,8 @@
-"""`kappa bench reprocess|deploy|flip`: the benchmarks behind the README's figures.
+"""`kappa bench reprocess|freshness|cluster|deploy|flip`: the benchmarks behind the README's figures.
 
 Each runs the code in `orchestrator.dev` and prints its figures (with `--out`, also into a JSON
-file). `reprocess` and `deploy` start their own embedded broker unless told otherwise.
+file). `reprocess`, `freshness`, `cluster` and `deploy` start their own embedded broker (`reprocess`
+unless told otherwise) and stop everything they started by PID.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from orchestrator.cli.render import print_json, to_json, write_json
 
 __all__ = ["bench_app"]
 
-bench_app = new_typer(help="Benchmarks: reprocess throughput, deploy-to-promote time, flip latency.")
+bench_app = new_typer(help="Benchmarks: reprocess throughput, freshness, cluster scaling, deploy-to-promote time, flip latency.")
 app.add_typer(bench_app, name="bench")
 
 
@@ -30,15 +31,21 @@ def bench_reprocess(
     max_records_per_batch: Annotated[int, typer.Option("--max-records-per-batch", min=1, help="micro-batch cap (the standardize pipeline's)")] = 500_000,
     rules: Annotated[str, typer.Option("--rules", help="rules version of the titles ruleset")] = "v2",
     malformed_share: Annotated[float, typer.Option("--malformed-share", min=0.0, max=1.0, help="share of malformed records")] = 0.0,
+    reference_processes: Annotated[Optional[int], typer.Option("--reference-processes", min=1, help="raw consumer processes of the reference (default: one per core)")] = None,
+    extra: Annotated[Optional[str], typer.Option("--extra", help="the job's --extra, a JSON object (as a pipeline's options)")] = None,
     use_configured_broker: Annotated[bool, typer.Option("--use-configured-broker", help="produce to the configured bootstrap servers instead of a fresh embedded broker")] = False,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="check the output's raw columns and rejects against the generated records")] = True,
+    workdir: Annotated[Optional[Path], typer.Option("--workdir", help="work here and keep it (output table in out/)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
 ) -> None:
-    """Full standardize reprocess from offset zero against a raw consumer: records/s, MB/s, start-up, memory."""
+    """Full standardize reprocess from offset zero against the fastest raw read of the same log
+    (one consumer process per core): records/s, MB/s, ratio, time breakdown, peak memory."""
     from orchestrator.dev.bench import run_reprocess_bench
+    from orchestrator.dev.benchutil import parse_json_object
 
     cli = cli_of(ctx)
     settings = cli.settings()
+    job_extra = parse_json_object(extra, "--extra")
     bootstrap = kafka_config = None
     if use_configured_broker:
         k = cli.kappa()
@@ -47,8 +54,73 @@ def bench_reprocess(
     run_reprocess_bench(records, keys, partitions, value_size, out, max_records_per_batch=max_records_per_batch,
                         rules_version=rules, malformed_share=malformed_share, bootstrap=bootstrap,
                         kafka_config=kafka_config or None, master=settings.spark_master, verify=verify,
+                        extra=job_extra, reference_processes=reference_processes, workdir=workdir,
                         console=cli.out)
     if out is not None:
+        cli.out.print(f"wrote {out}")
+
+
+@bench_app.command("freshness")
+def bench_freshness(
+    ctx: typer.Context,
+    seconds: Annotated[float, typer.Option("--seconds", help="how long the live producer runs")] = 30.0,
+    rate: Annotated[float, typer.Option("--rate", help="profile updates per second")] = 20.0,
+    records: Annotated[int, typer.Option("--records", min=1, help="records in the log before the deploy")] = 100_000,
+    keys: Annotated[int, typer.Option("--keys", min=1, help="distinct members")] = 20_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1, help="topic partitions")] = 4,
+    rules: Annotated[str, typer.Option("--rules", help="rules version")] = "v2",
+    poll: Annotated[float, typer.Option("--poll", help="seconds between the reader's polls of the alias")] = 0.05,
+    drain: Annotated[float, typer.Option("--drain", help="seconds to wait for the last records after the producer stops")] = 30.0,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Time from a record produced to its value readable through the serving alias: p50, p99.
+
+    Deploys and promotes a standardize version (live trigger) on its own embedded stack, runs a live
+    producer, polls the alias; the job's trigger interval is the reference. Stops all it started.
+    """
+    from orchestrator.dev.freshbench import run_freshness_bench
+
+    cli = cli_of(ctx)
+    figures = run_freshness_bench(seconds, rate, records=records, keys=keys, partitions=partitions, rules=rules,
+                                  poll=poll, drain=drain, console=cli.err if as_json else cli.out,
+                                  overrides=cli.overrides)
+    write_json(out, figures)
+    if as_json:
+        print_json(figures)
+    elif out is not None:
+        cli.out.print(f"wrote {out}")
+
+
+@bench_app.command("cluster")
+def bench_cluster(
+    ctx: typer.Context,
+    sizes: Annotated[str, typer.Option("--sizes", help="log sizes, comma-separated (e.g. 1M,4M or 20000)")] = "1M,4M",
+    partitions: Annotated[int, typer.Option("--partitions", min=2, help="topic partitions")] = 4,
+    value_size: Annotated[int, typer.Option("--value-size", min=50, help="bytes per value, about")] = 200,
+    max_records_per_batch: Annotated[int, typer.Option("--max-records-per-batch", min=1, help="micro-batch cap")] = 500_000,
+    rules: Annotated[str, typer.Option("--rules", help="rules version")] = "v2",
+    executor_memory: Annotated[str, typer.Option("--executor-memory", help="spark.executor.memory")] = "1g",
+    extra: Annotated[Optional[str], typer.Option("--extra", help="the job's --extra, a JSON object")] = None,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="check each run's output against the generated records")] = True,
+    workdir: Annotated[Optional[Path], typer.Option("--workdir", help="work here and keep it (logs, cluster logs)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """The same reprocess on a Spark standalone cluster on this machine with 1 worker of 1 core, then
+    2: throughput ratio (goal >= 1.7) and the driver's peak memory at each log size."""
+    from orchestrator.dev.benchutil import parse_counts, parse_json_object
+    from orchestrator.dev.clusterbench import run_cluster_bench
+
+    cli = cli_of(ctx)
+    figures = run_cluster_bench(parse_counts(sizes, "--sizes"), partitions=partitions, value_size=value_size,
+                                max_records_per_batch=max_records_per_batch, rules=rules,
+                                executor_memory=executor_memory, extra=parse_json_object(extra, "--extra"),
+                                verify=verify, workdir=workdir, console=cli.err if as_json else cli.out)
+    write_json(out, figures)
+    if as_json:
+        print_json(figures)
+    elif out is not None:
         cli.out.print(f"wrote {out}")
 
 

@@ -1,6 +1,7 @@
-"""`run_reprocess_bench` end to end on a small log, in its own process (it starts and stops its own
-Spark session) on the session's broker. The bench's own figures are not the evidence: the test
-keeps the bench's output and rejects tables and compares them with the tests' oracle itself."""
+"""The benchmarks end to end at tiny sizes, each in its own process as a user runs it. Their figures
+are not asserted as numbers (no timed asserts): the tests check the output's structure, that the
+reprocess's output is right (against the tests' own oracle, not the bench's self-check), and that
+every process a benchmark started is gone afterwards."""
 
 from __future__ import annotations
 
@@ -8,36 +9,58 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from jobs.lib.delta_sink import read_table
 from orchestrator.dev.datagen import iter_log
+from orchestrator.jobctl.process import create_time
 from tests.oracle.standardize import OUTPUT_SCHEMA, expected_table
 
 pytestmark = pytest.mark.integration
 
 
-def test_reprocess_bench_small(tmp_path, bootstrap, seed):
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     from jobs.lib.session import spark_env
 
-    out, work = tmp_path / "bench.json", tmp_path / "work"
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.dev.bench", "--records", "30000", "--keys", "8000",
-         "--max-records-per-batch", "10000", "--malformed-share", "0.01", "--seed", str(seed),
-         "--bootstrap", bootstrap, "--workdir", str(work), "--json", str(out)],
-        env={**os.environ, **spark_env(), "COLUMNS": "160"}, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, *argv], env={**os.environ, **spark_env(), "COLUMNS": "200"},
+                          capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _all_gone(pids: list[int], since: float) -> list[int]:
+    """The PIDs still held by a process created before `since` (so, not a later reuse)."""
+    left = []
+    for pid in pids:
+        created = create_time(pid)
+        if created is not None and created < since:
+            left.append(pid)
+    return left
+
+
+def _read(uri):
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(uri)).to_pyarrow_table()
+
+
+def test_reprocess_bench_small(tmp_path, bootstrap, seed):
+    out, work = tmp_path / "bench.json", tmp_path / "work"
+    started = time.time()
+    proc = _run(["-m", "orchestrator.dev.bench", "--records", "30000", "--keys", "8000",
+                 "--max-records-per-batch", "10000", "--malformed-share", "0.01", "--seed", str(seed),
+                 "--bootstrap", bootstrap, "--workdir", str(work), "--json", str(out)], 900)
     figures = json.loads(out.read_text())
 
     # the evidence: the kept tables against the oracle, computed here from the topic the bench filled
     log = list(iter_log(bootstrap, figures["topic"]))
     assert len(log) == 30000
     expected = expected_table(log, "v2")
-    output = read_table(work / "out").sort_by("member_id")
+    output = _read(work / "out").select(OUTPUT_SCHEMA.names).sort_by("member_id")
     assert output.schema.equals(OUTPUT_SCHEMA)
     assert output.equals(expected.table)
-    rejects = read_table(work / "out__rejects").to_pylist()
+    rejects = _read(work / "out__rejects").to_pylist()
     assert sorted((r["partition"], r["offset"], r["error"]) for r in rejects) == sorted(expected.rejects)
     assert len(expected.rejects) > 100
 
@@ -46,13 +69,63 @@ def test_reprocess_bench_small(tmp_path, bootstrap, seed):
     assert (check["raw_columns_match"], check["rejects_match"]) == (True, True)
     assert (check["rows"], check["expected_rows"]) == (output.num_rows, expected.table.num_rows)
     assert check["rejects"] == check["expected_rejects"] == figures["reprocess"]["rejects"] == len(expected.rejects)
-    assert figures["raw_consumer"]["records"] == figures["reprocess"]["records"] == 30000
+    ref = figures["reference"]
+    assert ref["records"] == figures["raw_consumer"]["records"] == figures["reprocess"]["records"] == 30000
+    assert ref["processes"] == min(4, os.cpu_count() or 1) == len(ref["per_process"])
+    assert sorted(p for r in ref["per_process"] for p in r["partitions"]) == [0, 1, 2, 3]
+    assert sum(r["records"] for r in ref["per_process"]) == 30000
     assert figures["produce"]["singles"] == 4
-    assert figures["reprocess"]["batches"] >= 3
+    assert figures["reprocess"]["batches"] >= 1
     for key in ("records_per_s", "mb_per_s"):
-        assert figures["reprocess"][key] > 0 and figures["raw_consumer"][key] > 0
+        assert figures["reprocess"][key] > 0 and ref[key] > 0
+    assert figures["ratio_to_reference"] > 0 and figures["ratio_to_one_consumer"] > 0
+    b = figures["time_breakdown_seconds"]
+    assert b["spark_startup"] > 0 and b["spark_addBatch"] > 0 and b["query_start_to_first_batch"] >= 0
     assert figures["spark_startup_seconds"] > 0 and figures["peak_memory_mb"] > 0
-    assert "kappa bench reprocess" in proc.stdout
-    assert "output's raw columns match the generated records: yes" in proc.stdout
-    assert "rejects match the malformed records: yes" in proc.stdout
-    assert "tansu" in proc.stdout  # the printed note on the last record of each partition
+    for text in ("kappa bench reprocess", "raw read (reference)", "ratio to the reference", "where the time goes",
+                 "peak memory", "output's raw columns match the generated records: yes",
+                 "rejects match the malformed records: yes", "tansu", "micro-batch 0:"):
+        assert text in proc.stdout, text
+    # the reference processes and the reprocess's process (and its JVM, by process group) are gone
+    assert len(figures["pids_started"]) == ref["processes"] + 1
+    assert _all_gone(figures["pids_started"], started) == []
+
+
+def test_freshness_bench_small(tmp_path):
+    out = tmp_path / "fresh.json"
+    started = time.time()
+    proc = _run(["-m", "orchestrator.cli", "--home", str(tmp_path / "home"), "bench", "freshness",
+                 "--seconds", "6", "--rate", "10", "--records", "3000", "--keys", "600", "--out", str(out)], 600)
+    f = json.loads(out.read_text())
+    assert f["produced"] >= 30 and f["readable"] + f["superseded"] + f["unseen"] == f["produced"]
+    assert f["superseded"] == 0  # fewer probes than members: each member got one
+    assert f["readable"] == f["produced"], f
+    assert 0 < f["p50_seconds"] <= f["p99_seconds"] <= f["max_seconds"]
+    assert f["trigger_interval_seconds"] == 1.0 and f["p50_to_interval"] > 0
+    assert "readable, " in proc.stdout and "in flight" in proc.stdout  # progress while it ran
+    assert "freshness, produce -> readable through the alias: p50" in proc.stdout
+    assert "reference: the job's trigger interval" in proc.stdout
+    # the broker and the job (pids_started) are gone, and the given home is kept
+    assert len(f["pids_started"]) == 2 and _all_gone(f["pids_started"], started) == []
+    assert (tmp_path / "home" / "registry.db").exists()
+
+
+def test_cluster_bench_small(tmp_path):
+    out = tmp_path / "cluster.json"
+    started = time.time()
+    proc = _run(["-m", "orchestrator.cli", "--home", str(tmp_path / "home"), "bench", "cluster",
+                 "--sizes", "6000,12000", "--max-records-per-batch", "5000", "--workdir", str(tmp_path / "work"),
+                 "--out", str(out)], 900)
+    f = json.loads(out.read_text())
+    assert [(r["workers"], r["size"]) for r in f["runs"]] == [(1, 6000), (1, 12000), (2, 6000), (2, 12000)]
+    for r in f["runs"]:
+        assert r["executors"] == r["workers"], r
+        assert r["records_per_s"] > 0 and r["driver_peak_mb"] > 0
+        assert r["check"]["raw_columns_match"] and r["check"]["rejects_match"], r["check"]
+    assert [row["size"] for row in f["scaling"]] == [6000, 12000]
+    assert all(row["ratio"] > 0 for row in f["scaling"])
+    assert "driver peak memory with 2 workers" in proc.stdout and "ratio" in proc.stdout
+    # broker, master, two workers and four reprocess processes, all gone (workers took their executors)
+    assert len(f["pids_started"]) == 1 + 1 + 2 + 4
+    assert _all_gone(f["pids_started"], started) == []
+    assert "stopped Spark worker 2" in proc.stdout and "stopped Spark master" in proc.stdout
