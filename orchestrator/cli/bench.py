@@ -1,4 +1,4 @@
-"""`kappa bench reprocess|freshness|cluster|deploy|flip`: the benchmarks behind the README's figures.
+"""`kappa bench reprocess|freshness|cluster|upsert|deploy|flip`: the benchmarks behind the README's figures.
 
 Each runs the code in `orchestrator.dev` and prints its figures (with `--out`, also into a JSON
 file). `reprocess`, `freshness`, `cluster` and `deploy` start their own embedded broker (`reprocess`
@@ -117,6 +117,28 @@ def bench_cluster(
                                 max_records_per_batch=max_records_per_batch, rules=rules,
                                 executor_memory=executor_memory, extra=parse_json_object(extra, "--extra"),
                                 verify=verify, workdir=workdir, console=cli.err if as_json else cli.out)
+    write_json(out, figures)
+    if as_json:
+        print_json(figures)
+    elif out is not None:
+        cli.out.print(f"wrote {out}")
+
+
+@bench_app.command("upsert")
+def bench_upsert(
+    ctx: typer.Context,
+    rows: Annotated[int, typer.Option("--rows", min=1, help="rows in the table")] = 2_000_000,
+    changed: Annotated[int, typer.Option("--changed", min=1, help="changed keys in the micro-batch")] = 1_000,
+    buckets: Annotated[int, typer.Option("--buckets", min=1, max=1024, help="the table's key buckets")] = 32,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """One live micro-batch of changed keys into a large bucketed table: seconds and bytes rewritten,
+    next to a full rewrite of the table (the reference). No broker, no Spark: the table's cost."""
+    from orchestrator.dev.upsertbench import run_upsert_bench
+
+    cli = cli_of(ctx)
+    figures = run_upsert_bench(rows, changed, buckets, console=cli.err if as_json else cli.out)
     write_json(out, figures)
     if as_json:
         print_json(figures)
