@@ -119,7 +119,8 @@ def make_writer(args: Any, rules: Rules, source_options: dict, *, options: JobOp
     settings = SourceSettings.from_options({k: v for k, v in source_options.items()
                                             if k.lower() != "maxrecordspertask"})
     return UpsertBatches(table, settings, partial(transform, rules), KEY_COLUMNS[0], key_order=options.key_order,
-                         on_batch=on_batch, on_read=on_read, crash_after=int(crash) if crash else None)
+                         on_batch=on_batch, on_read=on_read, crash_after=int(crash) if crash else None,
+                         checkpoint=str(args.checkpoint), task_records=options.max_records_per_task)
 
 
 def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigger: dict, *,

@@ -2,7 +2,9 @@
 
 Runs on the driver, once per micro-batch of a ``kappa_kafka_ranges`` query (`jobs.lib.kafka.ranges`):
 
-1. collect the batch's rows: its offset ranges (a few dozen small rows, one tiny task);
+1. the batch's rows, its offset ranges: planned on the driver from the offsets Spark logged in the
+   checkpoint (`jobs.lib.kafka.ranges.logged_rows`: the same function as the source's), or, when
+   they cannot be known from there, collected from the batch (a few dozen rows, one tiny task);
 2. if the table already holds this batch id with these end offsets, skip it (a replay after a
    crash); with other offsets, refuse (`BucketedTable.check_replay`);
 3. stage: one Spark task per range reads, transforms and stages its rows by bucket
@@ -75,7 +77,8 @@ class UpsertBatches:
 
     def __init__(self, table: BucketedTable, settings: Any, transform: Callable, key_column: str, *,
                  key_order: str = "partition", on_batch: Callable[..., None] | None = None,
-                 on_read: Callable[[int, int, int], None] | None = None,                  crash_after: int | None = None):
+                 on_read: Callable[[int, int, int], None] | None = None,                  crash_after: int | None = None, checkpoint: str | None = None,
+                 task_records: int | None = None):
         self.table = table
         self.settings = settings
         self.transform = transform
@@ -84,6 +87,8 @@ class UpsertBatches:
         self.on_batch = on_batch
         self.on_read = on_read
         self.crash_after = crash_after
+        self.checkpoint = str(checkpoint) if checkpoint is not None and task_records else None
+        self.task_records = task_records
         self.skipped: list[int] = []
         self.timings: list[dict] = []
         self.rejects_total: int | None = None
@@ -93,7 +98,9 @@ class UpsertBatches:
         if self.rejects_total is None:
             self.table.ensure()
             self.rejects_total = _count(self.table.rejects_uri)
-        rows = [tuple(r) for r in df.collect()]
+        ready = time.perf_counter()
+        rows = self._rows(df, batch_id)
+        collected = time.perf_counter()
         end = end_offsets_of(rows)
         if self.table.check_replay(batch_id, end):
             log.warning("micro-batch %d is already in %s with the same end offsets (app transaction %s): skipped "
@@ -156,7 +163,7 @@ class UpsertBatches:
                 task_seconds[k] = task_seconds.get(k, 0.0) + v
         rewritten = sum(m.get("rewritten_bytes", 0) for m in merged)
         self.timings.append({"batch_id": batch_id, "rows_in": rows_in, "entered": entered, "left": t4,
-                             "plan": t0 - entered, "stage": t1 - t0, "list_files": t2 - t1, "merge": t3 - t2,
+                             "plan": t0 - entered, "plan_tables": ready - entered, "plan_collect": collected - ready, "stage": t1 - t0, "list_files": t2 - t1, "merge": t3 - t2,
                              "commit": t4 - t3, "tasks": len(pieces), "buckets": len(work),
                              "rewritten_bytes": rewritten,
                              **{f"tasks_{k}": v for k, v in task_seconds.items()}})
@@ -165,6 +172,17 @@ class UpsertBatches:
                  len(pieces), keys, tombstones, rejects, len(work), rewritten, t1 - t0, t3 - t2, t4 - t3, version)
         if self.on_batch:
             self.on_batch(batch_id, rows_in, keys, rejects, self.rejects_total)
+
+    def _rows(self, df: Any, batch_id: int) -> list[tuple]:
+        """The batch's range rows: planned here from the offsets Spark logged in the checkpoint
+        when it can be (no Spark job), else collected from the batch (one tiny task)."""
+        if self.checkpoint is not None:
+            from jobs.lib.kafka.ranges import logged_rows
+
+            rows = logged_rows(self.checkpoint, batch_id, self.settings, self.task_records)
+            if rows is not None:
+                return rows
+        return [tuple(r) for r in df.collect()]
 
     def _stage(self, sc: Any, spec: StageSpec, pieces: list[tuple], batch_id: int) -> list[dict]:
         """One Spark job of read-transform-stage tasks; a watcher thread reports read progress."""

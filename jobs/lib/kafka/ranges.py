@@ -9,7 +9,8 @@ records, so that the rows also give the batch's complete end offsets.
 
 Why: handing a Python source's records through the JVM to a Python transform costs about as much
 as the transform itself (NOTES.md: about 17 s per 2M records). A job that gets the ranges instead
-(`foreachBatch` collects a few dozen rows) maps them over Spark tasks that read, transform and
+(`foreachBatch` collects a few dozen rows, or plans the same rows itself from the offsets Spark
+logged in the checkpoint, `logged_rows`, which spares a Spark job per batch) maps them over Spark tasks that read, transform and
 write in one Python worker (`jobs.lib.bucketed`), and the records never leave the executors.
 Spark still plans every micro-batch, logs its offsets in the checkpoint before running it and
 commits it after, so restarts, retries and available-now work as for any source.
@@ -28,12 +29,12 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
 from jobs.lib.kafka.options import SourceSettings
-from jobs.lib.kafka.planning import offsets_to_map
+from jobs.lib.kafka.planning import offsets_to_map, plan_ranges
 from jobs.lib.kafka.source import KafkaDataSource, KafkaStreamReader
 from orchestrator.core.exceptions import SourceError
 
 __all__ = ["RANGES_NAME", "RANGES_SCHEMA", "TASK_RECORDS", "KafkaRangesDataSource", "KafkaRangesReader",
-           "split_task_ranges"]
+           "split_task_ranges", "plan_rows", "logged_rows"]
 
 RANGES_NAME = "kappa_kafka_ranges"
 RANGES_SCHEMA = StructType([
@@ -61,6 +62,63 @@ def split_task_ranges(ranges: list[tuple], max_records: int) -> list[tuple]:
             out.append((topic, partition, a, min(a + size, end), bool(new)))
             a += size
     return out
+
+
+def plan_rows(settings: SourceSettings, task_records: int, start: dict, end: dict) -> list[tuple]:
+    """The rows of the micro-batch from ``start`` to ``end`` (offset JSON): the ranges the records
+    source would read (`plan_ranges`), split to ``task_records``, and an empty range at the end
+    offset of every partition without new records. Deterministic in its arguments."""
+    ranges = plan_ranges(offsets_to_map(start), offsets_to_map(end), min_partitions=settings.min_partitions,
+                         split_min_records=settings.split_min_records)
+    rows = split_task_ranges([(r.topic, r.partition, r.start, r.end, r.new) for r in ranges], task_records)
+    covered = {(t, p) for t, p, *_ in rows}
+    for (t, p), o in sorted(offsets_to_map(end).items()):
+        if (t, p) not in covered:
+            rows.append((t, p, o, o, False))
+    return rows
+
+
+def logged_rows(checkpoint_uri: str, batch_id: int, settings: SourceSettings, task_records: int) -> list[tuple] | None:
+    """The same rows, planned on the driver from the offsets Spark logged in the query's checkpoint
+    before running the batch (``offsets/<batch_id>`` and the batch before it), so a job need not run
+    a Spark task to learn them. None when they cannot be known from there (a checkpoint that is not
+    readable, several sources, or batch 0 of a query that does not start at the earliest offsets):
+    then collect the batch's rows through Spark."""
+    end = _logged_offsets(checkpoint_uri, batch_id)
+    if end is None:
+        return None
+    if batch_id == 0:
+        if settings.starting_offsets != "earliest":
+            return None
+        start: dict = {}   # every partition from its log start, as `initialOffset` gives
+    else:
+        start = _logged_offsets(checkpoint_uri, batch_id - 1)
+        if start is None:
+            return None
+    return plan_rows(settings, task_records, start, end)
+
+
+def _logged_offsets(checkpoint_uri: str, batch_id: int) -> dict | None:
+    """The one source's offset JSON in ``<checkpoint>/offsets/<batch_id>`` (line 1 the log's version,
+    line 2 its metadata, then one line per source), read through pyarrow's filesystems (any URI)."""
+    import json
+
+    from pyarrow import fs as pafs
+
+    try:
+        if "://" in checkpoint_uri:
+            fs, root = pafs.FileSystem.from_uri(checkpoint_uri.rstrip("/"))
+        else:
+            fs, root = pafs.LocalFileSystem(), checkpoint_uri.rstrip("/")
+        with fs.open_input_stream(f"{root}/offsets/{int(batch_id)}") as f:
+            lines = f.read().decode("utf-8").splitlines()
+        sources = [json.loads(line) for line in lines[2:] if line.strip() and line.strip() != "-"]
+    except (OSError, ValueError):
+        return None
+    if len(sources) != 1:
+        return None
+    offsets = json.loads(sources[0]) if isinstance(sources[0], str) else sources[0]
+    return offsets if isinstance(offsets, dict) else None
 
 
 class PlanPartition(InputPartition):
@@ -103,15 +161,8 @@ class KafkaRangesReader(KafkaStreamReader):
         return {**super().__getstate__(), "task_records": self.task_records}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        """Driver. The ranges the records source would read, split to ``maxRecordsPerTask``, and an
-        empty range at the end offset of every partition without new records."""
-        ranges = [(r.topic, r.partition, r.start, r.end, r.new) for r in super().partitions(start, end)]
-        rows = split_task_ranges(ranges, self.task_records)
-        covered = {(t, p) for t, p, *_ in rows}
-        for (t, p), o in sorted(offsets_to_map(end).items()):
-            if (t, p) not in covered:
-                rows.append((t, p, o, o, False))
-        return [PlanPartition(rows)]
+        """Driver. `plan_rows` of the batch, as one input partition."""
+        return [PlanPartition(plan_rows(self.settings, self.task_records, start, end))]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         """Executor (one tiny task per micro-batch): the range rows; no Kafka access."""
