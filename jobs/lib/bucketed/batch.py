@@ -12,7 +12,7 @@ Runs on the driver, once per micro-batch of a ``kappa_kafka_ranges`` query (`job
    batch's records have been read (`on_read`: the finished tasks' share), so a one-batch backfill
    shows progress; the consumer group's offsets and the Spark checkpoint still mean "committed to
    the table", and move when the batch commits;
-4. merge: one Spark task per touched bucket (`tasks.merge_bucket`);
+4. merge: the touched buckets dealt to a few Spark tasks (`tasks.merge_bucket` per bucket);
 5. commit the rejects (their own idempotent Delta commit), then the output: one Delta
    transaction with adds, removes, app transaction and end offsets;
 7. drop the batch's staging files, and table upkeep when due.
@@ -32,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Any, Callable
 
@@ -39,7 +40,7 @@ from jobs.lib.bucketed.table import BucketedTable
 from jobs.lib.bucketed.tasks import StageSpec, merge_bucket, stage_piece, staged_path
 from orchestrator.core.exceptions import SinkError
 
-__all__ = ["CRASH_HOOK", "PAUSE_HOOK", "PAUSE_FILE", "UpsertBatches", "end_offsets_of"]
+__all__ = ["CRASH_HOOK", "PAUSE_HOOK", "PAUSE_FILE", "UpsertBatches", "end_offsets_of", "merge_groups"]
 
 log = logging.getLogger("kappa.upsert")
 
@@ -127,10 +128,14 @@ class UpsertBatches:
         current = self.table.current_files(set(by_bucket))
         work = [(b, by_bucket[b], current[b]) for b in sorted(by_bucket)]
         t2 = time.perf_counter()
-        merged = []
+        merged: list[dict] = []
+        groups: list[list[tuple]] = []
         if work:
             sc.setJobDescription(f"kappa merge: micro-batch {batch_id}, {len(work)} buckets")
-            merged = sc.parallelize(work, len(work)).map(partial(_merge, spec)).collect()
+            slim = replace(spec, transform=None, settings=None)   # merge tasks need neither: keep them small
+            groups = merge_groups(work, 2 * max(1, int(sc.defaultParallelism)))
+            merged = [m for ms in sc.parallelize(groups, len(groups)).map(partial(_merge_all, slim)).collect()
+                      for m in ms]
         conflicts = [c for m in merged for c in m["conflicts"]]
         if conflicts:
             self.table.drop_staging(spec.staging_uri)
@@ -165,6 +170,7 @@ class UpsertBatches:
         self.timings.append({"batch_id": batch_id, "rows_in": rows_in, "entered": entered, "left": t4,
                              "plan": t0 - entered, "plan_tables": ready - entered, "plan_collect": collected - ready, "stage": t1 - t0, "list_files": t2 - t1, "merge": t3 - t2,
                              "commit": t4 - t3, "tasks": len(pieces), "buckets": len(work),
+                             "merge_tasks": len(groups) if work else 0,
                              "rewritten_bytes": rewritten,
                              **{f"tasks_{k}": v for k, v in task_seconds.items()}})
         log.info("micro-batch %d: %d records in %d tasks, %d keys (%d tombstones), %d rejects; %d buckets rewritten "
@@ -226,9 +232,16 @@ class UpsertBatches:
                 _pause_if_asked("read", batch_id, block=False)
 
 
-def _merge(spec: StageSpec, work: tuple) -> dict:
-    bucket, staged, current = work
-    return merge_bucket(spec, bucket, staged, current)
+def merge_groups(work: list[tuple], tasks: int) -> list[list[tuple]]:
+    """Buckets dealt to at most `tasks` merge tasks (a task costs tens of milliseconds of its own,
+    so 32 tiny buckets in 32 tasks cost more than their work), largest staged sets first."""
+    n = max(1, min(tasks, len(work)))
+    ordered = sorted(work, key=lambda w: -len(w[1]))
+    return [ordered[i::n] for i in range(n)]
+
+
+def _merge_all(spec: StageSpec, group: list[tuple]) -> list[dict]:
+    return [merge_bucket(spec, bucket, staged, current) for bucket, staged, current in group]
 
 
 def _count(uri: str | None) -> int:

@@ -214,7 +214,7 @@ def driver_main(request_path: str) -> None:
             "stages": [{"id": s["stageId"], "attempt": s["attemptId"], "status": s["status"],
                         "name": s.get("name"), "description": s.get("description") or "", "tasks": _tasks(s)}
                        for s in stages],
-            "timings": [{k: t[k] for k in ("batch_id", "rows_in", "tasks", "buckets")} for t in writer.timings],
+            "timings": [{k: t[k] for k in ("batch_id", "rows_in", "tasks", "buckets", "merge_tasks")} for t in writer.timings],
             "skipped": writer.skipped,
         }
     finally:

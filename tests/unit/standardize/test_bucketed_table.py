@@ -143,3 +143,13 @@ def test_many_micro_batches_keep_files_bounded(tmp_path):
     assert list((out / "_delta_log").glob("*.checkpoint.parquet"))
     assert json.loads((out / "_delta_log" / "_last_checkpoint").read_text())["version"] >= 100
     assert len(h.rows()) == 50
+
+
+def test_merge_groups_deal_every_bucket_once_to_at_most_the_tasks_asked():
+    from jobs.lib.bucketed.batch import merge_groups
+
+    work = [(b, ["x"] * (b % 3 + 1), []) for b in range(32)]
+    groups = merge_groups(work, 4)
+    assert len(groups) == 4 and sorted(w[0] for g in groups for w in g) == list(range(32))
+    assert merge_groups(work[:3], 4) == [[work[2]], [work[1]], [work[0]]]   # fewer buckets than tasks
+    assert merge_groups([], 4) == [[]]
