@@ -10,6 +10,7 @@ import pytest
 from std_helpers import V1, V2, bucket_layout_diff, run_in_process, run_job_process
 from deltalake import DeltaTable
 
+from jobs.lib.bucketed import batch as upsert_batch
 from jobs.lib.delta_sink import count_rows, read_table
 from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
 from tests.oracle.standardize import OUTPUT_SCHEMA
@@ -125,3 +126,33 @@ def test_bad_job_options_fail_before_anything_starts(paths, extra, message):
     assert code == 1 and f"job standardize v1 failed before starting: {message}" in log
     assert read_status(paths.run_dir)["error"] == message
     assert not paths.output.parent.exists() and not paths.checkpoint.exists()
+
+
+def test_batch_ranges_collected_through_spark_when_the_checkpoint_cannot_tell(spark, bootstrap, changelog, paths):
+    """Explicit starting offsets: batch 0's start is not in the checkpoint, so the job collects the
+    batch's range rows through the ranges source (its `read` runs in a Spark task) instead of
+    planning them itself; the output is the same exact table."""
+    from jobs.lib.kafka import ranges
+
+    planned, seen = [], []
+    real_logged, real_ends = ranges.logged_rows, upsert_batch.end_offsets_of
+
+    def logged(*a, **kw):
+        planned.append(real_logged(*a, **kw))
+        return planned[-1]
+
+    def ends(rows):
+        seen.append(rows)
+        return real_ends(rows)
+
+    starting = json.dumps({changelog.topic: {str(p): 0 for p in range(4)}})
+    ranges.logged_rows, upsert_batch.end_offsets_of = logged, ends
+    try:
+        run_in_process(spark, bootstrap, changelog.topic, paths.args(bootstrap, changelog.topic, V2.path), V2,
+                       source={"startingOffsets": starting})
+    finally:
+        ranges.logged_rows, upsert_batch.end_offsets_of = real_logged, real_ends
+    assert planned == [None] and len(seen) == 1        # not plannable from the checkpoint: collected
+    assert sum(end - start for _t, _p, start, end, _n in seen[0]) == 4000
+    assert read_table(paths.output).drop_columns(["key_bucket"]).sort_by("member_id").equals(
+        changelog.expected("v2").table)
