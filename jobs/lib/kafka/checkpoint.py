@@ -13,7 +13,7 @@ from pathlib import Path
 from jobs.lib.kafka.planning import map_to_offsets, merge_offsets, offsets_to_map
 from orchestrator.core.exceptions import SourceError
 
-__all__ = ["checkpoint_offsets", "last_committed_batch"]
+__all__ = ["checkpoint_offsets", "last_committed_batch", "parse_offset_log"]
 
 
 def _batch_files(d: Path) -> dict[int, Path]:
@@ -22,11 +22,11 @@ def _batch_files(d: Path) -> dict[int, Path]:
     return {int(p.name): p for p in d.iterdir() if p.name.isdigit()}
 
 
-def _source_offsets(path: Path) -> list[dict]:
-    """The per-source offset lines of one offset-log file (first line version, second metadata)."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+def parse_offset_log(text: str) -> list[dict]:
+    """The per-source offsets of one offset-log file's text (first line version, second metadata,
+    then one line per source)."""
     out = []
-    for line in lines[2:]:
+    for line in text.splitlines()[2:]:
         line = line.strip()
         if not line or line == "-":
             continue
@@ -42,6 +42,10 @@ def _source_offsets(path: Path) -> list[dict]:
         if isinstance(v, dict):
             out.append(v)
     return out
+
+
+def _source_offsets(path: Path) -> list[dict]:
+    return parse_offset_log(path.read_text(encoding="utf-8"))
 
 
 def checkpoint_offsets(checkpoint_dir: str | Path, batch_id: int | None = None) -> dict | None:

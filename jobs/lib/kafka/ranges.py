@@ -101,9 +101,9 @@ def logged_rows(checkpoint_uri: str, batch_id: int, settings: SourceSettings, ta
 def _logged_offsets(checkpoint_uri: str, batch_id: int) -> dict | None:
     """The one source's offset JSON in ``<checkpoint>/offsets/<batch_id>`` (line 1 the log's version,
     line 2 its metadata, then one line per source), read through pyarrow's filesystems (any URI)."""
-    import json
-
     from pyarrow import fs as pafs
+
+    from jobs.lib.kafka.checkpoint import parse_offset_log
 
     try:
         if "://" in checkpoint_uri:
@@ -111,14 +111,10 @@ def _logged_offsets(checkpoint_uri: str, batch_id: int) -> dict | None:
         else:
             fs, root = pafs.LocalFileSystem(), checkpoint_uri.rstrip("/")
         with fs.open_input_stream(f"{root}/offsets/{int(batch_id)}") as f:
-            lines = f.read().decode("utf-8").splitlines()
-        sources = [json.loads(line) for line in lines[2:] if line.strip() and line.strip() != "-"]
+            sources = parse_offset_log(f.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
-    if len(sources) != 1:
-        return None
-    offsets = json.loads(sources[0]) if isinstance(sources[0], str) else sources[0]
-    return offsets if isinstance(offsets, dict) else None
+    return sources[0] if len(sources) == 1 else None
 
 
 class PlanPartition(InputPartition):
