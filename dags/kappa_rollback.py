@@ -12,7 +12,10 @@ Triggered by hand (**Trigger Dag** in the UI, or `kappa trigger rollback PIPELIN
    published, and the audit entry (`airflow:<your user>`, your reason, this run).
 
 Running it again after it finished is a no-op: the alias already serves the target. Like
-`kappa rollback`, a run after a flip that was cut off before its publish only publishes that flip.
+`kappa rollback`, a run after a *rollback* cut off before its publish only publishes that flip; after
+a *promote* cut off there, it publishes the promote and then rolls it back. The flip expects the
+alias where **prepare** found it: a promote that lands while **wait_ready** waits is not undone,
+the flip fails instead (run the rollback again if it is still wanted).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def kappa_rollback():
 
     @task
     def flip(prepared: dict, readiness: dict | None, params=None, dag_run=None) -> dict:
-        return tasks.rollback(prepared["pipeline"], prepared["to_version"], params["reason"],
+        return tasks.rollback(prepared, params["reason"],
                               deadline_at=form.deadline_at(dag_run, params), user=dag_run.triggering_user_name,
                               run_id=dag_run.run_id)
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core.exceptions import NotFoundError, SinkError
+from orchestrator.core.exceptions import ConflictError, NotFoundError, SinkError
 from orchestrator.core.files import write_json_atomic
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.paths import alias_pointer_path
@@ -38,26 +38,52 @@ __all__ = ["alias_lock", "open_alias", "publish_current", "read_pointer", "resol
 
 
 def write_pointer(path: Path, pointer: dict[str, Any]) -> None:
-    """Atomically replace `path` with `pointer` as one line of JSON (readable by its owner only)."""
-    write_json_atomic(path, pointer, mode=0o600, indent=None)
+    """Atomically replace `path` with `pointer` as one line of JSON, readable by every reader (0644):
+    it names a table, nothing secret, and readers are often other users than the orchestrator."""
+    write_json_atomic(path, pointer, mode=0o644, indent=None)
 
 
-def read_pointer(path: Path) -> dict[str, Any] | None:
-    """The pointer in `path`; None when there is none yet."""
+def _pointer_problem(pointer: Any) -> str | None:
+    if not isinstance(pointer, dict):
+        return f"it holds a JSON {type(pointer).__name__}, not an object"
+    missing = [f for f in ("pipeline", "version", "table") if f not in pointer]
+    return f"it lacks {', '.join(missing)}" if missing else None
+
+
+def read_pointer(path: Path, *, strict: bool = False) -> dict[str, Any] | None:
+    """The pointer in `path`; None when there is none yet.
+
+    A file that is not a pointer (truncated by a full disk or a copy, not JSON, fields missing) is
+    None too unless `strict`: publishers then see "no pointer" and rewrite it, which is the
+    repair (`publish_current`, `kappa reconcile`). `strict=True` (readers) raises SinkError
+    naming the file and the repair instead.
+    """
     try:
-        return json.loads(path.read_text())
+        raw = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return None
+    try:
+        pointer = json.loads(raw)
+        problem = _pointer_problem(pointer)
+    except ValueError as e:
+        problem = f"it is not JSON ({e})"
+    if problem is None:
+        return pointer
+    if strict:
+        raise SinkError(f"the alias pointer file {path} is damaged ({problem}); rewrite it from the registry "
+                        f"with `kappa reconcile`")
+    return None
 
 
 def resolve_alias(alias: str, settings: Settings | None = None) -> dict[str, Any]:
     """The alias's published pointer: {"alias","pipeline","version","table","published_at"}.
 
-    Reads the pointer file only (no registry), which is all a reader needs.
+    Reads the pointer file only (no registry), which is all a reader needs. NotFoundError when
+    it is not published, SinkError (naming the file and `kappa reconcile`) when the file is damaged.
     """
     settings = resolve_settings() if settings is None else settings
     path = alias_pointer_path(settings.warehouse, alias)
-    pointer = read_pointer(path)
+    pointer = read_pointer(path, strict=True)
     if pointer is None:
         raise NotFoundError(
             f"alias {alias!r} is not published: no pointer file at {path}; promote a version of "
@@ -121,14 +147,25 @@ def publish_current(k: Kappa, alias: str) -> dict[str, Any] | None:
 
 
 def set_serving_states(k: Kappa, pipeline: str, new_version: int, old_version: int | None) -> None:
-    """The new version serves; the one it replaced is standby from now (its grace period starts)."""
+    """Repair the states after a flip whose transaction did not move them (a flip made by an older kappa).
+
+    A flip made with `flip_alias(serve=True)` moved them itself. Each move here is a
+    compare-and-swap from the state just read, made only while the alias still says so; a move
+    that loses a race is left to whoever won it. A recorded error is kept, never erased.
+    """
     reg = k.registry
+    alias = reg.get_alias(k.pipeline(pipeline).alias)
+    if alias is None or alias.pipeline != pipeline or alias.version != new_version:
+        return
     rec = reg.get_version(pipeline, new_version)
-    if rec.state != VersionState.SERVING:
-        details = {kk: v for kk, v in rec.details.items() if kk != "standby_since"}
-        reg.set_state(pipeline, new_version, VersionState.SERVING, error=None, details=details)
-    if old_version is not None and old_version != new_version:
-        old = reg.get_version(pipeline, old_version)
-        if old.state == VersionState.SERVING:
-            reg.set_state(pipeline, old_version, VersionState.STANDBY,
-                          details={**old.details, "standby_since": time.time()})
+    try:
+        if rec.state in (VersionState.CAUGHT_UP, VersionState.STANDBY):
+            details = {kk: v for kk, v in rec.details.items() if kk != "standby_since"}
+            reg.set_state(pipeline, new_version, VersionState.SERVING, expected=rec.state, details=details)
+        if old_version is not None and old_version != new_version:
+            old = reg.get_version(pipeline, old_version)
+            if old.state == VersionState.SERVING:
+                reg.set_state(pipeline, old_version, VersionState.STANDBY, expected=VersionState.SERVING,
+                              details={**old.details, "standby_since": time.time()})
+    except ConflictError:
+        pass  # another operation moved it meanwhile; its move stands

@@ -66,9 +66,13 @@ def check_db_url(db_url: str) -> str:
 
     hint = "expected sqlite:///<path> or postgresql+psycopg2://<user>[:<password>]@<host>:<port>/<db>"
     try:
-        backend = make_url(db_url).get_backend_name()
+        url = make_url(db_url)
     except ArgumentError:
         raise AirflowError(f"not a database URL for Airflow's metadata: {mask_url(db_url)!r}; {hint}") from None
+    if url.drivername in ("postgresql", "postgres"):  # psycopg2 is installed; SQLAlchemy would pick psycopg 3
+        url = url.set(drivername="postgresql+psycopg2")
+        db_url = url.render_as_string(hide_password=False)
+    backend = url.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise AirflowError(f"kappa runs Airflow's metadata database on SQLite or PostgreSQL, not {backend}; {hint}")
     if backend == "postgresql" and find_spec("asyncpg") is None:
@@ -329,7 +333,7 @@ def start(settings: Settings, port: int | None = None, *, db_url: str | None = N
     (home / "logs").mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     db_url = check_db_url(db_url or sqlite_url(home))
-    write_json_atomic(home / PASSWORDS_FILE, {username: password}, mode=0o600)
+    write_json_atomic(home / PASSWORDS_FILE, {username: password}, mode=0o600)  # created 0600, never chmod-ed
     env = {
         **os.environ,
         **kappa_env(settings),

@@ -352,19 +352,20 @@ def poke_rollback_ready(prepared: dict[str, Any], *, deadline_at: float, user: s
 
 
 @refusals_are_final
-def rollback(pipeline: str, to_version: int, reason: str | None = None, *, deadline_at: float, user: str | None,
+def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at: float, user: str | None,
              run_id: str, dag_id: str = "kappa_rollback") -> dict[str, Any]:
-    """Flip the alias back to `to_version` (ready by now): CAS, publish, record. A no-op once it serves.
+    """Flip the alias back to the prepared target (ready by now): CAS, publish, record.
 
-    The whole rollback verb again (a retry after the flip finds the alias serving the target), waiting
-    at most until the run's deadline (`deadline_at`, unix time) for the target to be ready.
+    The flip expects the alias where the prepare task found it (`prepared["from_version"]`), so a
+    promote that lands while the sensor waits is not silently undone: the flip is refused instead.
+    A retry after the flip finds the alias serving the target and only publishes.
     """
-    from orchestrator.lifecycle.rollback import rollback as rollback_verb
+    from orchestrator.lifecycle.rollback import RollbackPlan, finish_rollback
 
+    plan = RollbackPlan.model_validate(prepared)
     with _kappa() as k:
-        res = rollback_verb(k, pipeline, to_version, actor=actor_for(user),
-                            deadline_seconds=max(0.0, deadline_at - time.time()),
-                            reason=_rollback_reason(reason, user, dag_id, run_id))
+        res = finish_rollback(k, plan, actor=actor_for(user), deadline_seconds=max(0.0, deadline_at - time.time()),
+                              reason=_rollback_reason(reason, user, dag_id, run_id))
     log.info("%s", res.message)
     return res.model_dump(mode="json")
 

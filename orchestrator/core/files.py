@@ -2,29 +2,61 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
-import tempfile
+import secrets
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomic", "write_json_atomic", "read_json", "tail"]
+__all__ = ["STALE_TMP_SECONDS", "write_atomic", "write_json_atomic", "read_json", "tail", "remove_stale_tmp"]
+
+#: A temporary file of `write_atomic` this old was left by a process that died mid-write (a write
+#: takes milliseconds): the next write of the same file removes it.
+STALE_TMP_SECONDS = 600.0
+
+
+def remove_stale_tmp(path: str | Path, older_than: float = STALE_TMP_SECONDS) -> list[Path]:
+    """Remove the temporary files of `path` that a crashed `write_atomic` left; the ones removed.
+
+    Only those older than `older_than` seconds: a younger one may be another process's write in
+    progress (by age, not by PID, so that a writer on another host sharing the directory is safe).
+    """
+    path = Path(path)
+    removed = []
+    now = time.time()
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            if now - tmp.lstat().st_mtime > older_than:
+                tmp.unlink()
+                removed.append(tmp)
+        except FileNotFoundError:  # another writer removed it first
+            pass
+    return removed
 
 
 def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> None:
     """Replace `path` with `data` so that a reader sees the old content or the new, never a part.
 
-    The data goes to a temporary file in the same directory, created with `mode` (never wider
-    for a moment), fsynced, `os.replace`d over `path`; then the directory is fsynced so that the
-    rename survives a crash. A failure leaves `path` as it was and no temporary file behind.
+    The data goes to a temporary file in the same directory, fsynced, `os.replace`d over `path`;
+    then the directory is fsynced so that the rename survives a crash. The temporary file is
+    created 0600 (`os.open` with the mode, so a file of secrets is never readable by others, not
+    even for a moment, and never chmod-ed) and widened to `mode` before any data is written when
+    `mode` is wider (0644 for the files readers need). A failure leaves `path` as it was and no
+    temporary file behind; what a killed process leaves is removed by the next write of `path`
+    (`remove_stale_tmp`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_tmp(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
+            if mode != 0o600:
+                os.fchmod(f.fileno(), mode)
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())

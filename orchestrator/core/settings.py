@@ -15,6 +15,8 @@ One precedence, resolved in one function, `resolve_settings`:
 | `group_prefix`      | `--group-prefix`      | `KAPPA_GROUP_PREFIX`      | `kappa`                          |
 | `pipelines_file`    | `--pipelines-file`    | `KAPPA_PIPELINES`         | the shipped `pipelines.toml`     |
 | `spark_master`      | `--spark-master`      | `KAPPA_SPARK_MASTER`      | `local[2]`                       |
+| `lag_sample_retention_seconds` | (none) | `KAPPA_LAG_SAMPLE_RETENTION_SECONDS` | `259200` (3 days)   |
+| `readiness_window_seconds`     | (none) | `KAPPA_READINESS_WINDOW_SECONDS`     | `300`               |
 
 The config file is `--config FILE` (`config_file=`), else `KAPPA_CONFIG`, else `kappa.toml`
 in the home directory (optional). It holds the same names as top-level keys, and
@@ -22,6 +24,10 @@ in the home directory (optional). It holds the same names as top-level keys, and
 relative paths from flags and environment variables to the current directory. Every path in
 a `Settings` is absolute, so a spawned job sees the same files whatever its working directory.
 `warehouse`, `state_dir` and `registry_url` follow `home` unless set themselves.
+The two numeric settings (seconds) have no flag: lag samples older than
+`lag_sample_retention_seconds` are deleted as new ones are stored (the audit log is kept for
+good), and a readiness decision counts only samples taken within `readiness_window_seconds`
+of the newest (`orchestrator.lifecycle.await_ready`).
 
 `kafka_config` is merged key by key (file, then environment, then flags), so a flag can
 override one librdkafka setting without repeating the others. Values are strings (librdkafka
@@ -55,7 +61,7 @@ from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.resources import default_pipelines_file
 from orchestrator.core.secrets import is_secret_key, mask_url, reveal
 
-__all__ = ["CLI_FLAGS", "CONFIG_ENV", "CONFIG_FILE_NAME", "ENV_VARS", "Settings", "resolve_settings"]
+__all__ = ["CLI_FLAGS", "CONFIG_ENV", "CONFIG_FILE_NAME", "ENV_VARS", "SECONDS_FIELDS", "Settings", "resolve_settings"]
 
 CONFIG_ENV = "KAPPA_CONFIG"
 CONFIG_FILE_NAME = "kappa.toml"
@@ -70,8 +76,12 @@ ENV_VARS: dict[str, str] = {
     "group_prefix": "KAPPA_GROUP_PREFIX",
     "pipelines_file": "KAPPA_PIPELINES",
     "spark_master": "KAPPA_SPARK_MASTER",
+    "lag_sample_retention_seconds": "KAPPA_LAG_SAMPLE_RETENTION_SECONDS",
+    "readiness_window_seconds": "KAPPA_READINESS_WINDOW_SECONDS",
 }
-CLI_FLAGS: dict[str, str] = {name: "--" + name.replace("_", "-") for name in ENV_VARS}
+#: Settings in seconds, set by environment variable or config file only (no CLI flag).
+SECONDS_FIELDS = ("lag_sample_retention_seconds", "readiness_window_seconds")
+CLI_FLAGS: dict[str, str] = {name: "--" + name.replace("_", "-") for name in ENV_VARS if name not in SECONDS_FIELDS}
 PATH_FIELDS = ("home", "warehouse", "state_dir", "pipelines_file")
 
 _GROUP_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -119,6 +129,8 @@ class Settings(BaseModel):
     group_prefix: str = "kappa"
     pipelines_file: Path = Field(default_factory=default_pipelines_file)
     spark_master: str = "local[2]"
+    lag_sample_retention_seconds: float = 3 * 86400.0
+    readiness_window_seconds: float = 300.0
 
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -153,13 +165,22 @@ class Settings(BaseModel):
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
+        from orchestrator.registry.engine import DRIVERS
+
         try:
             url = make_url(v)
         except ArgumentError:
             raise ValueError(f"not a database URL; {_REGISTRY_URL_HINT}") from None
-        if url.get_backend_name() not in ("sqlite", "postgresql"):
-            raise ValueError(f"the registry runs on SQLite or PostgreSQL, not {url.get_backend_name()}; "
-                             f"{_REGISTRY_URL_HINT}")
+        backend, _, driver = url.drivername.partition("+")
+        backend = "postgresql" if backend == "postgres" else backend
+        if backend not in DRIVERS:
+            raise ValueError(f"the registry runs on SQLite or PostgreSQL, not {backend}; {_REGISTRY_URL_HINT}")
+        if driver and driver != DRIVERS[backend]:
+            plain = url.set(drivername=backend).render_as_string(hide_password=True)
+            raise ValueError(f"kappa connects to {backend} with {DRIVERS[backend]} and does not install the "
+                             f"driver {driver!r}; write {plain}")
+        if backend == "postgresql":  # postgresql:// and postgres:// mean psycopg2, not SQLAlchemy's psycopg 3
+            return url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
         return v
 
     @field_validator("bootstrap_servers")
@@ -191,6 +212,17 @@ class Settings(BaseModel):
         if not v.strip() or any(c.isspace() for c in v):
             raise ValueError("expected a Spark master URL such as local[2] or spark://127.0.0.1:7077")
         return v
+
+    @field_validator(*SECONDS_FIELDS, mode="before")
+    @classmethod
+    def _check_seconds(cls, v: Any) -> float:
+        try:
+            seconds = float(v)
+        except (TypeError, ValueError):
+            seconds = float("nan")
+        if isinstance(v, bool) or not seconds > 0 or seconds == float("inf"):
+            raise ValueError("expected a positive number of seconds, e.g. 3600")
+        return seconds
 
     # -- derived values ---------------------------------------------------------------------
 
@@ -272,7 +304,8 @@ def _how_to_fix(field: str, source: str) -> str:
         return f"fix or unset the environment variable {source}"
     if source.startswith("config file"):
         return f"fix {field!r} in the {source[len('config file '):]}"
-    return f"set it with {CLI_FLAGS[field]}, {ENV_VARS[field]} or {field!r} in {CONFIG_FILE_NAME}"
+    flag = f"{CLI_FLAGS[field]}, " if field in CLI_FLAGS else ""
+    return f"set it with {flag}{ENV_VARS[field]} or {field!r} in {CONFIG_FILE_NAME}"
 
 
 def _locate_config_file(config_file: str | Path | None, env: Mapping[str, str], cli: dict[str, Any],
@@ -311,6 +344,8 @@ def _read_config_file(path: Path) -> dict[str, Any]:
                 raise ConfigError(f"config file {path}: 'kafka_config' must be a table "
                                   f'([kafka_config] with "security.protocol" = "SASL_SSL" ...), '
                                   f"got {type(value).__name__}")
+        elif key in SECONDS_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
+            pass
         elif not isinstance(value, str):
             raise ConfigError(f"config file {path}: setting {key!r} must be a string, got "
                               f"{type(value).__name__} {value!r}")
@@ -330,9 +365,9 @@ def resolve_settings(config_file: str | Path | None = None, *, env: Mapping[str,
     """
     env = os.environ if env is None else env
     cwd_path = Path.cwd() if cwd is None else Path(cwd)
-    unknown = sorted(set(cli_overrides) - set(ENV_VARS))
+    unknown = sorted(set(cli_overrides) - set(CLI_FLAGS))
     if unknown:
-        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known settings: {', '.join(ENV_VARS)}")
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known settings: {', '.join(CLI_FLAGS)}")
     cli = {k: v for k, v in cli_overrides.items() if v is not None}
 
     file_path = _locate_config_file(config_file, env, cli, cwd_path)

@@ -1,7 +1,9 @@
 """The states of a version, and the sets of them that the verbs reason about.
 
 A version moves created -> starting -> backfilling -> caught_up -> serving <-> standby, and from
-any running state to stopped or failed; retired is final. `VersionState` is a `StrEnum`, so its
+any running state to stopped or failed; retire moves a version that serves nothing to retiring
+(before anything is deleted) and then to retired, which is final. `TRANSITIONS` lists every legal
+move; the product's verbs make each one as a compare-and-swap from the state they read. `VersionState` is a `StrEnum`, so its
 members compare equal to the strings stored in the registry and written to JSON.
 """
 
@@ -9,7 +11,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["VersionState", "ALL", "IN_FLIGHT", "RUNNING", "LIVE", "RunState", "ENDED_RUNS"]
+__all__ = ["VersionState", "ALL", "IN_FLIGHT", "RUNNING", "LIVE", "FLIP_TARGETS", "TRANSITIONS", "legal",
+           "RunState", "ENDED_RUNS"]
 
 
 class VersionState(StrEnum):
@@ -21,6 +24,7 @@ class VersionState(StrEnum):
     STANDBY = "standby"
     STOPPED = "stopped"
     FAILED = "failed"
+    RETIRING = "retiring"
     RETIRED = "retired"
 
 
@@ -34,6 +38,30 @@ IN_FLIGHT: frozenset[VersionState] = frozenset({S.CREATED, S.STARTING, S.BACKFIL
 RUNNING: frozenset[VersionState] = frozenset({S.STARTING, S.BACKFILLING, S.CAUGHT_UP, S.SERVING, S.STANDBY})
 #: What `kappa status` shows by default: running versions (the same set, named for the reader).
 LIVE: frozenset[VersionState] = RUNNING
+#: States an alias may be flipped to: a caught-up version (promote), a standby (rollback), or the
+#: one already serving (a no-op). Checked in the flip's own transaction.
+FLIP_TARGETS: frozenset[VersionState] = frozenset({S.CAUGHT_UP, S.STANDBY, S.SERVING})
+
+_RESTARTABLE = frozenset({S.STARTING, S.STOPPED, S.FAILED})
+#: Every legal move of a version state (a restart of a serving or standby job keeps its state;
+#: any other start goes through `starting`).
+TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
+    S.CREATED: frozenset({S.STARTING, S.STOPPED, S.FAILED, S.RETIRING}),
+    S.STARTING: frozenset({S.STARTING, S.BACKFILLING, S.CAUGHT_UP, S.STOPPED, S.FAILED}),
+    S.BACKFILLING: frozenset({S.STARTING, S.CAUGHT_UP, S.STOPPED, S.FAILED}),
+    S.CAUGHT_UP: frozenset({S.STARTING, S.SERVING, S.STOPPED, S.FAILED}),
+    S.SERVING: frozenset({S.STANDBY, S.FAILED}),
+    S.STANDBY: frozenset({S.SERVING, S.STOPPED, S.FAILED}),
+    S.STOPPED: _RESTARTABLE | {S.RETIRING},
+    S.FAILED: _RESTARTABLE | {S.RETIRING},
+    S.RETIRING: frozenset({S.RETIRED}),
+    S.RETIRED: frozenset(),
+}
+
+
+def legal(before: str, after: str) -> bool:
+    """Whether a version may move from `before` to `after` (staying put is always legal)."""
+    return before == after or VersionState(after) in TRANSITIONS[VersionState(before)]
 
 
 class RunState(StrEnum):

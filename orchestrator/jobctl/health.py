@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 from orchestrator.core.exceptions import KappaError
 from orchestrator.core.files import read_json, tail
+from orchestrator.core.secrets import mask_secrets
 from orchestrator.core.states import ENDED_RUNS, RunState, VersionState
 from orchestrator.core.times import to_seconds
 from orchestrator.jobctl.process import CREATE_TIME_TOLERANCE, is_ours
@@ -157,7 +158,11 @@ def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
     )
 
     def fail(why: str) -> JobStatus:
-        return JobStatus(health="failed", error=why, log_tail=tail(paths.log_file), **base)
+        # The job's error and log are not kappa's text: mask any secret of the settings in them,
+        # since they go on into the registry, the audit log, statuses and error messages.
+        settings = getattr(k, "settings", None)
+        return JobStatus(health="failed", error=mask_secrets(why, settings),
+                         log_tail=mask_secrets(tail(paths.log_file), settings), **base)
 
     if state == RunState.FAILED:
         return fail(f"the job reported failure: {status.get('error') or 'no error message'}")
@@ -185,12 +190,12 @@ def mark_failed(k, status: JobStatus, *, actor: str = "kappa") -> bool:
     """Record a failed job in the registry (once); serving keeps its state, with the error."""
     reg = k.registry
     rec = reg.get_version(status.pipeline, status.version)
-    if rec.state in (VersionState.FAILED, VersionState.RETIRED, VersionState.STOPPED):
+    if rec.state in (VersionState.FAILED, VersionState.RETIRED, VersionState.RETIRING, VersionState.STOPPED):
         return False
     err = (status.error or "failed")[:2000]
     if rec.state == VersionState.SERVING:
         if rec.error != err:
-            reg.set_state(status.pipeline, status.version, rec.state, error=err)
+            reg.set_state(status.pipeline, status.version, rec.state, expected=rec.state, error=err)
         return False
     reg.set_state(status.pipeline, status.version, VersionState.FAILED, expected=rec.state, error=err)
     reg.audit("job_failed", actor=actor, pipeline=status.pipeline, version=status.version,

@@ -17,26 +17,31 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.core.exceptions import LifecycleError
-from orchestrator.core.files import tail, write_json_atomic
+from orchestrator.core.crashpoints import crashpoint
+from orchestrator.core.exceptions import ConflictError, LifecycleError
+from orchestrator.core.files import tail, write_atomic, write_json_atomic
+from orchestrator.core.secrets import mask_secrets
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl.health import CHILDREN, inspect_version, mark_failed
-from orchestrator.jobctl.process import create_time
+from orchestrator.jobctl.process import create_time, end_group
 from orchestrator.jobctl.stop import stop_version
 
 if TYPE_CHECKING:
     from orchestrator.registry import VersionRecord
 
-__all__ = ["StartResult", "start_version", "restart_version", "job_command"]
+__all__ = ["StartResult", "start_version", "restart_version", "job_command", "lease_owner", "LEASE_SECONDS",
+           "STARTABLE"]
 
 
 class StartResult(BaseModel):
@@ -77,9 +82,27 @@ def _project_root() -> Path:
     return Path(jobs.__file__).resolve().parents[1]
 
 
+#: The Kafka config of a version's job, secrets included: `<version_dir>/kafka.json`, mode 0600.
+KAFKA_CONFIG_FILE = "kafka.json"
+
+
+def _kafka_config_file(k, paths) -> Path | None:
+    """Write the Kafka config for the job to a 0600 file (None, and no file, when there is none).
+
+    Never on the command line: any user can read /proc/<pid>/cmdline, and kappa writes the
+    command to job.log and launch.json. Rewritten at every start, so a changed setting applies.
+    """
+    path = paths.version_dir / KAFKA_CONFIG_FILE
+    if not k.settings.kafka_config:
+        path.unlink(missing_ok=True)
+        return None
+    write_atomic(path, k.settings.kafka_config_json() + "\n", mode=0o600)
+    return path
+
+
 def _job_args(k, pipeline: str, version: int, *, trigger: str = "continuous",
              rules_file: str | Path | None = None, master: str | None = None) -> list[str]:
-    """The job's command-line arguments (see jobs/lib/runtime.py)."""
+    """The job's command-line arguments (see jobs/lib/runtime.py); no secret among them."""
     spec = k.pipeline(pipeline)
     paths = k.paths(pipeline, version)
     args = [
@@ -95,8 +118,9 @@ def _job_args(k, pipeline: str, version: int, *, trigger: str = "continuous",
     ]
     if rules_file is not None:
         args += ["--rules", str(rules_file)]
-    if k.settings.kafka_config:
-        args += ["--kafka-config", k.settings.kafka_config_json()]
+    kafka_file = _kafka_config_file(k, paths)
+    if kafka_file is not None:
+        args += ["--kafka-config-file", str(kafka_file)]
     if spec.options:
         args += ["--extra", json.dumps(spec.options, sort_keys=True)]
     return args
@@ -142,10 +166,16 @@ def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
     return [*cmd, str(_job_file(spec.job)), *args], "spark-submit"
 
 
+#: Variables of kappa's own environment that may hold secrets and that a job does not read.
+_SECRET_ENV = ("KAPPA_KAFKA_CONFIG", "KAPPA_REGISTRY_URL")
+
+
 def _job_env(master: str) -> dict[str, str]:
+    """The job's environment: this process's, without the secrets a job does not need
+    (`_SECRET_ENV`: the job gets the Kafka config from its file), plus Spark's."""
     from jobs.lib.session import spark_env
 
-    env = dict(os.environ)
+    env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
     env.update(spark_env())
     env["KAPPA_SPARK_MASTER"] = master
     root = str(_project_root())
@@ -159,28 +189,82 @@ def _job_env(master: str) -> dict[str, str]:
 
 # -- start / restart ---------------------------------------------------------------------------
 
+#: How long a start may hold the version's lease (spawn, launch.json, registry update). A lease
+#: older than this belongs to a starter that died; the next start or reconcile takes it over.
+LEASE_SECONDS = 120.0
+#: States from which a version's job may be started (retiring and retired versions have lost
+#: their table and checkpoint, or are about to).
+STARTABLE = tuple(s for s in VersionState if s not in (VersionState.RETIRING, VersionState.RETIRED))
+
+
+def lease_owner(actor: str) -> str:
+    """A lease owner name that tells this process's start from any other, for messages and the registry."""
+    return f"{actor} (pid {os.getpid()} on {socket.gethostname()}, {uuid.uuid4().hex[:8]})"[:200]
+
+
+def _noop(k, pipeline: str, version: int, *, actor: str, reason: str | None, msg: str, pid: int | None,
+          mode: str | None) -> StartResult:
+    k.registry.audit("start", actor=actor, pipeline=pipeline, version=version, reason=reason,
+                     outcome="noop", details={"pid": pid, "message": msg})
+    return StartResult(pipeline=pipeline, version=version, started=False, pid=pid, mode=mode, message=msg,
+                       log_file=str(k.paths(pipeline, version).log_file))
+
+
 def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
                   trigger: str = "continuous", master: str | None = None,
-                  check_exit_seconds: float = 0.5) -> StartResult:
-    """Start the version's job from its own checkpoint. A second start is a no-op that says so."""
+                  check_exit_seconds: float = 0.5, restart: bool = False) -> StartResult:
+    """Start the version's job from its own checkpoint. A second start is a no-op that says so.
+
+    The start takes the version's lease first (one compare-and-swap that also moves the state
+    to `starting`, except for a serving or standby version, which keeps its state), so of two
+    concurrent starts exactly one spawns a job; the other returns a no-op naming the first. The
+    lease is released, with the job's PID, only once launch.json is written; if the state was
+    changed meanwhile (a stop, a retire), the job just spawned is stopped again. With `restart`,
+    a running job is stopped first, under the same lease.
+    """
     reg = k.registry
     rec = reg.get_version(pipeline, version)
-    paths = k.paths(pipeline, version)
-    if rec.state == VersionState.RETIRED:
-        raise LifecycleError(f"{pipeline} v{version} is retired (its table and checkpoint are deleted); "
+    if rec.state in (VersionState.RETIRED, VersionState.RETIRING):
+        raise LifecycleError(f"{pipeline} v{version} is {rec.state} (its table and checkpoint are deleted); "
                              f"deploy a new version with `kappa deploy {pipeline}`")
     current = inspect_version(k, pipeline, version)
-    if current.alive and current.failed:
+    if current.alive and current.failed and not restart:
         raise LifecycleError(f"the job of {pipeline} v{version} (pid {current.pid}) is still alive but failing: "
                              f"{current.error}. Stop it first (`kappa stop {pipeline} {version} --force`) or "
                              f"restart it")
-    if current.alive:
-        msg = (f"{pipeline} v{version} is already running (pid {current.pid}, {current.health}); "
-               f"not starting a second job")
-        reg.audit("start", actor=actor, pipeline=pipeline, version=version, reason=reason,
-                  outcome="noop", details={"pid": current.pid, "message": msg})
-        return StartResult(pipeline=pipeline, version=version, started=False, pid=current.pid, mode=current.mode,
-                           message=msg, log_file=str(paths.log_file))
+    if current.alive and not restart:
+        return _noop(k, pipeline, version, actor=actor, reason=reason, pid=current.pid, mode=current.mode,
+                     msg=f"{pipeline} v{version} is already running (pid {current.pid}, {current.health}); "
+                         f"not starting a second job")
+    owner = lease_owner(actor)
+    keep = rec.state in (VersionState.SERVING, VersionState.STANDBY)
+    try:
+        leased = reg.take_lease(pipeline, version, owner=owner, expected=(rec.state,), ttl=LEASE_SECONDS,
+                                to_state=None if keep else VersionState.STARTING)
+    except ConflictError as e:
+        now = reg.get_version(pipeline, version)
+        if now.lease_held():
+            return _noop(k, pipeline, version, actor=actor, reason=reason, pid=now.pid, mode=None,
+                         msg=f"{pipeline} v{version}'s job is being started by {now.lease_owner}; not starting "
+                             f"a second job")
+        raise LifecycleError(f"cannot start {pipeline} v{version}: {e}") from None
+    crashpoint("start.leased")
+    try:
+        return _spawn(k, pipeline, leased, owner=owner, actor=actor, reason=reason, trigger=trigger,
+                      master=master, check_exit_seconds=check_exit_seconds, stop_first=current.alive)
+    except Exception:
+        reg.release_lease(pipeline, version, owner=owner, epoch=leased.lease_epoch)
+        raise
+
+
+def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None, trigger: str,
+           master: str | None, check_exit_seconds: float, stop_first: bool) -> StartResult:
+    """Under the lease: (stop the old job,) spawn the job, write launch.json, release the lease."""
+    reg = k.registry
+    version = rec.version
+    paths = k.paths(pipeline, version)
+    if stop_first:
+        stop_version(k, pipeline, version, actor=actor, reason=reason, force=True, final_state=None)
     master = master or k.settings.spark_master
     rules = _rules_file(k, pipeline, rec)
     cmd, mode = job_command(k, pipeline, version, trigger=trigger, rules_file=rules, master=master)
@@ -191,7 +275,7 @@ def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | N
     with open(paths.log_file, "ab") as logf:
         logf.write(f"\n===== kappa: starting {pipeline} v{version} at {datetime.now(timezone.utc).isoformat()} "
                    f"({mode}, master {master}, {'resuming from its checkpoint' if resumed else 'from offset zero'})"
-                   f"\n===== {' '.join(cmd)}\n".encode())
+                   f"\n===== {mask_secrets(' '.join(cmd), k.settings)}\n".encode())
         logf.flush()
         try:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -205,10 +289,21 @@ def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | N
     started = created if created is not None else time.time()
     launch = {"pid": proc.pid, "pgid": proc.pid, "created": created, "mode": mode, "master": master,
               "command": cmd, "started_at": started, "trigger": trigger, "resumed": resumed, "actor": actor}
-    write_json_atomic(paths.launch_file, launch, mode=0o600, indent=None)  # its command holds the Kafka config
+    crashpoint("start.spawned")
+    write_json_atomic(paths.launch_file, launch, mode=0o600, indent=None)  # kappa's own; no secret in it
+    crashpoint("start.launched")
     fields = {"pid": proc.pid, "run_dir": str(paths.run_dir), "started_at": started, "error": None}
-    state = rec.state if rec.state in (VersionState.SERVING, VersionState.STANDBY) else VersionState.STARTING
-    reg.set_state(pipeline, version, state, **fields)
+    if reg.release_lease(pipeline, version, owner=owner, epoch=rec.lease_epoch, expected=(rec.state,),
+                         **fields) is None:
+        # A stop or retire changed the state meanwhile (or the lease expired and was taken over):
+        # this job must not run. Stop it; the registry keeps what the other operation decided.
+        CHILDREN.pop(proc.pid, None)
+        end_group(proc.pid, 10.0)
+        proc.wait(10)
+        now = reg.get_version(pipeline, version)
+        raise ConflictError(f"{pipeline} v{version} changed while its job was starting (it is {now.state} now, "
+                            f"lease {now.lease_owner or 'free'}); the job just started was stopped again. "
+                            f"Check kappa status {pipeline} and retry if still wanted")
     reg.audit("start", actor=actor, pipeline=pipeline, version=version, reason=reason,
               details={"pid": proc.pid, "mode": mode, "master": master, "resumed": resumed,
                        "trigger": trigger})
@@ -220,7 +315,7 @@ def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | N
                 mark_failed(k, st, actor=actor)
             raise LifecycleError(
                 f"the job of {pipeline} v{version} exited at once with code {proc.returncode}; "
-                f"see {paths.log_file}:\n{tail(paths.log_file, 15)}")
+                f"see {paths.log_file}:\n{mask_secrets(tail(paths.log_file, 15), k.settings)}")
     how = "resumes from its checkpoint" if resumed else "reads from offset zero"
     return StartResult(pipeline=pipeline, version=version, started=True, pid=proc.pid, mode=mode,
                        message=f"started {pipeline} v{version} (pid {proc.pid}, {mode}, {master}); it {how}",
@@ -229,8 +324,5 @@ def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | N
 
 def restart_version(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
                     trigger: str = "continuous") -> StartResult:
-    """Stop (if running) and start again from the version's own checkpoint."""
-    st = inspect_version(k, pipeline, version)
-    if st.alive:
-        stop_version(k, pipeline, version, actor=actor, reason=reason, force=True, final_state=None)
-    return start_version(k, pipeline, version, actor=actor, reason=reason, trigger=trigger)
+    """Stop (if running) and start again from the version's own checkpoint, under one lease."""
+    return start_version(k, pipeline, version, actor=actor, reason=reason, trigger=trigger, restart=True)

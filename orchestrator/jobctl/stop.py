@@ -17,7 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.core.exceptions import LifecycleError
+from orchestrator.core.crashpoints import crashpoint
+from orchestrator.core.exceptions import ConflictError, LifecycleError
 from orchestrator.core.files import read_json
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl.health import CHILDREN, inspect_version, launch_identity, read_status
@@ -60,14 +61,21 @@ def _wait_dead(pid: int, launch: dict[str, Any], timeout: float) -> bool:
 def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
                  force: bool = False, graceful_timeout: float = GRACEFUL_TIMEOUT,
                  term_timeout: float = TERM_TIMEOUT, kill_timeout: float = KILL_TIMEOUT,
-                 final_state: str | None = VersionState.STOPPED) -> StopResult:
+                 final_state: str | None = VersionState.STOPPED,
+                 expected_state: str | None = None) -> StopResult:
     """Stop the job: STOP file, then SIGTERM, then SIGKILL. Keeps table and checkpoint.
 
     Stopping the serving version's job freezes what readers see; that needs `force=True`.
-    `final_state` is the registry state the version gets (None: leave it, as a restart does).
+    `final_state` is the registry state the version gets (None: leave it, as a restart does). It is
+    written first, as a compare-and-swap from the state read here (`expected_state` if the caller
+    decided on one), and only then is the job signalled: a flip or start that lands in between
+    either sees the new state and refuses, or wins and makes this stop refuse (ConflictError).
     """
     reg = k.registry
     rec = reg.get_version(pipeline, version)
+    if expected_state is not None and rec.state != expected_state:
+        raise ConflictError(f"{pipeline} v{version} is {rec.state} now, not {expected_state}: another operation "
+                            f"changed it; not stopping it")
     if not force:
         alias_name = k.pipeline(pipeline).alias
         alias = reg.get_alias(alias_name)
@@ -75,6 +83,10 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
             raise LifecycleError(
                 f"{pipeline} v{version} is serving alias {alias_name!r}: stopping its job would freeze "
                 f"the served table; promote or roll back to another version first, or pass force")
+    if final_state and rec.state not in (VersionState.SERVING, VersionState.FAILED, VersionState.RETIRED,
+                                         VersionState.RETIRING, final_state):
+        reg.set_state(pipeline, version, final_state, expected=rec.state, pid=None)
+        crashpoint("stop.marked")
     paths = k.paths(pipeline, version)
     st = inspect_version(k, pipeline, version)
     launch = read_json(paths.launch_file) or {}
@@ -107,9 +119,6 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
     seconds = time.monotonic() - t0
     after = read_status(k, pipeline, version) or {}
     job_state = after.get("state")
-    if final_state and rec.state not in (VersionState.SERVING, VersionState.FAILED, VersionState.RETIRED,
-                                         final_state):
-        reg.set_state(pipeline, version, final_state, pid=None)
     msg = (f"{pipeline} v{version} was not running" if how == "not-running" else
            f"stopped {pipeline} v{version} (pid {st.pid}) {'gracefully' if how == 'graceful' else 'with ' + how.upper()} "
            f"in {seconds:.1f} s; its table and checkpoint are kept")

@@ -2,11 +2,19 @@
 
 - hydrating: the job runs and has not caught up yet since it was deployed (backfilling);
 - lagging: it had caught up (or serves) but is now behind, or its lag is unknown;
-- ready: total lag at or under the threshold for N consecutive samples (all taken since the
-  job's current start), and the job running with a fresh heartbeat;
+- ready: total lag at or under the threshold for N consecutive recent samples (all taken since
+  the job's current start, and within `readiness_window_seconds` of the newest), and the job
+  running with a fresh heartbeat;
 - failing: the job failed, hangs, or is not running.
 
 A sample whose lag is unknown breaks the run of consecutive samples: unknown never counts.
+Old samples do not count either: one fresh sample and two from an hour ago are one sample, not
+three. The window is the setting `readiness_window_seconds` (default 300 s, `KAPPA_READINESS_WINDOW_SECONDS`):
+wide enough for N samples at the slowest sampler's pace (the monitor, once a minute; a wait polls
+every `POLL_SECONDS`, an Airflow sensor in bursts), narrow enough that "N samples" means "lately".
+A window rather than a maximum gap between samples, so the rule reads the same whoever samples.
+The sample just taken leads the run by its registry id, never by comparing clocks, so samples
+taken within one tick of a coarse clock still count once each.
 The decision carries the samples it was made from; the first "ready" of a version moves it to
 `caught_up` in the registry with those samples in the audit log.
 
@@ -27,6 +35,7 @@ from orchestrator.core.exceptions import ConflictError, NotReadyError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.core.files import tail as log_tail
+from orchestrator.core.secrets import mask_secrets
 from orchestrator.jobctl import JobStatus, inspect_version, mark_failed
 from orchestrator.observe.lag import LagReading, eta_seconds, format_partitions, measure_lag, sample_lag, sample_time
 
@@ -102,12 +111,13 @@ def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, thr
     reading: LagReading = sample_lag(k, pipeline, version) if record else measure_lag(k, pipeline, version)
 
     since = (job.started_at - 0.001) if job.started_at else None
-    history = [_sample_dict(s) for s in reg.lag_samples(pipeline, version, limit=max(needed, 30) + 5)]
-    history = [s for s in history if since is None or s["at"] >= since]
+    oldest = reading.at - k.settings.readiness_window_seconds
+    stored = reg.lag_samples(pipeline, version, limit=max(needed, 30) + 5,
+                             since=oldest if since is None else max(oldest, since))
+    # The store holds the current sample already (record=True): it leads by its id, whatever the clock says.
+    history = [_sample_dict(s) for s in reversed(stored) if s.id != reading.sample_id]
     current = {"at": reading.at, "total": reading.total, "partitions": dict(reading.partitions)}
-    if record:  # the store holds it already; make sure it leads even with a coarse clock
-        history = [s for s in history if abs(s["at"] - reading.at) > 1e-3 or s["total"] != reading.total]
-    history = sorted([current, *history], key=lambda s: s["at"], reverse=True)
+    history = [current, *history]
     consecutive = 0
     for s in history:
         if s["total"] is None or s["total"] > threshold:
@@ -156,6 +166,8 @@ def _advance_state(k: Kappa, rec: Any, r: Readiness, job: JobStatus, actor: str)
             r.registry_state = S.CAUGHT_UP
         elif job.health == "running" and rec.state == S.STARTING:
             reg.set_state(r.pipeline, r.version, S.BACKFILLING, expected=S.STARTING)
+            reg.audit("backfilling", actor=actor, pipeline=r.pipeline, version=r.version,
+                      reason="its job runs micro-batches", details={"job": job.describe(), "lag": r.total_lag})
             r.registry_state = S.BACKFILLING
     except ConflictError:  # another process moved it first; its decision stands
         log.info("state of %s v%s changed concurrently", r.pipeline, r.version)
@@ -178,7 +190,7 @@ def _not_ready_message(k: Kappa, r: Readiness, waited: float) -> str:
 
 def failing_error(k: Kappa, r: Readiness) -> NotReadyError:
     """The error of a wait whose version is failing: why, and the last lines of its job log."""
-    tail = r.job.get("log_tail") or log_tail(k.paths(r.pipeline, r.version).log_file, 15)
+    tail = r.job.get("log_tail") or mask_secrets(log_tail(k.paths(r.pipeline, r.version).log_file, 15), k.settings)
     return NotReadyError(f"{r.pipeline} v{r.version} cannot become ready: {r.reason}"
                          + (f"\nlast lines of the job log:\n{tail}" if tail else ""))
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, Field
 
-from orchestrator.core.exceptions import KappaError, LifecycleError, NotReadyError
+from orchestrator.core.exceptions import ConflictError, KappaError, LifecycleError, NotReadyError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import RUNNING, VersionState
@@ -105,9 +105,13 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
                 over = standby_expired(k, name, rec, report.at)
                 if over is not None:
                     try:
-                        res = stop_version(k, name, rec.version, actor=actor,
+                        # a compare-and-swap from standby, before the job is signalled: a rollback
+                        # that made it serve again meanwhile wins, and this stop is skipped
+                        res = stop_version(k, name, rec.version, actor=actor, expected_state=VersionState.STANDBY,
                                            reason=f"standby grace period of {spec.grace_period_seconds:.0f} s is over")
                         report.stopped.append(res.model_dump(mode="json"))
+                    except ConflictError as e:
+                        log.info("standby %s v%s not stopped: %s", name, rec.version, e)
                     except KappaError as e:
                         report.errors.append(f"stopping standby {name} v{rec.version}: {e}")
     if report.problems and raise_on_problem:

@@ -26,9 +26,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import ConflictError, KappaError, NotFoundError, NotReadyError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import VersionState
+from orchestrator.jobctl import inspect_version, mark_failed
 from orchestrator.lifecycle.await_ready import Readiness, readiness
 from orchestrator.lifecycle.report import Report
 from orchestrator.serving import publish_current, set_serving_states
@@ -109,10 +111,27 @@ def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: 
     """Compare-and-swap the alias, publish the pointer, set serving/standby, audit. Returns the pointer."""
     spec = k.pipeline(pipeline)
     reg = k.registry
+    # The target's job must be healthy at flip time, not only when the checks ran: a job that
+    # died since is recorded as failed (which the flip's own transaction then refuses).
+    st = inspect_version(k, pipeline, new_version)
+    if st.failed or (not st.alive and reg.get_version(pipeline, new_version).state != VersionState.SERVING):
+        if st.failed:
+            mark_failed(k, st, actor=actor)
+        error = (f"{action} of {pipeline} v{new_version} refused at flip time: its job is {st.describe()}; "
+                 f"nothing was changed (alias {spec.alias!r} still serves "
+                 f"{'nothing' if expected_version is None else f'v{expected_version}'}). Restart it or roll back")
+        reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason, outcome="refused",
+                  details={"expected_version": expected_version, "error": error})
+        raise NotReadyError(error)
+    crashpoint(f"{action}.checked")
     t0 = time.perf_counter()
     try:
         reg.flip_alias(spec.alias, pipeline, expected_version=expected_version, new_version=new_version,
-                       actor=actor, reason=reason)
+                       actor=actor, reason=reason, serve=True, action=action)
+    except NotReadyError as e:
+        reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason,
+                  outcome="refused", details={"expected_version": expected_version, "error": str(e)})
+        raise
     except ConflictError as e:
         now = reg.get_alias(spec.alias)
         reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason,
@@ -123,9 +142,10 @@ def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: 
             f"v{now.version if now is not None else None} now, moved by another operation); check `kappa status "
             f"{pipeline}` and try again if still wanted ({e})") from None
     flipped = time.perf_counter()
+    crashpoint(f"{action}.flipped")
     pointer = publish_current(k, spec.alias)
     published = time.perf_counter()
-    set_serving_states(k, pipeline, new_version, expected_version)
+    crashpoint(f"{action}.published")
     reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason,
               details={"alias": spec.alias, "from_version": expected_version, "to_version": new_version,
                        "cas_ms": round((flipped - t0) * 1000, 3), "publish_ms": round((published - flipped) * 1000, 3),

@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
-from orchestrator.core.exceptions import KappaError
+from orchestrator.core.exceptions import ConflictError, KappaError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import RUNNING, VersionState
 from orchestrator.jobctl import inspect_version, mark_failed, stop_version
+from orchestrator.jobctl.launch import LEASE_SECONDS, lease_owner
 from orchestrator.serving import publish_current, read_pointer, set_serving_states
 
 __all__ = ["reconcile"]
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 #: States whose job should not run: a live process in one of them is an orphan to stop.
 _NOT_RUNNING = frozenset({VersionState.STOPPED, VersionState.RETIRED, VersionState.FAILED})
+# (a retiring version's job is stopped by the retire that reconcile finishes)
 
 
 def _reconcile_alias(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str, Any]]:
@@ -69,24 +71,61 @@ def _reconcile_versions(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[s
 
 
 def _reconcile_version(k: Kappa, spec: PipelineSpec, rec: Any, actor: str) -> dict[str, Any] | None:
+    if rec.lease_held():
+        return None  # its job is being started or stopped right now: the lease holder finishes that
+    if rec.state == VersionState.RETIRING:
+        from orchestrator.lifecycle.retire import retire
+
+        res = retire(k, spec.name, rec.version, actor=actor, reason="reconcile: finish an interrupted retire")
+        action: dict[str, Any] | None = {"kind": "finish_retire", "done": res.done}
+        return _audited(k, spec, rec, actor, action)
     st = inspect_version(k, spec.name, rec.version)
-    action: dict[str, Any] | None = None
+    action = None
     if rec.state in RUNNING:
         if st.failed:
-            if mark_failed(k, st, actor=actor):
-                action = {"kind": "mark_failed", "error": st.error}
-            elif rec.state == VersionState.SERVING and rec.error != (st.error or "")[:2000]:
-                action = {"kind": "serving_job_failed", "error": st.error}
+            action = _dead_job(k, spec, rec, st, actor)
+        elif st.health == "not_started" and rec.state == VersionState.STARTING:
+            # its starter died after taking the lease and before launching the job
+            st = st.model_copy(update={"health": "failed", "error": "its start was interrupted before the job "
+                                       "was launched (the starting process died); start it again"})
+            action = _dead_job(k, spec, rec, st, actor)
         elif st.health in ("stopped", "finished", "not_started") and rec.state != VersionState.SERVING:
             k.registry.set_state(spec.name, rec.version, VersionState.STOPPED, expected=rec.state, pid=None)
             action = {"kind": "mark_stopped", "was": rec.state, "job": st.health}
     elif rec.state in _NOT_RUNNING and st.alive:
-        res = stop_version(k, spec.name, rec.version, actor=actor, force=True, final_state=None,
-                           reason=f"reconcile: the registry says {rec.state}, but its job was running")
+        # Take the lease first: a start (a rollback restarting it) that got there first wins, and
+        # one that comes later waits for this stop instead of having its new job killed.
+        owner = lease_owner(actor)
+        try:
+            leased = k.registry.take_lease(spec.name, rec.version, owner=owner, expected=(rec.state,),
+                                           ttl=LEASE_SECONDS)
+        except ConflictError:
+            return None
+        try:
+            if inspect_version(k, spec.name, rec.version).pid != st.pid:
+                return None  # a new job was launched since this one was inspected
+            res = stop_version(k, spec.name, rec.version, actor=actor, force=True, final_state=None,
+                               reason=f"reconcile: the registry says {rec.state}, but its job was running")
+        finally:
+            k.registry.release_lease(spec.name, rec.version, owner=owner, epoch=leased.lease_epoch)
         action = {"kind": "stop_orphan_job", "state": rec.state, "pid": res.pid, "how": res.how}
+    return _audited(k, spec, rec, actor, action)
+
+
+def _dead_job(k: Kappa, spec: PipelineSpec, rec: Any, st: Any, actor: str) -> dict[str, Any] | None:
+    """A version in a running state whose job is dead: restarted under supervision, or marked failed."""
+    if mark_failed(k, st, actor=actor):
+        return {"kind": "mark_failed", "error": st.error}
+    if rec.state == VersionState.SERVING and rec.error != (st.error or "")[:2000]:
+        return {"kind": "serving_job_failed", "error": st.error}
+    return None
+
+
+def _audited(k: Kappa, spec: PipelineSpec, rec: Any, actor: str,
+             action: dict[str, Any] | None) -> dict[str, Any] | None:
     if action is not None:
         action.update(pipeline=spec.name, version=rec.version, state=rec.state)
-        if action["kind"] != "mark_failed":  # mark_failed audits itself
+        if action["kind"] not in ("mark_failed", "restart", "gave_up", "restart_pending"):  # those audit themselves
             k.registry.audit("reconcile", actor=actor, pipeline=spec.name, version=rec.version,
                              reason=action["kind"], details=action)
     return action

@@ -96,7 +96,11 @@ def _read(uri: Path, columns: list[str] | None = None):
 
     if not DeltaTable.is_deltatable(str(uri)):
         return None
-    return DeltaTable(str(uri)).to_pyarrow_table(columns=columns)
+    try:
+        return DeltaTable(str(uri)).to_pyarrow_table(columns=columns)
+    except Exception as e:  # delta-rs raises its own errors, and OSError for a missing file
+        raise SinkError(f"cannot read the table {uri}: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+                        f"(was it retired or deleted meanwhile? see kappa status)") from None
 
 
 def _schema_names(uri: Path) -> list[str] | None:

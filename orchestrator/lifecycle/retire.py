@@ -1,6 +1,8 @@
 """Retention: keep the last K versions of a pipeline, retire the older ones.
 
-Retiring a version stops its job and deletes its output table, its rejects table, its
+Retiring a version first moves it to `retiring` (a compare-and-swap that also checks, in the same
+transaction, that no alias serves it, keeps it for rollback or has it published, and that nobody
+is starting it), so no flip can land on it while its files go; then it stops its job and deletes its output table, its rejects table, its
 checkpoint and run directory, and its consumer group; the registry keeps the version's record
 (state `retired`) and the audit log keeps its history. The version the alias serves and the
 rollback target (the alias's previous version) are never retired. Every step is idempotent, so
@@ -16,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import BrokerError, KappaError, LifecycleError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import VersionState
@@ -114,17 +117,26 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
     if dry_run:
         result.message = f"dry run: would retire {pipeline} v{version} ({rec.state})"
         return result
-    stop_version(k, pipeline, version, actor=actor, reason=f"retire: {reason or ''}".strip(), force=True,
-                 final_state=None)
+    why = f"retire: {reason or ''}".strip()
+    if rec.state not in (VersionState.STOPPED, VersionState.FAILED, VersionState.CREATED, VersionState.RETIRING,
+                         VersionState.RETIRED):
+        # a running version that serves nothing: stopped first (a compare-and-swap from its state)
+        stop_version(k, pipeline, version, actor=actor, reason=why, expected_state=rec.state)
+    if rec.state != VersionState.RETIRED:
+        # From here no alias can be flipped to it: the registry refuses a retiring target.
+        reg.begin_retire(pipeline, version, actor=actor, reason=reason)
+        crashpoint("retire.marked")
+    stop_version(k, pipeline, version, actor=actor, reason=why, force=True, final_state=None)
     result.done.append("job stopped")
     for what, p in dirs:
         if p.exists():
             result.bytes_freed += _size(p)
             shutil.rmtree(p) if p.is_dir() else p.unlink()
             result.done.append(f"deleted {what} {p}")
+            crashpoint("retire.deleted")
     result.done.append(f"consumer group {paths.group_id}: {_delete_group(k, paths.group_id)}")
     if rec.state != VersionState.RETIRED:
-        reg.set_state(pipeline, version, VersionState.RETIRED, pid=None)
+        reg.set_state(pipeline, version, VersionState.RETIRED, expected=VersionState.RETIRING, pid=None)
     reg.audit("retire", actor=actor, pipeline=pipeline, version=version, reason=reason,
               details={"done": result.done, "bytes_freed": result.bytes_freed, "state_before": rec.state})
     result.message = f"retired {pipeline} v{version}, freed {result.bytes_freed} bytes"
@@ -137,9 +149,15 @@ def apply_retention(k: Kappa, pipeline: str, *, actor: str, dry_run: bool = True
     spec = k.pipeline(pipeline)
     keep = spec.keep_versions if keep is None else keep
     versions = sorted(k.registry.list_versions(pipeline), key=lambda r: r.version)
-    live = [r for r in versions if r.state != VersionState.RETIRED]
-    kept = [r.version for r in live[-keep:]] if keep > 0 else []
+    live = [r for r in versions if r.state not in (VersionState.RETIRED, VersionState.RETIRING)]
+    # Versions in flight (deployed, not yet served) are kept on top of the last `keep`: they do not
+    # count among them, or a reprocess in progress would push a finished version out under it.
+    settled = [r for r in live if not r.in_flight]
+    kept = [r.version for r in settled[-keep:]] if keep > 0 else []
     protected = protected_versions(k, pipeline)
+    for r in live:
+        if r.in_flight and r.version not in protected:
+            protected[r.version] = f"it is in flight ({r.state}): deployed and not yet served"
     candidates = [r.version for r in live if r.version not in kept]
     to_retire = [v for v in candidates if v not in protected]
     plan = RetentionPlan(pipeline=pipeline, keep=keep, dry_run=dry_run, kept=kept, retire=to_retire,

@@ -9,8 +9,13 @@ Two halves, so that the Airflow DAG can wait in a sensor between them: `prepare_
 the target and restarts its job if needed; `finish_rollback` waits until the target is ready and
 flips. `rollback` runs both (the CLI).
 
-Resumable: if the previous attempt flipped the registry but died before publishing, running
-rollback again publishes that flip and stops there; it never flips back a second time.
+Resumable: if a previous *rollback* flipped the registry but died before publishing, running
+rollback again publishes that flip and stops there; it never flips back a second time. If the
+unpublished flip was a *promote*, it is published and then rolled back, as asked (the CLI and
+the Airflow DAG decide the same way: the audit entry of the flip names the verb that made it).
+The flip expects the alias where `prepare_rollback` found it, so a promote that lands while a
+rollback waits is never silently undone: the rollback then stops with a ConflictError. A target
+restarted for a rollback that then times out or loses is stopped again.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.core.exceptions import LifecycleError, NotFoundError, NotReadyError
+from orchestrator.core.crashpoints import crashpoint
+from orchestrator.core.exceptions import KappaError, LifecycleError, NotFoundError, NotReadyError
 from orchestrator.core.kappa import Kappa
-from orchestrator.core.states import VersionState
-from orchestrator.jobctl import inspect_version, restart_version, start_version
+from orchestrator.core.states import FLIP_TARGETS, VersionState
+from orchestrator.jobctl import inspect_version, restart_version, start_version, stop_version
 from orchestrator.lifecycle.await_ready import POLL_SECONDS, Readiness, wait_ready
 from orchestrator.lifecycle.promote import finish_interrupted_flip, flip
 from orchestrator.serving import publish_current
@@ -73,6 +79,15 @@ class RollbackResult(BaseModel):
     at: float = 0.0
 
 
+def _unpublished_flip_action(k: Kappa, alias: str) -> str | None:
+    """The verb (promote/rollback) that made the alias's last successful flip, from its audit entry."""
+    for entry in reversed(k.registry.audit_log(None, limit=200, action="flip_alias")):
+        d = entry.details or {}
+        if d.get("alias") == alias and entry.outcome == "ok":
+            return d.get("action")
+    return None
+
+
 def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str,
                      reason: str | None = None) -> RollbackPlan:
     """Pick the target (default: the previous serving version); restart its job from its checkpoint if stopped."""
@@ -83,8 +98,9 @@ def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, 
     if rec is None or rec.version is None:
         raise NotFoundError(f"alias {alias!r} of {pipeline} serves nothing yet: nothing to roll back; "
                             f"promote a version first")
+    interrupted_by = _unpublished_flip_action(k, alias) if rec.needs_publish else None
     interrupted = finish_interrupted_flip(k, alias, actor=actor)
-    if interrupted is not None and to_version is None:
+    if interrupted is not None and to_version is None and interrupted_by == "rollback":
         return RollbackPlan(pipeline=pipeline, alias=alias, from_version=rec.published_version,
                             to_version=rec.version, restarted=False, done=True, pointer=interrupted,
                             message=f"finished the interrupted flip of alias {alias!r} to v{rec.version} "
@@ -98,11 +114,12 @@ def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, 
         return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
                             restarted=False, done=True, pointer=publish_current(k, alias),
                             message=f"{pipeline} v{target} already serves alias {alias!r}; nothing to roll back")
-    if reg.get_version(pipeline, target).state == VersionState.RETIRED:
+    target_state = reg.get_version(pipeline, target).state
+    if target_state in (VersionState.RETIRED, VersionState.RETIRING):
         raise LifecycleError(f"cannot roll back to {pipeline} v{target}: it is retired (table and checkpoint "
                              f"deleted); pick another version or deploy a new one")
     st = inspect_version(k, pipeline, target)
-    if st.alive and not st.failed:
+    if st.alive and not st.failed and target_state in FLIP_TARGETS:
         return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
                             restarted=False, done=False,
                             message=f"{pipeline} v{target} still runs: the flip needs no restart")
@@ -112,8 +129,24 @@ def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, 
                              f"missing, and a rollback never re-reads from offset zero; deploy a new version")
     why = f"rollback of alias {alias!r} to v{target}" + (f": {reason}" if reason else "")
     res = (restart_version if st.alive else start_version)(k, pipeline, target, actor=actor, reason=why)
+    crashpoint("rollback.restarted")
     return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target, restarted=True,
                         done=False, message=f"restarted {pipeline} v{target} from its checkpoint: {res.message}")
+
+
+def _stop_restarted(k: Kappa, plan: RollbackPlan, *, actor: str, why: str) -> None:
+    """A target restarted for this rollback, which will not serve after all, is stopped again."""
+    if not plan.restarted:
+        return
+    rec = k.registry.get_version(plan.pipeline, plan.to_version)
+    if rec.state in (VersionState.SERVING, VersionState.STANDBY):
+        return  # someone else made it serve (or keep) meanwhile: not ours to stop
+    try:
+        stop_version(k, plan.pipeline, plan.to_version, actor=actor, expected_state=rec.state,
+                     reason=f"rollback of alias {plan.alias!r} to v{plan.to_version} abandoned: {why}")
+    except KappaError as e:
+        k.registry.audit("rollback", actor=actor, pipeline=plan.pipeline, version=plan.to_version,
+                         outcome="failed", details={"error": f"could not stop the restarted target: {e}"})
 
 
 def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | None = None,
@@ -134,12 +167,23 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
         k.registry.audit("rollback", actor=actor, pipeline=pipeline, version=target, reason=reason,
                          outcome="failed",
                          details={"from_version": current, "error": str(e), "restarted": plan.restarted})
+        _stop_restarted(k, plan, actor=actor, why="it did not become ready in time")
         raise NotReadyError(f"rollback of alias {alias!r} to {pipeline} v{target} stopped before the flip "
                             f"(v{current} still serves): {e}") from None
     waited = time.monotonic() - t0
-    pointer = flip(k, pipeline, expected_version=current, new_version=target, actor=actor, reason=reason,
-                   action="rollback", details={"restarted": plan.restarted, "samples": r.samples,
-                                               "waited_seconds": round(waited, 3)})
+    now_alias = k.registry.get_alias(alias)
+    if now_alias is not None and now_alias.version == target and now_alias.previous_version == current:
+        return RollbackResult(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
+                              flipped=False, restarted=plan.restarted, waited_seconds=waited, readiness=r,
+                              pointer=publish_current(k, alias), actor=actor, reason=reason, at=now,
+                              message=f"alias {alias!r} already serves v{target} (rolled back before); published")
+    try:
+        pointer = flip(k, pipeline, expected_version=current, new_version=target, actor=actor, reason=reason,
+                       action="rollback", details={"restarted": plan.restarted, "samples": r.samples,
+                                                   "waited_seconds": round(waited, 3)})
+    except KappaError:
+        _stop_restarted(k, plan, actor=actor, why="the flip was refused")
+        raise
     msg = (f"rolled back alias {alias!r} from v{current} to v{target}"
            + (" (restarted from its checkpoint, then waited until ready)" if plan.restarted else ""))
     return RollbackResult(pipeline=pipeline, alias=alias, from_version=current, to_version=target, flipped=True,

@@ -8,6 +8,13 @@ a cross-check and as the fallback when the checkpoint is not readable from here.
 job has not committed a batch yet has read nothing: its next offset is the log start, and its lag
 is the whole log. Lag that cannot be read (broker down, topic gone) is unknown (None), never 0.
 
+A next offset past the log end (the topic was deleted and recreated, or truncated, after the job
+read it) is not "ahead": the offsets the version read no longer exist. Such a partition's lag is
+clamped to 0 in `details` (a negative lag would cancel real lag on another partition in the
+total) and shown as unknown, the reading's total is unknown (so it never counts as caught up or
+ready), and `error` says what happened and what to do: deploy a new version, which reads the log
+as it is now from offset zero.
+
 `measure_lag` only measures; `sample_lag` also stores the reading as a lag sample in the registry.
 """
 
@@ -54,8 +61,9 @@ class PartitionLag(BaseModel):
     log_start: int
     log_end: int
     next_offset: int
-    lag: int
+    lag: int                         # never negative
     source: str                      # checkpoint | group | log-start
+    past_end: int = 0                # how far the next offset is beyond the log end (see the module doc)
     group_offset: int | None = None  # the group's committed offset, for the cross-check
 
 
@@ -73,6 +81,7 @@ class LagReading(BaseModel):
     source: str = "unknown"          # checkpoint | group | log-start | unknown
     error: str | None = None
     batch_id: int | None = None      # last committed micro-batch behind the offsets
+    sample_id: int | None = None     # the registry's id of the stored sample (`sample_lag`)
 
     @property
     def known(self) -> bool:
@@ -184,11 +193,20 @@ def lag_from_offsets(pipeline: str, version: int, logs: dict[tuple[str, int], tu
         else:  # not read yet (new partition, or nothing committed): the whole log is ahead
             nxt, psource = start, "log-start"
         details.append(PartitionLag(topic=topic, partition=p, log_start=start, log_end=end, next_offset=nxt,
-                                    lag=end - nxt, source=psource, group_offset=group.get((topic, p))))
-    partitions = {partition_key(d.topic, d.partition): d.lag for d in details}
+                                    lag=max(0, end - nxt), past_end=max(0, nxt - end), source=psource,
+                                    group_offset=group.get((topic, p))))
+    partitions = {partition_key(d.topic, d.partition): None if d.past_end else d.lag for d in details}
+    past = [d for d in details if d.past_end]
+    error = None
+    if past:
+        where = ", ".join(f"{partition_key(d.topic, d.partition)} (next offset {d.next_offset}, log end {d.log_end})"
+                          for d in past[:8]) + (f" and {len(past) - 8} more" if len(past) > 8 else "")
+        error = (f"the {past[0].source} offsets of {pipeline} v{version} are past the log end on {where}: the "
+                 f"topic was recreated or truncated after the job read it, so this version's table no longer "
+                 f"matches the log; deploy a new version (`kappa deploy {pipeline}`), which reads it from offset zero")
     return LagReading(pipeline=pipeline, version=version, at=time.time() if at is None else at,
-                      total=sum(partitions.values()), partitions=partitions, details=tuple(details), source=source,
-                      batch_id=batch_id)
+                      total=None if past else sum(partitions.values()), partitions=partitions,
+                      details=tuple(details), source=source, error=error, batch_id=batch_id)
 
 
 def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
@@ -214,11 +232,29 @@ def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOU
     return lag_from_offsets(pipeline, version, logs, ckpt, group, at=now, batch_id=batch_id)
 
 
+#: A process deletes lag samples past the retention at most this often per registry (the delete
+#: scans the table), and at its first sample.
+PRUNE_EVERY_SECONDS = 600.0
+_last_prune: dict[str, float] = {}
+
+
 def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
-    """Measure the lag and store it as a lag sample in the registry."""
+    """Measure the lag and store it as a lag sample in the registry (its id in `sample_id`).
+
+    Samples grow by one per poll of every version; those older than the setting
+    `lag_sample_retention_seconds` are deleted here (see `PRUNE_EVERY_SECONDS`), for every
+    version, stopped and retired ones included. A failed prune is logged, never raised.
+    """
     reading = measure_lag(k, pipeline, version, timeout=timeout)
-    k.registry.add_lag_sample(pipeline, version, reading.total, dict(reading.partitions), at=reading.at)
-    return reading
+    rec = k.registry.add_lag_sample(pipeline, version, reading.total, dict(reading.partitions), at=reading.at)
+    reg_key = str(k.registry.url)
+    if time.monotonic() - _last_prune.get(reg_key, -PRUNE_EVERY_SECONDS) >= PRUNE_EVERY_SECONDS:
+        _last_prune[reg_key] = time.monotonic()
+        try:
+            k.registry.prune_lag_samples(reading.at - k.settings.lag_sample_retention_seconds)
+        except KappaError as e:
+            log.warning("cannot prune old lag samples: %s", e)
+    return reading.model_copy(update={"sample_id": rec.id})
 
 
 def sample_time(sample: Any) -> float:

@@ -8,7 +8,10 @@ commits. `sqlite_synchronous="FULL"` fsyncs every commit. A write transaction is
 
 PostgreSQL is the choice for anything shared (Airflow workers on several hosts). Its
 connections get `lock_timeout` = `busy_timeout`, so a write waiting on a row lock gives up with a
-RegistryError instead of hanging.
+RegistryError instead of hanging. kappa installs one PostgreSQL driver, psycopg2, and
+`postgresql://` and `postgres://` (the forms most people type) mean it: left to itself, SQLAlchemy 2
+would pick psycopg 3 for `postgresql://`, which is not installed. Any other driver is refused with
+one line that says what to write instead (`registry_url`).
 """
 
 from __future__ import annotations
@@ -26,9 +29,37 @@ from sqlalchemy.pool import StaticPool
 from orchestrator.core.exceptions import ConfigError, KappaError, RegistryError
 from orchestrator.core.secrets import mask_url
 
-__all__ = ["SQLITE_SYNCHRONOUS", "create_engine", "transaction"]
+__all__ = ["DRIVERS", "SQLITE_SYNCHRONOUS", "create_engine", "registry_url", "transaction"]
 
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
+#: The one driver kappa installs and connects with, per database.
+DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg2"}
+
+
+def registry_url(url: str | sa.URL) -> sa.URL:
+    """`url` parsed, with the driver kappa connects with made explicit for PostgreSQL.
+
+    `postgresql://` and `postgres://` become `postgresql+psycopg2://`. Raises ConfigError (one
+    line, the URL's password masked) for a string that is not a database URL, a database other
+    than SQLite or PostgreSQL, or a driver kappa does not install (psycopg 3, asyncpg, pg8000...).
+    """
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise ConfigError(f"registry URL {mask_url(str(url))!r} is not a database URL; expected "
+                          f"sqlite:///<path> or postgresql+psycopg2://<user>@<host>:5432/<db> "
+                          f"(KAPPA_REGISTRY_URL)") from None
+    backend, _, driver = parsed.drivername.partition("+")
+    backend = "postgresql" if backend == "postgres" else backend
+    masked = parsed.render_as_string(hide_password=True)
+    if backend not in DRIVERS:
+        raise ConfigError(f"registry URL {masked!r}: the registry runs on SQLite or PostgreSQL, not "
+                          f"{backend} (KAPPA_REGISTRY_URL)")
+    if driver and driver != DRIVERS[backend]:
+        plain = parsed.set(drivername=backend).render_as_string(hide_password=True)
+        raise ConfigError(f"registry URL {masked!r} names the driver {driver!r}, which kappa does not install "
+                          f"or use; write {plain!r} (kappa connects with {DRIVERS[backend]}) (KAPPA_REGISTRY_URL)")
+    return parsed.set(drivername="postgresql+psycopg2") if backend == "postgresql" else parsed
 
 
 def create_engine(url: str, *, busy_timeout: float, echo: bool, sqlite_synchronous: str
@@ -36,24 +67,20 @@ def create_engine(url: str, *, busy_timeout: float, echo: bool, sqlite_synchrono
     """The engine for `url`, its dialect ("sqlite" or "postgresql") and the URL with its password masked."""
     if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
         raise ConfigError(f"sqlite_synchronous must be NORMAL, FULL or EXTRA, not {sqlite_synchronous!r}")
-    try:
-        parsed = make_url(url)
-    except sa.exc.ArgumentError:
-        raise ConfigError(f"registry URL {mask_url(str(url))!r} is not a database URL; expected "
-                          f"sqlite:///<path> or postgresql+psycopg2://<user>@<host>:5432/<db> "
-                          f"(KAPPA_REGISTRY_URL)") from None
+    parsed = registry_url(url)
     dialect = parsed.get_backend_name()
     masked = parsed.render_as_string(hide_password=True)
-    if dialect == "sqlite":
-        engine = _sqlite_engine(parsed, busy_timeout, echo, sqlite_synchronous)
-    elif dialect == "postgresql":
-        # lock_timeout: a flip or allocation waiting on a row lock gives up like SQLite's busy timeout
-        engine = sa.create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args={
-            "connect_timeout": max(1, int(busy_timeout)),
-            "options": f"-c lock_timeout={int(busy_timeout * 1000)}"})
-    else:
-        raise ConfigError(f"registry URL {masked!r}: the registry runs on SQLite or PostgreSQL, not "
-                          f"{dialect} (KAPPA_REGISTRY_URL)")
+    try:
+        if dialect == "sqlite":
+            engine = _sqlite_engine(parsed, busy_timeout, echo, sqlite_synchronous)
+        else:
+            # lock_timeout: a flip or allocation waiting on a row lock gives up like SQLite's busy timeout
+            engine = sa.create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args={
+                "connect_timeout": max(1, int(busy_timeout)),
+                "options": f"-c lock_timeout={int(busy_timeout * 1000)}"})
+    except ImportError as e:
+        raise ConfigError(f"registry URL {masked!r}: its driver cannot be imported ({e}); reinstall kappa "
+                          f"(`pip install psycopg2-binary` for PostgreSQL)") from None
     return engine, dialect, masked
 
 

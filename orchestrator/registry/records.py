@@ -6,6 +6,7 @@ Airflow tasks print; a version's dump also says whether it is `in_flight`.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, computed_field
@@ -58,6 +59,14 @@ class VersionRecord(_Record):
     caught_up_at: float | None
     served_at: float | None
     details: dict[str, Any] = {}
+    lease_owner: str | None = None
+    lease_epoch: int | None = None
+    lease_expires: float | None = None
+
+    def lease_held(self, now: float | None = None) -> bool:
+        """Whether someone holds a fresh lease on this version (is starting or stopping its job)."""
+        return (self.lease_owner is not None and self.lease_expires is not None
+                and self.lease_expires > (time.time() if now is None else now))
 
     @property
     def ever_served(self) -> bool:

@@ -66,6 +66,9 @@ versions = sa.Table(
     sa.Column("served_at", sa.Double),          # step 2
     sa.Column("rejects_path", sa.Text),         # step 2
     sa.Column("details", sa.JSON),              # step 2
+    sa.Column("lease_owner", sa.String(200)),   # step 3
+    sa.Column("lease_epoch", sa.Integer),       # step 3
+    sa.Column("lease_expires", sa.Double),      # step 3
 )
 
 aliases = sa.Table(
@@ -227,10 +230,21 @@ def _step2_publish_and_lag(conn: Connection) -> None:
     m.tables["lag_samples"].create(conn)
 
 
+def _step3_leases(conn: Connection) -> None:
+    """Job-start leases: who is starting (or stopping) a version's job, the epoch, until when.
+
+    NULL everywhere means no lease, which is what every existing version has.
+    """
+    _add_column(conn, "versions", sa.Column("lease_owner", sa.String(200)))
+    _add_column(conn, "versions", sa.Column("lease_epoch", sa.Integer))
+    _add_column(conn, "versions", sa.Column("lease_expires", sa.Double))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: pipelines, versions, aliases, alias history, audit log", _step1_initial),
     Migration(2, "publish tracking, served_at, rejects path, version details, lag samples",
               _step2_publish_and_lag),
+    Migration(3, "job-start leases on versions (owner, epoch, expiry)", _step3_leases),
 )
 HEAD = MIGRATIONS[-1].version
 

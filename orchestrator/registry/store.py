@@ -24,13 +24,11 @@ survives `fork()`: the child opens its own connections.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,14 +36,16 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
-from orchestrator.core.exceptions import ConflictError, KappaError, NotFoundError, RegistryError
+from orchestrator.core.exceptions import ConflictError, KappaError, NotFoundError, NotReadyError, RegistryError
 from orchestrator.core.names import validate_alias_name, validate_pipeline_name, validate_version_number
 from orchestrator.core.paths import VersionPaths
-from orchestrator.core.states import ALL as ALL_STATES
-from orchestrator.core.states import IN_FLIGHT, VersionState
+from orchestrator.core.states import FLIP_TARGETS, IN_FLIGHT, VersionState
 from orchestrator.registry.engine import create_engine, transaction
+from orchestrator.registry.leases import LeaseOps
 from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord, LagSampleRecord,
                                            PipelineRecord, VersionRecord)
+from orchestrator.registry.values import (SET_STATE_FIELDS, _actor, _by, _check_state, _json, _render, _ts,
+                                          field_values)
 from orchestrator.registry.schema import (HEAD, alias_history, aliases, apply_migrations, audit_log,
                                           lag_samples_table, pipelines, schema_version, versions)
 
@@ -53,69 +53,8 @@ __all__ = ["Registry", "SET_STATE_FIELDS"]
 
 S = VersionState
 
-#: What `set_state` may change besides the state.
-SET_STATE_FIELDS = ("pid", "run_dir", "rejects_path", "error", "started_at", "stopped_at", "caught_up_at",
-                    "details")
-_TIME_FIELDS = ("started_at", "stopped_at", "caught_up_at")
 
-
-# -- helpers ------------------------------------------------------------------------------------
-
-def _ts(value: Any, what: str) -> float:
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.timestamp()
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise RegistryError(f"{what} must be unix seconds or a datetime, got {value!r}")
-
-
-def _iso(ts: float | None) -> str:
-    if ts is None:
-        return "?"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _json(value: Any, what: str) -> Any:
-    """Round-trip through JSON so the database gets plain data (datetimes and paths become text)."""
-    if value is None:
-        return None
-    try:
-        return json.loads(json.dumps(value, default=str))
-    except (TypeError, ValueError) as e:
-        raise RegistryError(f"{what} must be JSON-serializable: {e}") from None
-
-
-def _actor(actor: Any) -> str:
-    if not isinstance(actor, str) or not actor.strip():
-        raise RegistryError("every registry change needs an actor (who asked for it), e.g. a user name "
-                            "or 'airflow:<dag>/<run>'")
-    return actor.strip()[:200]
-
-
-def _check_state(state: Any, what: str = "state") -> str:
-    """The state's plain value, or RegistryError naming the states there are."""
-    if state not in ALL_STATES:
-        raise RegistryError(f"unknown version {what} {state!r}; states are {', '.join(ALL_STATES)}")
-    return VersionState(state).value
-
-
-def _render(value: Any, n: int, what: str) -> str | None:
-    if value is None:
-        return None
-    if callable(value):
-        value = value(n)
-    text = str(value)
-    return text.replace("{n}", str(n)).replace("{version}", str(n))
-
-
-def _by(actor: str | None, reason: str | None, at: float | None) -> str:
-    text = f"by {actor or '?'} at {_iso(at)}"
-    return f"{text} (reason: {reason!r})" if reason else text
-
-
-class Registry:
+class Registry(LeaseOps):
     """One registry database. Thread-safe: each call takes its own pooled connection.
 
     `Registry(url)` brings the schema to head (`migrate()`, idempotent) unless `auto_migrate=False`.
@@ -348,15 +287,7 @@ class Registry:
             raise RegistryError(f"set_state cannot change {', '.join(unknown)}; it sets "
                                 f"{', '.join(SET_STATE_FIELDS)}")
         now = time.time()
-        values: dict[str, Any] = {"state": state, "updated_at": now}
-        for name, value in fields.items():
-            if name in _TIME_FIELDS and value is not None:
-                value = _ts(value, name)
-            elif name == "details":
-                value = _json(value or {}, "version details")
-            elif name in ("run_dir", "rejects_path") and value is not None:
-                value = str(value)
-            values[name] = value
+        values: dict[str, Any] = {"state": state, "updated_at": now, **field_values(fields)}
         if state == S.STARTING and "started_at" not in fields:
             values["started_at"] = now
         if state in (S.STOPPED, S.FAILED, S.RETIRED) and "stopped_at" not in fields:
@@ -424,12 +355,21 @@ class Registry:
             versions.c.pipeline == pipeline, versions.c.version == n)).scalar()
         if state is None:
             raise self._missing_version(conn, pipeline, n)
-        raise ConflictError(f"{pipeline} v{n} is retired (its table may be deleted); alias {alias!r} cannot "
+        raise ConflictError(f"{pipeline} v{n} is {state} (its table may be deleted); alias {alias!r} cannot "
                             f"point at it. Deploy a new version instead")
 
     def flip_alias(self, alias: str, pipeline: str, *, expected_version: int | None, new_version: int,
-                   actor: str, reason: str | None, audit: bool = True) -> AliasRecord:
-        """Compare-and-swap `alias` from `expected_version` to `new_version` of `pipeline`."""
+                   actor: str, reason: str | None, audit: bool = True, serve: bool = False,
+                   action: str | None = None) -> AliasRecord:
+        """Compare-and-swap `alias` from `expected_version` to `new_version` of `pipeline`.
+
+        With `serve` (what promote and rollback use), the same transaction also checks that the
+        target is healthy now (caught_up, standby or serving, no one holding its lease; else
+        NotReadyError) and moves the states: the target to serving, the version it replaced from
+        serving to standby (its grace period starts). So the alias and the states never disagree,
+        whatever happens to the process after the commit. `action` (promote/rollback) is recorded
+        in the audit entry, so that a later verb knows which verb made an unpublished flip.
+        """
         validate_alias_name(alias)
         validate_pipeline_name(pipeline)
         validate_version_number(new_version, "new_version")
@@ -437,16 +377,20 @@ class Registry:
             validate_version_number(expected_version, "expected_version")
         actor = _actor(actor)
         details = {"alias": alias, "from_version": expected_version, "to_version": new_version}
+        if action:
+            details["action"] = action
         noop = False
         try:
             with self._tx(f"flipping alias {alias!r}", write=True) as conn:
                 now = time.time()
+                if serve:
+                    self._check_flip_target(conn, alias, pipeline, new_version, now)
                 # The target first: it must exist and not be retired. The UPDATE also locks its
                 # row (PostgreSQL), so a concurrent retire waits for this flip and then sees it.
                 marked = conn.execute(
                     versions.update()
                     .where(versions.c.pipeline == pipeline, versions.c.version == new_version,
-                           versions.c.state != S.RETIRED.value)
+                           versions.c.state.not_in([S.RETIRED.value, S.RETIRING.value]))
                     .values(served_at=sa.func.coalesce(versions.c.served_at, now))
                     .returning(versions.c.version)).first()
                 if marked is None:
@@ -476,6 +420,9 @@ class Registry:
                 if row is None:
                     raise self._alias_moved(alias, pipeline, expected_version, conn.execute(
                         sa.select(aliases).where(aliases.c.alias == alias)).first())
+                if serve:
+                    self._serving_states(conn, pipeline, new_version,
+                                         None if noop else expected_version, now)
                 if not noop:
                     conn.execute(alias_history.insert().values(
                         alias=alias, pipeline=pipeline, from_version=expected_version, to_version=new_version,
@@ -483,13 +430,52 @@ class Registry:
                 if audit:
                     self._insert_audit(conn, "flip_alias", actor=actor, pipeline=pipeline, version=new_version,
                                        reason=reason, outcome="noop" if noop else "ok", details=details, at=now)
-        except (ConflictError, NotFoundError) as e:
+        except (ConflictError, NotFoundError, NotReadyError) as e:
             if audit:
-                outcome = "conflict" if isinstance(e, ConflictError) else "not_found"
+                outcome = {ConflictError: "conflict", NotFoundError: "not_found"}.get(type(e), "refused")
                 self._audit_quietly("flip_alias", actor=actor, pipeline=pipeline, version=new_version,
                                     reason=reason, outcome=outcome, details={**details, "error": str(e)})
             raise
         return AliasRecord.from_row(row)
+
+    def _check_flip_target(self, conn: Connection, alias: str, pipeline: str, n: int, now: float) -> None:
+        q = sa.select(versions).where(versions.c.pipeline == pipeline, versions.c.version == n)
+        if self.dialect == "postgresql":
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            raise self._missing_version(conn, pipeline, n)
+        rec = VersionRecord.from_row(row)
+        if rec.state in (S.RETIRED, S.RETIRING):
+            self._refuse_flip_target(conn, alias, pipeline, n)
+        if rec.state not in FLIP_TARGETS:
+            raise NotReadyError(
+                f"{pipeline} v{n} is {rec.state} now, not caught_up or standby: alias {alias!r} cannot be flipped "
+                f"to it; nothing was changed. Wait until it is ready (kappa await {pipeline} {n}), or restart it")
+        if rec.lease_held(now):
+            raise NotReadyError(
+                f"{pipeline} v{n}'s job is being started or stopped by {rec.lease_owner} right now: alias "
+                f"{alias!r} cannot be flipped to it; nothing was changed. Retry once that is done")
+
+    @staticmethod
+    def _serving_states(conn: Connection, pipeline: str, new: int, old: int | None, now: float) -> None:
+        """In the flip's transaction: the target serves; the version it replaced is standby from now."""
+        def update(n: int, state: str, expect: tuple[str, ...], standby_since: float | None) -> None:
+            row = conn.execute(sa.select(versions.c.details, versions.c.state).where(
+                versions.c.pipeline == pipeline, versions.c.version == n)).first()
+            if row is None or row.state not in expect:
+                return
+            details = {kk: v for kk, v in (row.details or {}).items() if kk != "standby_since"}
+            if standby_since is not None:
+                details["standby_since"] = standby_since
+            conn.execute(versions.update().where(
+                versions.c.pipeline == pipeline, versions.c.version == n, versions.c.state.in_(expect))
+                .values(state=state, updated_at=now, details=details,
+                        served_at=sa.func.coalesce(versions.c.served_at, now)))
+
+        update(new, S.SERVING.value, tuple(FLIP_TARGETS), None)
+        if old is not None and old != new:
+            update(old, S.STANDBY.value, (S.SERVING.value,), now)
 
     def mark_published(self, alias: str, version: int) -> AliasRecord:
         """Record that the pointer file of `alias` now holds `version` (called after writing it).
@@ -547,3 +533,9 @@ class Registry:
         with self._tx(f"reading lag samples of {pipeline} v{n}", write=False) as conn:
             rows = conn.execute(q).all()
         return [LagSampleRecord.from_row(r) for r in reversed(rows)]
+
+    def prune_lag_samples(self, older_than: Any) -> int:
+        """Delete every lag sample taken before `older_than` (all pipelines); the number deleted."""
+        cutoff = _ts(older_than, "older_than")
+        with self._tx("pruning old lag samples", write=True) as conn:
+            return conn.execute(lag_samples_table.delete().where(lag_samples_table.c.at < cutoff)).rowcount or 0

@@ -16,7 +16,9 @@ A job module is::
 and runs as ``python -m jobs.<name> --pipeline P --version N --bootstrap-servers B --topics t1,t2
 --output PATH --rejects PATH --checkpoint PATH --run-dir PATH --group-id G [--rules FILE]
 [--max-records-per-batch 100000] [--trigger available-now|continuous] [--interval-seconds 1]
-[--kafka-config JSON] [--master URL] [--extra JSON]``.
+[--kafka-config-file PATH] [--kafka-config JSON] [--master URL] [--extra JSON]``.
+The Kafka config's secrets come only in the 0600 file of ``--kafka-config-file``, never on the
+command line (see `jobs.lib.runtime.args`).
 
 What the runtime guarantees, so the orchestrator can watch and steer any job the same way:
 

@@ -1,14 +1,23 @@
-"""A job's command line: the arguments every kappa job takes (see `jobs.lib.runtime`)."""
+"""A job's command line: the arguments every kappa job takes (see `jobs.lib.runtime`).
+
+The Kafka config reaches a job as `--kafka-config-file` (a JSON object in a file only its owner
+may read; kappa writes `<version_dir>/kafka.json`, mode 0600). `--kafka-config` (JSON on the
+command line) takes settings that are not secret and overrides the file's; a secret there
+(`sasl.password`, ...) is refused, because any user can read a command line in /proc/<pid>/cmdline.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 from typing import Callable
 
 from orchestrator.core.exceptions import ConfigError
+from orchestrator.core.secrets import is_secret_key
 
-__all__ = ["build_parser", "parse_args"]
+__all__ = ["build_parser", "parse_args", "read_kafka_config_file"]
 
 
 def _json_object(what: str) -> Callable[[str], dict]:
@@ -50,7 +59,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--max-records-per-batch", type=_positive(int), default=100_000)
     p.add_argument("--trigger", choices=("available-now", "continuous"), default="continuous")
     p.add_argument("--interval-seconds", type=_positive(float), default=1.0)
-    p.add_argument("--kafka-config", type=_json_object("--kafka-config"), default={})
+    p.add_argument("--kafka-config", type=_json_object("--kafka-config"), default={},
+                   help="librdkafka settings that are not secret, as a JSON object")
+    p.add_argument("--kafka-config-file", default=None,
+                   help="librdkafka settings, secrets included, as a JSON object in a file of mode 0600")
     p.add_argument("--master", default=None)
     p.add_argument("--extra", type=_json_object("--extra"), default={},
                    help='job-specific options; "source_options" (object) is passed to the Kafka source')
@@ -68,4 +80,34 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         args.rejects = args.output.rstrip("/") + "__rejects"
     if args.group_id is None:
         args.group_id = f"kappa.{args.pipeline}.v{args.version}"
+    secret = sorted(key for key in args.kafka_config if is_secret_key(key))
+    if secret:
+        raise ConfigError(f"--kafka-config holds the secret setting(s) {', '.join(secret)}, which any user can "
+                          f"read on the command line; put them in a JSON file of mode 0600 and pass "
+                          f"--kafka-config-file")
+    if args.kafka_config_file:
+        args.kafka_config = {**read_kafka_config_file(args.kafka_config_file), **args.kafka_config}
     return args
+
+
+def read_kafka_config_file(path: str) -> dict[str, str]:
+    """The JSON object in `path`; ConfigError (naming the file, never its content) when it is
+    missing, readable by others than its owner, or not a JSON object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read the Kafka config file {path}: {e.strerror}; restart the version with "
+                          f"kappa, which writes it") from None
+    if mode & 0o077:
+        raise ConfigError(f"the Kafka config file {path} is readable by others (mode {mode:04o}); it may hold "
+                          f"secrets: `chmod 600 {path}`")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigError(f"the Kafka config file {path} is not a JSON object; restart the version with kappa, "
+                          f"which rewrites it")
+    return {str(k): str(v) for k, v in value.items()}

@@ -113,7 +113,7 @@ def test_set_state_refuses_unknown_state_and_field(registry):
     with pytest.raises(RegistryError) as e:
         registry.set_state("standardize", 1, "running")
     assert str(e.value) == ("unknown version state 'running'; states are created, starting, backfilling, "
-                            "caught_up, serving, standby, stopped, failed, retired")
+                            "caught_up, serving, standby, stopped, failed, retiring, retired")
     with pytest.raises(RegistryError) as e:
         registry.set_state("standardize", 1, "stopped", table_path="/elsewhere")
     assert str(e.value) == ("set_state cannot change table_path; it sets pid, run_dir, rejects_path, error, "

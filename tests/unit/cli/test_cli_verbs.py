@@ -253,7 +253,7 @@ def test_retire_finishes_after_a_group_deletion_failed(bed):
     assert result.stderr.startswith(f"Error: cannot delete consumer group '{group}': ")
     assert result.stderr.endswith(f"retry the retire, or delete it with kafka-consumer-groups --delete "
                                   f"--group {group}\n")
-    assert bed.k.registry.get_version(PIPELINE, v).state == "created"   # not retired while its group lives
+    assert bed.k.registry.get_version(PIPELINE, v).state == "retiring"  # not retired while its group lives
     assert not bed.k.paths(PIPELINE, v).table.exists()
     bed.admin.error = KafkaException(KafkaError(KafkaError.GROUP_ID_NOT_FOUND))  # deleted meanwhile
     d = bed.json("retire", PIPELINE, str(v))
@@ -268,6 +268,7 @@ def test_retention_apply_json(bed):
         _files(bed.k, v)
     pid = bed.start(vs[1])
     bed.k.registry.set_state(PIPELINE, vs[1], "standby")
+    bed.k.registry.set_state(PIPELINE, vs[2], "stopped")  # ran and stopped: not in flight
     bed.k.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=vs[0], actor="t", reason="r")
     bed.k.registry.flip_alias(ALIAS, PIPELINE, expected_version=vs[0], new_version=vs[3], actor="t", reason="r")
     d = bed.json("retention", PIPELINE, "--apply", "--actor", "cron")
@@ -281,7 +282,7 @@ def test_retention_apply_json(bed):
         (vs[1], False, "job stopped", f"consumer group kappa.{PIPELINE}.v{vs[1]}: deleted")
     assert bed.admin.calls == [([f"kappa.{PIPELINE}.v{vs[1]}"], 10)]
     assert not p.table.exists() and not p.version_dir.exists() and not psutil.pid_exists(pid)
-    assert [bed.k.registry.get_version(PIPELINE, v).state for v in vs] == ["created", "retired", "created",
+    assert [bed.k.registry.get_version(PIPELINE, v).state for v in vs] == ["created", "retired", "stopped",
                                                                            "created"]
     assert bed.k.paths(PIPELINE, vs[0]).table.exists()   # protected: kept whole
     assert [e.reason for e in bed.k.registry.audit_log(PIPELINE, action="retire")] == ["retention: keep the last 2"]

@@ -63,6 +63,8 @@ def test_the_standby_grace_period_boundary_in_seconds(k, fake_log, fake_jobs, mo
     wait_for(lambda: inspect_version(kk, PIPELINE, v1).health == "running", 15, "the fake job of v1 to run")
     fake_running(kk, v2)
     fake_log.read_all()
+    for v in (v1, v2):
+        kk.registry.set_state(PIPELINE, v, "caught_up")
     kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v1, actor="t", reason="r")
     set_serving_states(kk, PIPELINE, v1, None)
     kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=v1, new_version=v2, actor="t", reason="r")

@@ -6,6 +6,8 @@ import threading
 
 import pytest
 
+from orchestrator.core import crashpoints
+
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, profiles, ready_version, write_table
 from orchestrator.lifecycle import promote as promote_mod
 from orchestrator.core.exceptions import ConflictError, LifecycleError, NotFoundError, NotReadyError
@@ -217,21 +219,32 @@ def test_rerunning_promote_after_the_crash_finishes_the_publish(k, fake_log, mon
     assert resolve_alias(ALIAS, k.settings)["version"] == v2
 
 
-def test_rerunning_rollback_after_the_crash_does_not_flip_back(k, fake_log, monkeypatch):
+def test_rerunning_rollback_after_the_crash_does_not_flip_back(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
     promote(k, PIPELINE, v1, actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
     promote(k, PIPELINE, v2, actor="alice", reason="second")
-    with monkeypatch.context() as m:
-        m.setattr("orchestrator.lifecycle.rollback.flip", lambda *a, **kw: (
-            k.registry.flip_alias(ALIAS, PIPELINE, expected_version=v2, new_version=v1, actor="x", reason="y"),
-            (_ for _ in ()).throw(KeyboardInterrupt("died"))))
-        with pytest.raises(KeyboardInterrupt):
-            rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.01, deadline_seconds=10)
+    with crashpoints.armed_at("rollback.flipped"), pytest.raises(crashpoints.KappaCrashed):
+        rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.01, deadline_seconds=10)
     res = rollback(k, PIPELINE, actor="alice", reason="bad v2 (again)", poll_seconds=0.01)
     assert not res.flipped and "finished the interrupted flip" in res.message
     assert k.registry.get_alias(ALIAS).version == v1
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
+
+
+def test_rollback_after_a_promote_cut_off_before_its_publish_rolls_back(k, fake_log):
+    """Issue 9 case 9: `kappa rollback` finished the interrupted promote instead of rolling back."""
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    with crashpoints.armed_at("promote.flipped"), pytest.raises(crashpoints.KappaCrashed):
+        promote(k, PIPELINE, v2, actor="bob", reason="crash")
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1
+    res = rollback(k, PIPELINE, actor="alice", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=10)
+    assert res.flipped and (res.from_version, res.to_version) == (v2, v1)
+    assert k.registry.get_alias(ALIAS).version == v1
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1
+    assert [k.registry.get_version(PIPELINE, v).state for v in (v1, v2)] == ["serving", "standby"]
 
 
 def test_rollback_to_a_running_standby_is_a_flip(k, fake_log):

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import psutil
 import pytest
 
 from control_helpers import PIPELINE, TOPIC, Clock, allocate, fake_running
 from orchestrator.lifecycle import await_ready
+from orchestrator.observe import lag as lag_mod
 from orchestrator.lifecycle.await_ready import readiness, wait_ready
 from orchestrator.core.exceptions import NotReadyError
 
 
-def test_hydrating_until_n_consecutive_samples_at_threshold(k, fake_log):
+def test_hydrating_until_n_consecutive_samples_at_threshold(k, fake_log, monkeypatch):
+    # Every sample at the same instant (a clock that does not tick between samples, which once made
+    # this test flaky): each sample still counts once, by its registry id.
+    Clock(now=time.time()).install(monkeypatch, lag_mod)
     v = allocate(k).version
     k.registry.set_state(PIPELINE, v, "starting")
     fake_running(k, v)
@@ -157,6 +162,8 @@ def test_a_sample_at_the_threshold_counts_and_one_over_does_not(k, fake_log, lag
 
 def test_only_samples_since_the_jobs_current_start_count(k, fake_log):
     """A restarted job's samples from before its start (its previous run) are not part of the run."""
+    # The job's start is this test process's: older than the readiness window when the suite runs long.
+    k.settings = k.settings.model_copy(update={"readiness_window_seconds": 1e9})
     v = allocate(k).version
     k.registry.set_state(PIPELINE, v, "backfilling")
     fake_running(k, v)

@@ -64,7 +64,7 @@ def test_mark_failed_when_the_job_crashed(k, fake_jobs):
     assert reconcile(k, actor="cron") == []
 
 
-@pytest.mark.parametrize("state, job", [("starting", "not_started"), ("backfilling", "stopped"),
+@pytest.mark.parametrize("state, job", [("backfilling", "stopped"),
                                         ("caught_up", "finished"), ("standby", "stopped"), ("standby", "not_started")])
 def test_mark_stopped_when_the_job_ended_cleanly(k, fake_jobs, state, job):
     v = allocate(k).version

@@ -70,11 +70,27 @@ def test_apply_retention_keeps_the_last_k_and_never_the_protected(k, groups):
     vs = [allocate(k).version for _ in range(5)]
     _serve(k, vs[0])
     _serve(k, vs[4], vs[0])  # serving v5, rollback target v1
+    for v in vs[1:4]:
+        k.registry.set_state(PIPELINE, v, "stopped")  # ran and stopped: no longer in flight
     plan = apply_retention(k, PIPELINE, actor="cron", keep=2)
     assert plan.dry_run and plan.kept == [vs[3], vs[4]]
     assert plan.retire == [vs[1], vs[2]] and list(plan.protected) == [vs[0]]
-    assert all(k.registry.get_version(PIPELINE, v).state == "created" for v in vs)
+    states = [k.registry.get_version(PIPELINE, v).state for v in vs]
     done = apply_retention(k, PIPELINE, actor="cron", keep=2, dry_run=False)
     assert [k.registry.get_version(PIPELINE, v).state for v in vs] == \
-        ["created", "retired", "retired", "created", "created"]
+        [states[0], "retired", "retired", "stopped", states[4]]
     assert done.message == f"{PIPELINE}: keep {[vs[3], vs[4]]}; retired {[vs[1], vs[2]]}; protected {[vs[0]]}"
+
+
+def test_retention_does_not_count_versions_in_flight_among_those_it_keeps(k, groups):
+    """Issue 9 case 13: a reprocess in flight pushed a finished version out under it."""
+    vs = [allocate(k).version for _ in range(4)]
+    _serve(k, vs[0])
+    _serve(k, vs[1], vs[0])           # v2 serves, v1 is its rollback target
+    k.registry.set_state(PIPELINE, vs[2], "stopped")
+    k.registry.set_state(PIPELINE, vs[3], "backfilling")   # a reprocess in flight
+    plan = apply_retention(k, PIPELINE, actor="cron", keep=2, dry_run=False)
+    assert plan.kept == [vs[1], vs[2]] and plan.retire == []
+    assert sorted(plan.protected) == [vs[0], vs[3]]
+    assert plan.protected[vs[3]] == "it is in flight (backfilling): deployed and not yet served"
+    assert [k.registry.get_version(PIPELINE, v).state for v in vs][2:] == ["stopped", "backfilling"]

@@ -1,0 +1,90 @@
+"""Checks and conversions of the values the registry stores (shared by its query modules)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from orchestrator.core.exceptions import RegistryError
+from orchestrator.core.states import ALL as ALL_STATES
+from orchestrator.core.states import VersionState
+
+#: What `set_state` may change besides the state.
+SET_STATE_FIELDS = ("pid", "run_dir", "rejects_path", "error", "started_at", "stopped_at", "caught_up_at",
+                    "details")
+_TIME_FIELDS = ("started_at", "stopped_at", "caught_up_at")
+
+
+def field_values(fields: dict[str, Any]) -> dict[str, Any]:
+    """The column values of a version's fields besides its state, checked and converted."""
+    unknown = sorted(set(fields) - set(SET_STATE_FIELDS))
+    if unknown:
+        raise RegistryError(f"cannot change {', '.join(unknown)} of a version; only "
+                            f"{', '.join(SET_STATE_FIELDS)}")
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name in _TIME_FIELDS and value is not None:
+            value = _ts(value, name)
+        elif name == "details":
+            value = _json(value or {}, "version details")
+        elif name in ("run_dir", "rejects_path") and value is not None:
+            value = str(value)
+        values[name] = value
+    return values
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def _ts(value: Any, what: str) -> float:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise RegistryError(f"{what} must be unix seconds or a datetime, got {value!r}")
+
+
+def _iso(ts: float | None) -> str:
+    if ts is None:
+        return "?"
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _json(value: Any, what: str) -> Any:
+    """Round-trip through JSON so the database gets plain data (datetimes and paths become text)."""
+    if value is None:
+        return None
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (TypeError, ValueError) as e:
+        raise RegistryError(f"{what} must be JSON-serializable: {e}") from None
+
+
+def _actor(actor: Any) -> str:
+    if not isinstance(actor, str) or not actor.strip():
+        raise RegistryError("every registry change needs an actor (who asked for it), e.g. a user name "
+                            "or 'airflow:<dag>/<run>'")
+    return actor.strip()[:200]
+
+
+def _check_state(state: Any, what: str = "state") -> str:
+    """The state's plain value, or RegistryError naming the states there are."""
+    if state not in ALL_STATES:
+        raise RegistryError(f"unknown version {what} {state!r}; states are {', '.join(ALL_STATES)}")
+    return VersionState(state).value
+
+
+def _render(value: Any, n: int, what: str) -> str | None:
+    if value is None:
+        return None
+    if callable(value):
+        value = value(n)
+    text = str(value)
+    return text.replace("{n}", str(n)).replace("{version}", str(n))
+
+
+def _by(actor: str | None, reason: str | None, at: float | None) -> str:
+    text = f"by {actor or '?'} at {_iso(at)}"
+    return f"{text} (reason: {reason!r})" if reason else text
