@@ -17,6 +17,10 @@ decides with (catch-up threshold and samples, standby grace period, retention, p
     key_count_tolerance = 0.01
     max_reject_rate = 0.01
     max_records_per_batch = 100000
+    max_restarts = 5                # supervision: a dead job is restarted at most this often ...
+    restart_window_seconds = 600    # ... within this window, then its version is failed
+    restart_backoff_seconds = 10    # wait before the 2nd restart in the window, doubling after
+    restart_backoff_max_seconds = 120
     description = "..."             # optional
     [pipelines.standardize.options] # optional: job-specific options, passed as --extra JSON
 
@@ -73,6 +77,14 @@ class PipelineSpec(BaseModel):
     key_count_tolerance: Fraction = 0.01
     max_reject_rate: Fraction = 0.01
     max_records_per_batch: PositiveInt = 100_000
+    #: Supervision (`orchestrator.lifecycle.supervise`): a version whose job died is restarted from
+    #: its checkpoint at most `max_restarts` times within `restart_window_seconds` (0: never), the
+    #: first at once, each later one `restart_backoff_seconds` doubling (at most the max) after the
+    #: one before; one more death in the window fails the version and the monitor raises.
+    max_restarts: NonNegativeInt = 5
+    restart_window_seconds: Annotated[float, Field(strict=True, gt=0.0)] = 600.0
+    restart_backoff_seconds: Annotated[float, Field(strict=True, ge=0.0)] = 10.0
+    restart_backoff_max_seconds: Annotated[float, Field(strict=True, ge=0.0)] = 120.0
     description: str = ""
     options: dict[str, Any] = {}
 

@@ -36,7 +36,7 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.core.files import tail as log_tail
 from orchestrator.core.secrets import mask_secrets
-from orchestrator.jobctl import JobStatus, inspect_version, mark_failed
+from orchestrator.jobctl import JobStatus, inspect_version
 from orchestrator.observe.lag import LagReading, eta_seconds, format_partitions, measure_lag, sample_lag, sample_time
 
 __all__ = ["Readiness", "ReadinessState", "CATCHUP_DEADLINE_SECONDS", "POLL_SECONDS", "readiness", "wait_ready",
@@ -105,9 +105,9 @@ def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, thr
     rec = reg.get_version(pipeline, version)
     threshold = version_threshold(k, pipeline, version, rec) if threshold is None else threshold
     needed = spec.catchup_samples
+    # A failed job is not recorded here: the supervisor (reconcile, inside monitor) decides whether
+    # it is restarted from its checkpoint or, past its bound, failed.
     job = inspect_version(k, pipeline, version)
-    if record and job.failed:
-        mark_failed(k, job, actor=actor)
     reading: LagReading = sample_lag(k, pipeline, version) if record else measure_lag(k, pipeline, version)
 
     since = (job.started_at - 0.001) if job.started_at else None

@@ -1,6 +1,7 @@
 """Monitor: the periodic check (Airflow's kappa_monitor runs it every minute).
 
-For every pipeline: reconcile (publish interrupted flips, record dead jobs), sample the lag of
+For every pipeline: reconcile (publish interrupted flips, restart dead jobs under supervision or
+fail them past their bound: a give-up is a problem), sample the lag of
 every version whose job should run (which also moves states and records failures), and stop
 standby versions whose grace period is over (keeping their table and checkpoint). Then, if a
 serving version is failing, or lagging beyond its threshold for every one of its last N
@@ -26,6 +27,10 @@ from orchestrator.lifecycle.await_ready import Readiness, readiness
 from orchestrator.lifecycle.reconcile import reconcile
 
 __all__ = ["MonitorReport", "monitor", "standby_since", "standby_expired"]
+
+#: Reconcile's supervision actions: the version's job is being restarted (or was given up, which
+#: is reported as its own problem), so its readiness this pass says nothing new.
+_SUPERVISED = frozenset({"restart", "restart_pending", "busy", "restart_failed", "gave_up"})
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +86,13 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
     names = list(pipelines) if pipelines is not None else list(k.pipelines)
     report.reconciled = reconcile(k, actor=actor, pipelines=names)
     failing_serving = False
+    supervised: set[tuple[str, int]] = set()
+    for a in report.reconciled:
+        if a.get("kind") in _SUPERVISED:
+            supervised.add((a["pipeline"], a["version"]))
+        if a.get("kind") == "gave_up":
+            failing_serving = True
+            report.problems.append(a.get("error") or f"{a['pipeline']} v{a['version']}: its job was given up")
     for name in names:
         spec = k.pipeline(name)
         alias = k.registry.get_alias(spec.alias)
@@ -96,7 +108,7 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
             report.versions.append({"pipeline": name, "version": rec.version, "state": rec.state,
                                     "readiness": r.state, "lag": r.total_lag, "eta_seconds": r.eta_seconds,
                                     "job": r.job_health, "reason": r.reason})
-            if rec.version == serving:
+            if rec.version == serving and (name, rec.version) not in supervised:
                 problem = _serving_problem(k, spec, r, lag_threshold)
                 if problem:
                     failing_serving |= r.state == "failing"

@@ -3,12 +3,16 @@
 Two kinds of drift are repaired:
 - an alias flipped in the registry (compare-and-swap done) whose pointer file was not published
   (the process died in between): the pointer is published from the registry;
-- versions whose registry state says their job runs while the process is gone or failed (marked
-  failed, with the error and the log's tail; a job that stopped cleanly is marked stopped), and
-  versions the registry says are stopped or retired whose job still runs (the stop is finished).
+- versions whose registry state says their job runs while the process is gone or failed: handed
+  to the supervisor (`lifecycle/supervise.py`), which restarts the job from its checkpoint with
+  backoff or, past the pipeline's bound, marks the version failed with the error and the log's
+  tail (a job that stopped cleanly is marked stopped); versions the registry says are stopped or
+  retired whose job still runs (the stop is finished, under the version's lease); an interrupted
+  retire (finished).
 
-The serving version keeps its state when its job dies (the alias still points at it); the
-error is recorded on it and `monitor` raises about it. Idempotent: a second run finds nothing.
+A version whose lease is fresh is left alone: its job is being started or stopped. The serving
+version keeps its state when its job gives up (the alias still points at it); the error is
+recorded on it and `monitor` raises about it. Idempotent: a second run finds nothing.
 `reconcile` returns one dict per repair (its `kind`, the version, what was found). A repair that
 raises a KappaError is returned as kind `error` (with the alias, or the version and its state)
 and logged; the other repairs still run.
@@ -23,8 +27,9 @@ from orchestrator.core.exceptions import ConflictError, KappaError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import RUNNING, VersionState
-from orchestrator.jobctl import inspect_version, mark_failed, stop_version
+from orchestrator.jobctl import inspect_version, stop_version
 from orchestrator.jobctl.launch import LEASE_SECONDS, lease_owner
+from orchestrator.lifecycle.supervise import supervise_version
 from orchestrator.serving import publish_current, read_pointer, set_serving_states
 
 __all__ = ["reconcile"]
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 #: States whose job should not run: a live process in one of them is an orphan to stop.
 _NOT_RUNNING = frozenset({VersionState.STOPPED, VersionState.RETIRED, VersionState.FAILED})
 # (a retiring version's job is stopped by the retire that reconcile finishes)
+#: Actions the supervisor audits itself (or that would add an entry every pass: pending, busy).
+_SELF_AUDITED = frozenset({"mark_failed", "restart", "gave_up", "restart_pending", "busy", "restart_failed"})
 
 
 def _reconcile_alias(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str, Any]]:
@@ -113,19 +120,15 @@ def _reconcile_version(k: Kappa, spec: PipelineSpec, rec: Any, actor: str) -> di
 
 
 def _dead_job(k: Kappa, spec: PipelineSpec, rec: Any, st: Any, actor: str) -> dict[str, Any] | None:
-    """A version in a running state whose job is dead: restarted under supervision, or marked failed."""
-    if mark_failed(k, st, actor=actor):
-        return {"kind": "mark_failed", "error": st.error}
-    if rec.state == VersionState.SERVING and rec.error != (st.error or "")[:2000]:
-        return {"kind": "serving_job_failed", "error": st.error}
-    return None
+    """A version in a running state whose job is dead: restarted under supervision, or failed past its bound."""
+    return supervise_version(k, spec, rec, st, actor=actor)
 
 
 def _audited(k: Kappa, spec: PipelineSpec, rec: Any, actor: str,
              action: dict[str, Any] | None) -> dict[str, Any] | None:
     if action is not None:
         action.update(pipeline=spec.name, version=rec.version, state=rec.state)
-        if action["kind"] not in ("mark_failed", "restart", "gave_up", "restart_pending"):  # those audit themselves
+        if action["kind"] not in _SELF_AUDITED:
             k.registry.audit("reconcile", actor=actor, pipeline=spec.name, version=rec.version,
                              reason=action["kind"], details=action)
     return action

@@ -19,6 +19,9 @@ Spark's own Kafka source).
 Offsets are Spark's offset JSON, a plain dict ``{"topic": {"0": 120, "1": 98}}`` giving the NEXT
 offset to read per partition; they live in ``<checkpoint>/offsets/<batch_id>``, which is the truth
 about what a query has processed (the consumer-group commits are a courtesy for lag tools).
+A broker that cannot be reached (restart, pause, network) is waited for with backoff for
+``brokerOutageSeconds`` (default 120) before the query fails with a ``SourceError`` starting
+``broker unavailable:``; bad input (unknown topic, authentication, bad options) fails at once.
 Offsets the broker no longer has (log start moved past a checkpointed offset, or the log ends
 before it): ``SourceError`` by default; with ``failOnDataLoss=false`` the source continues from
 the earliest available offset and logs how many offsets it skipped. Partitions that appear
@@ -30,6 +33,7 @@ The package, in the order a micro-batch meets it:
 * `source`: `KafkaDataSource` and `KafkaStreamReader`, the Spark contract (which method runs on
   the driver and which on an executor is documented there);
 * `broker`: driver-side metadata, watermarks and consumer-group commits;
+* `outage`: which Kafka errors mean an unreachable broker, waited out for ``brokerOutageSeconds``;
 * `planning`: pure offset arithmetic, end offsets and task ranges of a micro-batch;
 * `reading`: the executor side, one offset range into pyarrow RecordBatches;
 * `checkpoint`: a query's offsets read back from its Spark checkpoint (runs anywhere).

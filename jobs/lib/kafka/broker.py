@@ -3,6 +3,8 @@
 Runs on the driver only, in the long-lived Python process that serves the streaming engine, so
 one admin client and one committing consumer serve every micro-batch. Nothing here is pickled.
 Group commits are a courtesy for lag tools: the Spark checkpoint is the truth about progress.
+Metadata and offset requests ride out an unreachable broker for brokerOutageSeconds
+(`jobs.lib.kafka.outage`); bad input fails at once.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from typing import Mapping, Sequence
 
 from jobs.lib.kafka.options import SourceSettings
+from jobs.lib.kafka.outage import Outage, is_bad_input, is_unavailable
 from jobs.lib.kafka.planning import TP, Watermarks, offsets_to_map
 from orchestrator.core.exceptions import SourceError
 
@@ -32,15 +35,35 @@ class Broker:
         self.commit_failed = False  # set by the commit callback; the next commit then retries
 
     def _retry(self, what: str, fn, attempts: int = 3):
+        """`fn()`, retried: while the broker is unavailable (`jobs.lib.kafka.outage`) with backoff
+        for brokerOutageSeconds; other Kafka errors `attempts` times; bad input (a SourceError
+        from `fn`, authentication, authorization, a bad setting) not at all."""
         last: Exception | None = None
-        for i in range(attempts):
+        outage: Outage | None = None
+        failures = 0
+        while True:
             try:
-                return fn()
+                result = fn()
             except SourceError:
                 raise
             except Exception as e:  # KafkaException, timeouts
                 last = e
-                time.sleep(0.5 * (i + 1))
+                if is_bad_input(e):
+                    raise SourceError(f"cannot {what} from Kafka at {self.settings.bootstrap_servers}: {e}; check "
+                                      f"the kafka.* security options and settings") from None
+                if is_unavailable(e):
+                    outage = outage or Outage(self.settings, what)
+                    outage.wait(e)  # raises once brokerOutageSeconds have passed
+                    continue
+                failures += 1
+                if failures >= attempts:
+                    break
+                time.sleep(0.5 * failures)
+                continue
+            if outage is not None:
+                log.info("Kafka at %s answers again after %.0f s: %s", self.settings.bootstrap_servers,
+                         outage.elapsed(), what)
+            return result
         raise SourceError(f"cannot {what} from Kafka at {self.settings.bootstrap_servers} after "
                           f"{attempts} attempts: {last}; check that the broker is reachable and the "
                           f"kafka.* security options are right") from None
@@ -90,8 +113,8 @@ class Broker:
                 except Exception as e:
                     bad[(k.topic, k.partition)] = e
             if bad and (not tolerate or not ok):
-                tp, e = next(iter(sorted(bad.items())))
-                raise RuntimeError(f"{tp[0]}[{tp[1]}]: {e}")
+                tp, e = min(bad.items(), key=lambda item: item[0])
+                raise RuntimeError(f"{tp[0]}[{tp[1]}]: {e}") from e  # the cause tells an outage
             return ok, bad
 
         low, bad_low = self._retry("list earliest offsets", lambda: fetch(OffsetSpec.earliest()))

@@ -25,7 +25,12 @@ backfill                   ``one-batch`` (default): a fresh query's first micro-
                            cap; ``capped``: every batch is capped by maxOffsetsPerTrigger
 splitMinRecords            no task gets a smaller slice of a partition, 10000 (``split.min.records``)
 readTimeoutSeconds         a range without progress fails after this long, 60
-                           (``read.timeout.seconds``)
+                           (``read.timeout.seconds``); time the broker was unreachable
+                           does not count
+brokerOutageSeconds        how long an unreachable broker (connection refused, requests timing
+                           out, no leader) is retried with backoff before the query fails, 120
+                           (``broker.outage.seconds``); bad input (an unknown topic once the
+                           broker answers, authentication, a bad option) fails at once
 arrowBatchRows             rows per Arrow batch a task yields, 50000 (``arrow.batch.rows``)
 =========================  =====================================================================
 
@@ -64,10 +69,12 @@ from typing import Mapping
 from jobs.lib.kafka.planning import offsets_to_map
 from orchestrator.core.exceptions import SourceError
 
-__all__ = ["DEFAULT_MAX_RECORDS", "MISSING_POLICIES", "ISOLATION_LEVELS", "BACKFILL_MODES", "OPTION_NAMES",
+__all__ = ["DEFAULT_MAX_RECORDS", "DEFAULT_BROKER_OUTAGE_SECONDS", "MISSING_POLICIES", "ISOLATION_LEVELS", "BACKFILL_MODES", "OPTION_NAMES",
            "canonical_option", "SourceSettings"]
 
 DEFAULT_MAX_RECORDS = 100_000
+#: Default of ``brokerOutageSeconds``: a broker restart or a network blip of a minute is ridden out.
+DEFAULT_BROKER_OUTAGE_SECONDS = 120.0
 MISSING_POLICIES = ("fail", "earliest")
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 BACKFILL_MODES = ("one-batch", "capped")
@@ -85,6 +92,7 @@ OPTION_NAMES: dict[str, str | None] = {
     "backfill": None,
     "splitMinRecords": "split.min.records",
     "readTimeoutSeconds": "read.timeout.seconds",
+    "brokerOutageSeconds": "broker.outage.seconds",
     "arrowBatchRows": "arrow.batch.rows",
 }
 _BY_LOWER = {**{k.lower(): k for k in OPTION_NAMES},
@@ -157,6 +165,19 @@ def _int_option(opts: Mapping[str, str], name: str, default: int, minimum: int) 
     return v
 
 
+def _seconds_option(opts: Mapping[str, str], name: str, default: float) -> float:
+    raw = opts.get(name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        v = float(str(raw).strip())
+    except ValueError:
+        raise SourceError(f"source option {name} must be a number of seconds, got {raw!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise SourceError(f"source option {name} must be a finite number of seconds, 0 or more, got {raw!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class SourceSettings:
     """The source options, parsed and validated once on the driver; picklable."""
@@ -174,6 +195,7 @@ class SourceSettings:
     read_timeout_seconds: float = 60.0
     arrow_batch_rows: int = 50_000
     backfill: str = "one-batch"
+    broker_outage_seconds: float = DEFAULT_BROKER_OUTAGE_SECONDS
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "SourceSettings":
@@ -212,6 +234,7 @@ class SourceSettings:
             read_timeout = float(timeout) if timeout else 60.0
         except ValueError:
             raise SourceError(f"source option readTimeoutSeconds must be a number, got {timeout!r}") from None
+        outage = _seconds_option(opts, "brokerOutageSeconds", DEFAULT_BROKER_OUTAGE_SECONDS)
         kafka = tuple(sorted((k[len("kafka."):], v) for k, v in opts.items()
                              if k.startswith("kafka.") and k not in OPTION_NAMES))
         return cls(
@@ -228,6 +251,7 @@ class SourceSettings:
             read_timeout_seconds=read_timeout,
             arrow_batch_rows=_int_option(opts, "arrowBatchRows", 50_000, 1),
             backfill=backfill,
+            broker_outage_seconds=outage,
         )
 
     def client_config(self) -> dict:

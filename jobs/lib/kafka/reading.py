@@ -9,7 +9,9 @@ stateless between ranges. Correctness rules that hold for compacted and transact
 * Records at or beyond ``end`` are never emitted (tansu under-reports watermarks, and a fetch may
   return more than was asked).
 * A range never blocks forever: without progress the reader re-reads the watermarks and either
-  finishes, or raises ``SourceError`` after ``read.timeout.seconds``.
+  finishes, or raises ``SourceError`` after ``read.timeout.seconds``. While the broker is
+  unreachable (`jobs.lib.kafka.outage`) it waits with backoff for ``brokerOutageSeconds`` instead,
+  and that wait does not count as a stall: a range survives a broker restart or pause.
 * Offsets the broker no longer has: ``SourceError`` by default; with ``failOnDataLoss=false``
   (old name ``on.missing.offsets=earliest``) the range continues from the earliest available offset and logs how many offsets it skipped.
 
@@ -38,6 +40,7 @@ from pyspark.sql.types import (
 )
 
 from jobs.lib.kafka.options import SourceSettings
+from jobs.lib.kafka.outage import Outage, is_unavailable
 from jobs.lib.kafka.planning import Watermarks
 from orchestrator.core.exceptions import SourceError
 
@@ -126,6 +129,7 @@ class _RangeReader:
         self.s = settings
         self.r = r
         self.pos = r.start
+        self.waited_for_broker = False  # set when a watermark read had to wait out an outage
 
     def _where(self) -> str:
         r = self.r
@@ -202,6 +206,9 @@ class _RangeReader:
                     if now - last_progress >= self.STALL_CHECK_SECONDS and now - last_check >= self.STALL_CHECK_SECONDS:
                         last_check = now
                         done = self._stalled(consumer, tp, now - last_progress)
+                if self.waited_for_broker:  # time without a broker is not a stall: the idle clock restarts
+                    self.waited_for_broker = False
+                    last_progress = last_check = time.monotonic()
             if pending_n:
                 yield self._flush(pending)
         finally:
@@ -217,12 +224,22 @@ class _RangeReader:
         return messages_to_batch(flat, self.r.topic, self.r.partition)
 
     def _watermarks(self, consumer, tp) -> Watermarks:
-        try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-        except Exception as e:
-            raise SourceError(f"cannot read the watermarks of {self._where()} from "
-                              f"{self.s.bootstrap_servers}: {e}") from None
-        return Watermarks(low, high)
+        """The partition's log start and end; waits out an unreachable broker (see the module)."""
+        outage: Outage | None = None
+        while True:
+            try:
+                low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            except Exception as e:
+                if not is_unavailable(e):
+                    raise SourceError(f"cannot read the watermarks of {self._where()} from "
+                                      f"{self.s.bootstrap_servers}: {e}") from None
+                outage = outage or Outage(self.s, f"read the watermarks of {self._where()}")
+                outage.wait(e)  # raises once brokerOutageSeconds have passed
+                continue
+            if outage is not None:
+                log.info("%s: Kafka answers again after %.0f s", self._where(), outage.elapsed())
+                self.waited_for_broker = True
+            return Watermarks(low, high)
 
     def _out_of_range(self, consumer, tp, err: str) -> bool:
         """The broker does not have ``self.pos``. Returns True when the range is finished."""
@@ -256,6 +273,8 @@ class _RangeReader:
         """No progress for a while: finish if nothing can come, raise after the read timeout."""
         r = self.r
         wm = self._watermarks(consumer, tp)
+        if self.waited_for_broker:
+            idle = 0.0  # it was waiting for the broker, not stalled (the caller restarts its clock)
         if wm.high <= self.pos < r.end:
             # Everything the broker has is read, and it has less than was planned.
             if self.s.on_missing_offsets == "earliest":

@@ -290,17 +290,20 @@ def test_retention_apply_json(bed):
 
 def test_reconcile_json_and_text(bed):
     v1, v2 = allocate(bed.k).version, allocate(bed.k).version
-    bed.jobs[v1] = "crash"
-    pid = start_version(bed.k, PIPELINE, v1, actor="t", check_exit_seconds=0).pid
+    bed.jobs[v1] = "fail"   # reports a RulesError: a restart would repeat it, so it is failed at once
+    start_version(bed.k, PIPELINE, v1, actor="t", check_exit_seconds=0)
     bed.k.registry.set_state(PIPELINE, v1, "backfilling")
-    wait_for(lambda: not inspect_version(bed.k, PIPELINE, v1).alive, 10, "the fake job to crash")
+    wait_for(lambda: not inspect_version(bed.k, PIPELINE, v1).alive, 10, "the fake job to fail")
     bed.k.registry.set_state(PIPELINE, v2, "standby")   # its job never started
     d = bed.json("reconcile", "--actor", "cron")
-    error = f"the job process {pid} exited with code 3 (last state 'starting'); see {bed.k.paths(PIPELINE, v1).log_file}"
-    assert d == {"actions": [
-        {"kind": "mark_failed", "error": error, "pipeline": PIPELINE, "version": v1, "state": "backfilling"},
-        {"kind": "mark_stopped", "was": "standby", "job": "not_started", "pipeline": PIPELINE, "version": v2,
-         "state": "standby"}]}
+    gave_up, stopped = d["actions"]
+    assert (gave_up["kind"], gave_up["version"], gave_up["state"], gave_up["failure"]) == \
+        ("gave_up", v1, "backfilling", "RulesError")
+    assert gave_up["error"].startswith(f"{PIPELINE} v{v1}: its job reported a RulesError, which a restart would "
+                                       f"repeat; not restarting it; last error: the job reported failure: "
+                                       f"RulesError: bad rule")
+    assert stopped == {"kind": "mark_stopped", "was": "standby", "job": "not_started", "pipeline": PIPELINE,
+                       "version": v2, "state": "standby"}
     assert [bed.k.registry.get_version(PIPELINE, v).state for v in (v1, v2)] == ["failed", "stopped"]
     result = bed.run("reconcile")
     assert result.exit_code == 0, result.output
@@ -336,11 +339,12 @@ def test_monitor_json_exit_0_without_problems(bed):
 def test_monitor_exits_1_on_a_problem_json_and_text(bed):
     v = _serving(bed)
     fake_running(bed.k, v, state="failed", error="SinkError: disk full")
-    problem = (f"{PIPELINE} v{v} serves alias '{ALIAS}' but is failing: the job reported failure: "
-               f"SinkError: disk full")
+    problem = (f"{PIPELINE} v{v}: its job reported a SinkError, which a restart would repeat; not restarting it; "
+               f"last error: the job reported failure: SinkError: disk full. Fix the cause, then start it again "
+               f"(`kappa rollback {PIPELINE} {v}` for a version that served, or deploy)")
     d = bed.json("monitor", "--actor", "cron", exit_code=1)
     assert d["problems"] == [problem]
-    assert [(a["kind"], a["version"]) for a in d["reconciled"]] == [("serving_job_failed", v)]
+    assert [(a["kind"], a["version"]) for a in d["reconciled"]] == [("gave_up", v)]
     assert [(x["version"], x["readiness"]) for x in d["versions"]] == [(v, "failing")]
     result = bed.run("monitor", "--actor", "cron")
     assert result.exit_code == 1

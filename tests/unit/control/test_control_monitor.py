@@ -107,8 +107,11 @@ def test_monitor_raises_when_the_serving_job_fails(k, fake_log):
     fake_running(k, v2, state="failed", error="SinkError: disk full")
     with pytest.raises(LifecycleError) as e:
         monitor(k, actor="cron")
-    assert str(e.value) == (f"{PIPELINE} v{v2} serves alias '{ALIAS}' but is failing: the job reported failure: "
-                            f"SinkError: disk full")
+    # a SinkError is deterministic: the supervisor gives the job up at once instead of restarting it
+    assert str(e.value) == (f"{PIPELINE} v{v2}: its job reported a SinkError, which a restart would repeat; not "
+                            f"restarting it; last error: the job reported failure: SinkError: disk full. Fix the "
+                            f"cause, then start it again (`kappa rollback {PIPELINE} {v2}` for a version that "
+                            f"served, or deploy)")
     rec = k.registry.get_version(PIPELINE, v2)
     assert rec.state == "serving" and "disk full" in rec.error   # still serving: the alias points at it
     assert k.registry.audit_log(None, action="monitor")[-1].outcome == "alert"
