@@ -91,6 +91,17 @@ class LeaseOps:
                                                          versions.c.version == n)).first()
         return VersionRecord.from_row(row) if count == 1 and row is not None else None
 
+    def _locked_version(self, conn: Any, pipeline: str, n: int) -> VersionRecord:
+        """The version's row, locked for the rest of the transaction on PostgreSQL (SQLite's write
+        transaction holds the whole database already); NotFoundError naming the versions there are."""
+        q = sa.select(versions).where(versions.c.pipeline == pipeline, versions.c.version == n)
+        if self.dialect == "postgresql":
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            raise self._missing_version(conn, pipeline, n)
+        return VersionRecord.from_row(row)
+
     def begin_retire(self, pipeline: str, n: int, *, actor: str, reason: str | None) -> VersionRecord:
         """Move a version to `retiring` before anything of it is deleted (resumes a retiring one).
 
@@ -102,13 +113,7 @@ class LeaseOps:
         allowed = (S.STOPPED.value, S.FAILED.value, S.CREATED.value, S.RETIRING.value)
         now = time.time()
         with self._tx(f"retiring {pipeline} v{n}", write=True) as conn:
-            q = sa.select(versions).where(versions.c.pipeline == pipeline, versions.c.version == n)
-            if self.dialect == "postgresql":
-                q = q.with_for_update()
-            row = conn.execute(q).first()
-            if row is None:
-                raise self._missing_version(conn, pipeline, n)
-            rec = VersionRecord.from_row(row)
+            rec = self._locked_version(conn, pipeline, n)
             for a in conn.execute(sa.select(aliases).where(aliases.c.pipeline == pipeline)).all():
                 m = a._mapping
                 why = ("serves" if m["version"] == n else "keeps as its rollback target"
@@ -127,6 +132,6 @@ class LeaseOps:
                          .values(state=S.RETIRING.value, updated_at=now))
             self._insert_audit(conn, "begin_retire", actor=_actor(actor), pipeline=pipeline, version=n,
                                reason=reason, outcome="ok", details={"state_before": rec.state}, at=now)
-            row = conn.execute(q).first()
-        return VersionRecord.from_row(row)
+            rec = self._locked_version(conn, pipeline, n)
+        return rec
 

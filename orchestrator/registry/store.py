@@ -439,13 +439,7 @@ class Registry(LeaseOps):
         return AliasRecord.from_row(row)
 
     def _check_flip_target(self, conn: Connection, alias: str, pipeline: str, n: int, now: float) -> None:
-        q = sa.select(versions).where(versions.c.pipeline == pipeline, versions.c.version == n)
-        if self.dialect == "postgresql":
-            q = q.with_for_update()
-        row = conn.execute(q).first()
-        if row is None:
-            raise self._missing_version(conn, pipeline, n)
-        rec = VersionRecord.from_row(row)
+        rec = self._locked_version(conn, pipeline, n)
         if rec.state in (S.RETIRED, S.RETIRING):
             self._refuse_flip_target(conn, alias, pipeline, n)
         if rec.state not in FLIP_TARGETS:
