@@ -241,7 +241,8 @@ def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_ser
     assert re.match(rf"cannot promote {PIPELINE} v{v} to alias '{live.alias}': ready: {PIPELINE} v{v}: failing, "
                     rf"lag \d+, (ETA \d+ s, )?\d/3 samples <= {LIVE_THRESHOLD}; the job process {info.pid} exited "
                     rf"with code -9 \(last state 'running'\); see {re.escape(str(log))}", msg), msg
-    assert k.registry.get_version(PIPELINE, v).state == "failed"
+    # refused, and the version left as it was: restarting it or failing it is the supervisor's call
+    assert k.registry.get_version(PIPELINE, v).state in ("starting", "backfilling")
 
     port = free_port()
     cut_off = Kappa(Settings(home=live.home, bootstrap_servers=f"127.0.0.1:{port}"), registry=k.registry,
