@@ -21,7 +21,7 @@ from orchestrator.core.files import read_json, tail
 from orchestrator.core.secrets import mask_secrets
 from orchestrator.core.states import ENDED_RUNS, RunState, VersionState
 from orchestrator.core.times import to_seconds
-from orchestrator.jobctl.process import CREATE_TIME_TOLERANCE, is_ours
+from orchestrator.jobctl.process import CREATE_TIME_TOLERANCE, find_launched, is_ours
 
 __all__ = ["JobHealth", "JobStatus", "STALE_HEARTBEAT_SECONDS", "STARTUP_TIMEOUT_SECONDS", "LEGACY_START_TOLERANCE",
            "read_launch", "read_status", "inspect_version", "mark_failed", "ensure_failed_recorded",
@@ -145,6 +145,14 @@ def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
     if launch is None and status is None:
         return JobStatus(health="not_started", **base)
     status = status or {}
+    if launch is not None and not launch.get("pid") and launch.get("launch_id"):
+        # A start that died between spawning the job and recording its PID: find the job by the
+        # launch id in its environment, so that it can be seen, stopped and supervised like any.
+        found = find_launched(launch["launch_id"])
+        if found is not None:
+            launch = {**launch, "pid": found[0], "pgid": found[0], "created": found[1]}
+        elif not status:
+            return JobStatus(health="not_started", **base)
     pid = (launch or {}).get("pid") or status.get("pid")
     hb = to_seconds(status.get("heartbeat_at"))
     alive, exit_code = job_alive(pid, launch)

@@ -34,7 +34,7 @@ from orchestrator.core.files import tail, write_atomic, write_json_atomic
 from orchestrator.core.secrets import mask_secrets
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl.health import CHILDREN, inspect_version, mark_failed
-from orchestrator.jobctl.process import create_time, end_group
+from orchestrator.jobctl.process import LAUNCH_ENV, create_time, end_group
 from orchestrator.jobctl.stop import stop_version
 
 if TYPE_CHECKING:
@@ -239,8 +239,11 @@ def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | N
     owner = lease_owner(actor)
     keep = rec.state in (VersionState.SERVING, VersionState.STANDBY)
     try:
+        moves = not keep and rec.state != VersionState.STARTING
         leased = reg.take_lease(pipeline, version, owner=owner, expected=(rec.state,), ttl=LEASE_SECONDS,
-                                to_state=None if keep else VersionState.STARTING)
+                                to_state=None if keep else VersionState.STARTING,
+                                audit={"action": "start_requested", "actor": actor, "reason": reason,
+                                       "details": {"from": rec.state, "restart": restart}} if moves else None)
     except ConflictError as e:
         now = reg.get_version(pipeline, version)
         if now.lease_held():
@@ -272,6 +275,13 @@ def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None,
     for stale in (paths.stop_file, paths.status_file):
         stale.unlink(missing_ok=True)
     resumed = paths.checkpoint.exists()
+    # Recorded before the spawn, with the launch id the job's processes carry in their
+    # environment: if this process dies before it records the PID, the job is still found.
+    launch_id = uuid.uuid4().hex
+    env = {**_job_env(master), LAUNCH_ENV: launch_id}
+    write_json_atomic(paths.launch_file, {"launch_id": launch_id, "pid": None, "mode": mode, "master": master,
+                                          "started_at": time.time(), "trigger": trigger, "actor": actor,
+                                          "owner": owner}, mode=0o600, indent=None)
     with open(paths.log_file, "ab") as logf:
         logf.write(f"\n===== kappa: starting {pipeline} v{version} at {datetime.now(timezone.utc).isoformat()} "
                    f"({mode}, master {master}, {'resuming from its checkpoint' if resumed else 'from offset zero'})"
@@ -279,7 +289,7 @@ def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None,
         logf.flush()
         try:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=_job_env(master), cwd=paths.run_dir, start_new_session=True)
+                                    env=env, cwd=paths.run_dir, start_new_session=True)
         except OSError as e:
             raise LifecycleError(f"cannot start the job of {pipeline} v{version} ({cmd[0]}): {e}") from None
     CHILDREN[proc.pid] = proc
@@ -288,7 +298,8 @@ def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None,
     created = create_time(proc.pid)
     started = created if created is not None else time.time()
     launch = {"pid": proc.pid, "pgid": proc.pid, "created": created, "mode": mode, "master": master,
-              "command": cmd, "started_at": started, "trigger": trigger, "resumed": resumed, "actor": actor}
+              "command": cmd, "started_at": started, "trigger": trigger, "resumed": resumed, "actor": actor,
+              "launch_id": launch_id}
     crashpoint("start.spawned")
     write_json_atomic(paths.launch_file, launch, mode=0o600, indent=None)  # kappa's own; no secret in it
     crashpoint("start.launched")

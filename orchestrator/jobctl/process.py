@@ -14,12 +14,37 @@ import time
 
 import psutil
 
-__all__ = ["CREATE_TIME_TOLERANCE", "create_time", "is_ours", "wait_gone", "group_alive", "signal_group",
+__all__ = ["CREATE_TIME_TOLERANCE", "LAUNCH_ENV", "create_time", "find_launched", "is_ours", "wait_gone", "group_alive", "signal_group",
            "stop_process", "stop_group", "end_group"]
 
 #: Seconds two readings of one process's creation time may differ by (the kernel's clock ticks and
 #: boot-time rounding); a reused PID started later than that.
 CREATE_TIME_TOLERANCE = 1.0
+
+
+#: The environment variable that carries a job's launch id (a random token, no secret) into every
+#: process of the job, so a job whose starter died before recording its PID can still be found.
+LAUNCH_ENV = "KAPPA_LAUNCH_ID"
+
+
+def find_launched(launch_id: str) -> tuple[int, float] | None:
+    """(pid, creation time) of the live process that leads the session started with `launch_id`.
+
+    The job's processes inherit the id in their environment; the one kappa spawned leads its
+    own session (pid == sid), its children (JVM, Python workers) do not. None if none runs.
+    Only processes of this user can be read, and only those are ever kappa's.
+    """
+    if not launch_id:
+        return None
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) != proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get(LAUNCH_ENV) == launch_id:
+                return proc.pid, proc.create_time()
+        except (psutil.Error, OSError):
+            continue
+    return None
 
 
 def create_time(pid: int | None) -> float | None:

@@ -68,7 +68,7 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
     Stopping the serving version's job freezes what readers see; that needs `force=True`.
     `final_state` is the registry state the version gets (None: leave it, as a restart does). It is
     written first, as a compare-and-swap from the state read here (`expected_state` if the caller
-    decided on one), and only then is the job signalled: a flip or start that lands in between
+    decided on one) together with a `stop_requested` audit entry, and only then is the job signalled: a flip or start that lands in between
     either sees the new state and refuses, or wins and makes this stop refuse (ConflictError).
     """
     reg = k.registry
@@ -85,7 +85,10 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
                 f"the served table; promote or roll back to another version first, or pass force")
     if final_state and rec.state not in (VersionState.SERVING, VersionState.FAILED, VersionState.RETIRED,
                                          VersionState.RETIRING, final_state):
-        reg.set_state(pipeline, version, final_state, expected=rec.state, pid=None)
+        # the state and its audit entry in one transaction: a crash before the signal leaves both
+        reg.set_state(pipeline, version, final_state, expected=rec.state, pid=None,
+                      audit={"action": "stop_requested", "actor": actor, "reason": reason,
+                             "details": {"from": rec.state, "to": final_state, "pid": rec.pid}})
         crashpoint("stop.marked")
     paths = k.paths(pipeline, version)
     st = inspect_version(k, pipeline, version)

@@ -72,11 +72,16 @@ def protected_versions(k: Kappa, pipeline: str) -> dict[int, str]:
 
 
 def _size(path: Path) -> int:
-    if not path.exists():
+    """Bytes under `path`; files that vanish while it counts (a concurrent retire) count nothing."""
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size if p.is_file() else 0
+        except OSError:
+            return 0
+    try:
+        return size(path) if path.is_file() else sum(size(p) for p in path.rglob("*"))
+    except OSError:
         return 0
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _delete_group(k: Kappa, group_id: str) -> str:
@@ -131,12 +136,18 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
     for what, p in dirs:
         if p.exists():
             result.bytes_freed += _size(p)
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            # a second retire (or reconcile) of the same version may be deleting it too
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            if p.exists():
+                raise LifecycleError(f"could not delete {what} {p} while retiring {pipeline} v{version}; check its "
+                                     f"permissions, then run kappa retire {pipeline} {version} again")
             result.done.append(f"deleted {what} {p}")
             crashpoint("retire.deleted")
     result.done.append(f"consumer group {paths.group_id}: {_delete_group(k, paths.group_id)}")
     if rec.state != VersionState.RETIRED:
-        reg.set_state(pipeline, version, VersionState.RETIRED, expected=VersionState.RETIRING, pid=None)
+        # (already retired: a concurrent retire of the same version finished first)
+        reg.set_state(pipeline, version, VersionState.RETIRED, expected=(VersionState.RETIRING, VersionState.RETIRED),
+                      pid=None)
     reg.audit("retire", actor=actor, pipeline=pipeline, version=version, reason=reason,
               details={"done": result.done, "bytes_freed": result.bytes_freed, "state_before": rec.state})
     result.message = f"retired {pipeline} v{version}, freed {result.bytes_freed} bytes"

@@ -30,13 +30,15 @@ class LeaseOps:
     """Mixed into `Registry` (which provides `_tx`, `_missing_version`, `_insert_audit`, `dialect`)."""
 
     def take_lease(self, pipeline: str, n: int, *, owner: str, expected: Iterable[str], ttl: float,
-                   to_state: str | None = None, **fields: Any) -> VersionRecord:
+                   to_state: str | None = None, audit: dict[str, Any] | None = None, **fields: Any
+                   ) -> VersionRecord:
         """Take the lease on a version's job: only one owner starts (or stops) it at a time.
 
         One compare-and-swap: the version must be in one of the `expected` states and nobody else
         may hold a fresh lease (an expired one is taken over: its owner died). The epoch goes up
-        by one; with `to_state` the state moves in the same update. ConflictError otherwise,
-        naming the holder. The returned record carries the new `lease_epoch`.
+        by one; with `to_state` the state moves in the same update, and `audit` (as `set_state`
+        takes it) is recorded in the same transaction. ConflictError otherwise, naming the holder.
+        The returned record carries the new `lease_epoch`.
         """
         expected_states = tuple(_check_state(st, "expected state") for st in expected)
         now = time.time()
@@ -57,6 +59,8 @@ class LeaseOps:
                                                          versions.c.version == n)).first()
             if row is None:
                 raise self._missing_version(conn, pipeline, n)
+            if count == 1 and audit is not None:
+                self._insert_audit_of(conn, pipeline, n, audit)
         rec = VersionRecord.from_row(row)
         if count != 1:
             if rec.lease_held(now) and rec.lease_owner != owner:

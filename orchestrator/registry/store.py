@@ -118,6 +118,14 @@ class Registry(LeaseOps):
             version=version, reason=reason, outcome=outcome, details=_json(details or {}, "audit details")))
         return result.inserted_primary_key[0]
 
+    @classmethod
+    def _insert_audit_of(cls, conn: Connection, pipeline: str, n: int, audit: dict[str, Any]) -> int:
+        """The audit entry of a state change, in the change's transaction (`audit`: action, actor,
+        and optionally reason, outcome, details)."""
+        return cls._insert_audit(conn, audit["action"], actor=audit["actor"], pipeline=pipeline, version=n,
+                                 reason=audit.get("reason"), outcome=audit.get("outcome", "ok"),
+                                 details=audit.get("details"))
+
     def audit(self, action: str, *, actor: str, pipeline: str | None = None, version: int | None = None,
               reason: str | None = None, outcome: str = "ok", details: dict[str, Any] | None = None
               ) -> AuditRecord:
@@ -275,8 +283,12 @@ class Registry(LeaseOps):
         return None if row is None else VersionRecord.from_row(row)
 
     def set_state(self, pipeline: str, n: int, state: str, *, expected: str | Iterable[str] | None = None,
-                  **fields: Any) -> VersionRecord:
-        """Move a version to `state`; with `expected`, only if it is in that state (or one of them)."""
+                  audit: dict[str, Any] | None = None, **fields: Any) -> VersionRecord:
+        """Move a version to `state`; with `expected`, only if it is in that state (or one of them).
+
+        `audit` (the keyword arguments of `audit`: action, actor, reason, outcome, details) is
+        recorded in the same transaction, so a crash cannot leave the move without its entry.
+        """
         state = _check_state(state)
         expected_states: tuple[str, ...] | None = None
         if expected is not None:
@@ -318,6 +330,8 @@ class Registry(LeaseOps):
                     f"{pipeline} v{n} is {row._mapping['state']}, not {want} as expected: another operation "
                     f"changed it since it was read; nothing was changed. Re-read it (kappa status {pipeline}) "
                     f"and retry if the move still makes sense")
+            if audit is not None:
+                self._insert_audit_of(conn, pipeline, n, audit)
         return VersionRecord.from_row(row)
 
     # -- aliases --------------------------------------------------------------------------------

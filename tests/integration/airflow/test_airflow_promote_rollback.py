@@ -137,6 +137,8 @@ def test_promote_and_rollback_through_rest_and_the_rollback_refusals(airflow, st
                if tag in (e.reason or "")]
         assert new == [("flip_alias", v2, "airflow:admin", "ok", f"reviewed v2 {tag}"),
                        ("promote", v2, "airflow:admin", "ok", f"reviewed v2 {tag}"),
+                       ("stop_requested", v1, "airflow:admin", "ok",
+                        f"standby grace period of 0 s after promoting v{v2} is over {tag}"),
                        ("stop", v1, "airflow:admin", "ok",
                         f"standby grace period of 0 s after promoting v{v2} is over {tag}")]
     assert not psutil.pid_exists(v1_pid) or psutil.Process(v1_pid).status() == psutil.STATUS_ZOMBIE
