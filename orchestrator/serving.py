@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict
+
 from orchestrator.core.exceptions import ConflictError, NotFoundError, SinkError
 from orchestrator.core.files import write_json_atomic
 from orchestrator.core.kappa import Kappa
@@ -33,8 +35,8 @@ from orchestrator.core.states import VersionState
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-__all__ = ["alias_lock", "open_alias", "publish_current", "read_pointer", "resolve_alias", "set_serving_states",
-           "write_pointer"]
+__all__ = ["AliasInfo", "alias_lock", "describe_alias", "open_alias", "publish_current", "read_pointer",
+           "registry_file_missing", "resolve_alias", "set_serving_states", "write_pointer"]
 
 
 def write_pointer(path: Path, pointer: dict[str, Any]) -> None:
@@ -105,6 +107,92 @@ def open_alias(alias: str, settings: Settings | None = None) -> DeltaTable:
             f"{pointer['table']} cannot be opened ({e}); roll back with `kappa rollback "
             f"{pointer['pipeline']}` or run `kappa reconcile`"
         ) from None
+
+
+class AliasInfo(BaseModel):
+    """What an alias serves, for a reader (`kappa resolve`): the table, its pipeline version and Delta version,
+    when it was published, and the registry's record of the flip when the registry is at hand."""
+
+    model_config = ConfigDict(frozen=True)
+
+    alias: str
+    pipeline: str
+    version: int
+    table: str
+    pointer_file: str
+    #: When the pointer file readers follow was written (None: the flip is not published yet).
+    published_at: float | None
+    delta_version: int
+    #: When the table's newest Delta commit was made (how fresh the served data is).
+    delta_committed_at: float | None
+    rules_version: str | None = None
+    rules_hash: str | None = None
+    previous_version: int | None = None
+    flipped_at: float | None = None
+    flipped_by: str | None = None
+    reason: str | None = None
+    #: The registry serves another version than the pointer says (a flip not yet published): readers
+    #: still see `version` until `kappa reconcile` (or the flip's own retry) publishes it.
+    pending_version: int | None = None
+
+
+def registry_file_missing(settings: Settings) -> bool:
+    """Whether the registry is a SQLite file that does not exist yet: opening it would create it, and it
+    holds nothing, so a command that must not write (a reader, a dry run) skips it."""
+    url = str(settings.registry_url or "")
+    if not url.startswith("sqlite"):
+        return False
+    from sqlalchemy.engine import make_url
+
+    try:
+        database = make_url(url).database
+    except Exception:
+        return False
+    return database not in (None, "", ":memory:") and not Path(database).expanduser().exists()
+
+
+def describe_alias(k: Kappa, alias: str) -> AliasInfo:
+    """What `alias` serves: its published pointer (what readers see) with the table's Delta version, plus the
+    registry's record of the flip. Changes nothing; a SQLite registry that does not exist is not created.
+
+    NotFoundError when the alias is neither published nor in the registry; SinkError when its pointer file
+    is damaged or its table cannot be opened (both naming the repair).
+    """
+    from deltalake import DeltaTable
+
+    path = k.alias_file(alias)
+    pointer = read_pointer(path, strict=True)
+    rec = None if registry_file_missing(k.settings) else k.registry.get_alias(alias)
+    if pointer is None and rec is None:
+        raise NotFoundError(f"alias {alias!r} is not published: no pointer file at {path} and no such alias in the "
+                            f"registry; promote a version of its pipeline first (`kappa promote <pipeline> <version>`)")
+    if pointer is not None:
+        pipeline, version, table = pointer["pipeline"], int(pointer["version"]), str(pointer["table"])
+    else:  # flipped in the registry, the pointer not written yet
+        pipeline, version, table = rec.pipeline, rec.version, str(k.paths(rec.pipeline, rec.version).table)
+    try:
+        dt = DeltaTable(table)
+        delta_version = dt.version()
+        last = dt.history(1)
+    except Exception as e:  # TableNotFoundError and friends
+        raise SinkError(f"alias {alias!r} points at {pipeline} v{version}, whose table {table} cannot be opened "
+                        f"({e}); roll back with `kappa rollback {pipeline}` or run `kappa reconcile`") from None
+    committed = last[0].get("timestamp") if last else None
+    info: dict[str, Any] = dict(
+        alias=alias, pipeline=pipeline, version=version, table=table, pointer_file=str(path),
+        published_at=(pointer or {}).get("published_at"), delta_version=delta_version,
+        delta_committed_at=committed / 1000 if isinstance(committed, (int, float)) else None)
+    if rec is not None:
+        info.update(previous_version=rec.previous_version, flipped_at=rec.updated_at, flipped_by=rec.updated_by,
+                    reason=rec.reason,
+                    pending_version=rec.version if pointer is None or rec.version != version else None)
+        if rec.pipeline == pipeline and rec.version == version:
+            try:
+                v = k.registry.get_version(pipeline, version)
+                info.update(rules_version=v.rules_version, rules_hash=v.rules_hash)
+            except NotFoundError:
+                pass
+    return AliasInfo(**info)
 
 
 @contextmanager

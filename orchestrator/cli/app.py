@@ -4,8 +4,9 @@ Every command is a thin layer over one verb of the control plane (`orchestrator.
 `promote`, `rollback`, ...): it resolves the settings (flag > environment > config file >
 default, in `orchestrator.core.settings.resolve_settings`), calls the verb, and prints what it returned.
 The verbs raise `KappaError`s whose messages already say what is wrong and how to fix it; the
-CLI is the only place that turns them into one line on stderr and exit code 1 (usage errors
-exit 2). Read commands (`pipelines`, `status`, `history`) print JSON with `--json`.
+CLI is the only place that turns them into one line on stderr and an exit code (`exit_code_of`:
+0 ok, 1 error, 2 usage, 3 refused). Read commands (`pipelines`, `status`, `history`) print JSON
+with `--json`.
 
 Global options come before the command: `kappa --home /tmp/k status`. When no bootstrap servers
 are configured, commands use the embedded broker that `kappa broker start` left running under
@@ -24,14 +25,25 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from typer.core import TyperGroup
 
-from orchestrator.core.exceptions import KappaError
+from orchestrator.core.exceptions import KappaError, is_refusal
 
 if TYPE_CHECKING:
     from orchestrator.core.kappa import Kappa
     from orchestrator.core.settings import Settings
 
-__all__ = ["Actor", "AsJson", "Cli", "KappaGroup", "Reason", "app", "cli_of", "default_actor", "error_line",
-           "new_typer"]
+__all__ = ["Actor", "AsJson", "Cli", "EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "KappaGroup", "Reason",
+           "app", "cli_of", "default_actor", "error_line", "exit_code_of", "new_typer", "version_line"]
+
+#: The exit codes scripts can rely on. Usage errors (an unknown command or option, a bad value) are
+#: click's, 2. A refusal is kappa declining in the present state, with nothing changed: a version not
+#: ready, a promote --dry-run or deploy --dry-run that would refuse, another version in flight, a
+#: concurrent change, a protected version, a retire not confirmed (`orchestrator.core.exceptions.REFUSALS`).
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+
+EXIT_CODES_HELP = ("Exit codes: 0 done; 1 error (something is wrong: a setting, a name, a service); "
+                   "2 usage error; 3 refused (the present state forbids it and nothing was changed: a "
+                   "version not ready, a --dry-run that would refuse, another version in flight, a concurrent "
+                   "change, a protected version, a retire not confirmed).")
 
 
 def error_line(e: BaseException) -> str:
@@ -40,26 +52,58 @@ def error_line(e: BaseException) -> str:
     return f"Error: {text or type(e).__name__}"
 
 
+def exit_code_of(e: KappaError) -> int:
+    """The exit code a KappaError ends a command with: EXIT_REFUSED for a refusal, else EXIT_ERROR."""
+    return EXIT_REFUSED if is_refusal(e) else EXIT_ERROR
+
+
 class KappaGroup(TyperGroup):
-    """Turns every KappaError raised by a command into one line on stderr and exit code 1."""
+    """Turns every KappaError raised by a command into one line on stderr and its exit code (`exit_code_of`)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except KappaError as e:
             typer.echo(error_line(e), err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(exit_code_of(e)) from None
 
 
-def new_typer(**kw: Any) -> typer.Typer:
-    """A command group whose KappaErrors end as one line on stderr (a bug keeps its plain traceback)."""
-    return typer.Typer(cls=KappaGroup, no_args_is_help=True, add_completion=False,
+def new_typer(*, add_completion: bool = False, **kw: Any) -> typer.Typer:
+    """A command group whose KappaErrors end as one line on stderr (a bug keeps its plain traceback).
+
+    Only the root app adds the shell completion options (`--install-completion`, `--show-completion`)."""
+    return typer.Typer(cls=KappaGroup, no_args_is_help=True, add_completion=add_completion,
                        pretty_exceptions_enable=False, rich_markup_mode=None, **kw)
 
 
-app = new_typer(name="kappa", help=(
+app = new_typer(name="kappa", add_completion=True, help=(
     "kappa: re-derive a streaming table from a compacted Kafka topic into a new version, watch it "
-    "catch up, flip the serving alias atomically, roll back. Start with `kappa demo`."))
+    "catch up, flip the serving alias atomically, roll back. Start with `kappa demo`.\n\n" + EXIT_CODES_HELP))
+
+
+def version_line() -> str:
+    """`kappa --version`: kappa's version (from the installed package) and those of what it runs on."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    try:
+        own = version("kappa")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from orchestrator import __version__ as own
+    return (f"kappa {own} (Python {platform.python_version()}, pyspark {of('pyspark')}, "
+            f"deltalake {of('deltalake')})")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
 
 
 class Cli:
@@ -133,6 +177,8 @@ def _global(
     group_prefix: Annotated[Optional[str], typer.Option("--group-prefix", help="consumer group prefix (KAPPA_GROUP_PREFIX)")] = None,
     spark_master: Annotated[Optional[str], typer.Option("--spark-master", help="Spark master for jobs (KAPPA_SPARK_MASTER)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log what kappa does (INFO) to stderr")] = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="print kappa's version (and Python's, pyspark's, deltalake's) and exit")] = False,
 ) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -6,12 +6,13 @@ reconcile, monitor. Each calls one verb with the defaults and units the Airflow 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from orchestrator.cli.app import Actor, AsJson, Cli, Reason, app, cli_of, default_actor
+from orchestrator.cli.app import EXIT_REFUSED, Actor, AsJson, Cli, Reason, app, cli_of, default_actor
 from orchestrator.cli.render import json_ready, print_json, print_result
 
 if TYPE_CHECKING:
@@ -39,19 +40,32 @@ def deploy_cmd(
     force: Annotated[bool, typer.Option("--force", help="allow a source topic that is not compacted")] = False,
     queue: Annotated[bool, typer.Option("--queue", help="deploy even while another version is in flight")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="then show its lag going down until it is ready")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="make deploy's checks and print what it would do; start and write nothing")] = False,
     deadline: Deadline = None,
     poll: Poll = None,
     actor: Actor = None,
     reason: Reason = None,
     as_json: AsJson = False,
 ) -> None:
-    """Start a new version of a pipeline with the given rules, reading its topics from offset zero."""
+    """Start a new version of a pipeline with the given rules, reading its topics from offset zero.
+
+    With --dry-run nothing is started or written; the exit code is 3 when the deploy would be refused.
+    """
     from orchestrator.lifecycle.deploy import deploy
 
+    if dry_run and wait:
+        raise typer.BadParameter("a dry run starts nothing to wait for; drop --wait", param_hint="--dry-run")
     cli = cli_of(ctx)
     k = cli.kappa()
     info = deploy(k, pipeline, rules, actor=actor or default_actor(), reason=reason, threshold=threshold,
-                  force=force, queue=queue)
+                  force=force, queue=queue, dry_run=dry_run)
+    if dry_run:
+        _show(cli, info, as_json)
+        for w in [] if as_json else info.warnings:
+            cli.err.print(f"warning: {w}", markup=False)
+        if not info.would_succeed:
+            raise typer.Exit(EXIT_REFUSED)
+        return
     if not as_json:
         cli.out.print(info.message)
         for w in info.warnings:
@@ -93,7 +107,7 @@ def promote_cmd(
 ) -> None:
     """Check a version's preconditions and validation report, then flip the alias to it.
 
-    With --dry-run nothing changes; the exit code is 1 when the promote would be refused.
+    With --dry-run nothing changes; the exit code is 3 when the promote would be refused.
     """
     from orchestrator.lifecycle.promote import promote, promote_target
     from orchestrator.observe.render import render_report
@@ -108,7 +122,7 @@ def promote_cmd(
         render_report(cli.out, result.report)
         print_result(cli.out, result)
     if dry_run and not result.would_succeed:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_REFUSED)
 
 
 def _show(cli: Cli, result: Any, as_json: bool) -> None:
@@ -161,16 +175,48 @@ def retire_cmd(
     pipeline: Annotated[str, typer.Argument(help="pipeline name")],
     version: Annotated[int, typer.Argument(min=1, help="version to retire")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would be deleted; delete nothing")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation (needed when stdin is not a terminal)")] = False,
     actor: Actor = None,
     reason: Reason = None,
     as_json: AsJson = False,
 ) -> None:
-    """Stop a version's job and delete its table, checkpoint and consumer group."""
+    """Stop a version's job and delete its table, checkpoint and consumer group.
+
+    On a terminal it shows what it would delete and asks first; elsewhere (a script, a pipe) it needs
+    --yes, and without it refuses (exit 3) deleting nothing.
+    """
     from orchestrator.lifecycle.retire import retire
 
     cli = cli_of(ctx)
-    result = retire(cli.kappa(), pipeline, version, actor=actor or default_actor(), reason=reason, dry_run=dry_run)
+    k = cli.kappa()
+    actor = actor or default_actor()
+    if not dry_run and not yes:
+        _confirm_retire(cli, k, pipeline, version, actor=actor, reason=reason)
+    result = retire(k, pipeline, version, actor=actor, reason=reason, dry_run=dry_run)
     _show(cli, result, as_json)
+
+
+def _on_a_terminal() -> bool:
+    """Whether someone can answer a question: stdin is a terminal."""
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):  # closed or replaced stdin
+        return False
+
+
+def _confirm_retire(cli: Cli, k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | None) -> None:
+    """Show what retiring would delete and ask; RefusedError when no one can answer or the answer is no."""
+    from orchestrator.core.exceptions import RefusedError
+    from orchestrator.lifecycle.retire import retire
+
+    if not _on_a_terminal():
+        raise RefusedError(f"not retiring {pipeline} v{version}: it deletes the version's table, checkpoint and "
+                           f"consumer group, and stdin is not a terminal to confirm it on; pass --yes "
+                           f"(see what it would delete with --dry-run)")
+    plan = retire(k, pipeline, version, actor=actor, reason=reason, dry_run=True)  # refuses a protected version
+    print_result(cli.err, plan)
+    if not typer.confirm(f"Retire {pipeline} v{version}? This cannot be undone", default=False, err=True):
+        raise RefusedError(f"not retiring {pipeline} v{version}: not confirmed; nothing was deleted")
 
 
 @app.command("retention")

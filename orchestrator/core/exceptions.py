@@ -51,3 +51,30 @@ class NotReadyError(KappaError):
 
 class AirflowError(KappaError):
     """The Airflow REST API refused a request or could not be reached."""
+
+
+class Refusal(KappaError):
+    """A refusal rather than a failure: the request is understood and kappa works, but the present
+    state forbids it (a protected version, a job that serves without --force, a source topic that is
+    not compacted, a confirmation not given); nothing was changed. Raised mixed into an area's class
+    (`RefusedError`, `SourceRefusedError`), so `except LifecycleError` still catches it."""
+
+
+class RefusedError(LifecycleError, Refusal):
+    """A lifecycle verb refused to act in the present state (retire a protected version, stop a serving
+    job without --force, retire without confirmation)."""
+
+
+class SourceRefusedError(SourceError, Refusal):
+    """A source cannot be reprocessed as asked without --force (a topic that is not compacted)."""
+
+
+#: The errors that are refusals (the CLI exits 3 for them, 1 for any other KappaError): a version not
+#: ready (NotReadyError), a concurrent change or a second reprocess in flight (ConflictError), and
+#: every `Refusal`.
+REFUSALS: tuple[type[KappaError], ...] = (Refusal, NotReadyError, ConflictError)
+
+
+def is_refusal(e: BaseException) -> bool:
+    """Whether `e` is a refusal (see REFUSALS) rather than an error."""
+    return isinstance(e, REFUSALS)

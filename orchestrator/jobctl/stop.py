@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core.crashpoints import crashpoint
-from orchestrator.core.exceptions import ConflictError, LifecycleError
+from orchestrator.core.exceptions import ConflictError, LifecycleError, RefusedError
 from orchestrator.core.files import read_json
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl.health import CHILDREN, inspect_version, launch_identity, read_status
@@ -80,7 +80,7 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
         alias_name = k.pipeline(pipeline).alias
         alias = reg.get_alias(alias_name)
         if alias is not None and alias.version == version and alias.pipeline == pipeline:
-            raise LifecycleError(
+            raise RefusedError(
                 f"{pipeline} v{version} is serving alias {alias_name!r}: stopping its job would freeze "
                 f"the served table; promote or roll back to another version first, or pass force")
     if final_state and rec.state not in (VersionState.SERVING, VersionState.FAILED, VersionState.RETIRED,

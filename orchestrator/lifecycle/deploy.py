@@ -12,6 +12,9 @@ orchestrator died in between) with the same rules is started instead of allocati
 one whose job already runs is reported as such.
 
 `check_request` is the first half on its own (the Airflow DAG's validate task): it changes nothing.
+`deploy(dry_run=True)` makes every check deploy makes (the request, the topics, a version in flight
+or resumable) and says what it would do, writing nothing: no registry row, no audit entry, no file
+(a SQLite registry that does not exist yet is not created).
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.core.exceptions import ConfigError, KappaError, SourceError
+from orchestrator.core.exceptions import ConfigError, KappaError, SourceRefusedError, is_refusal
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import IN_FLIGHT, VersionState
 from orchestrator.jobctl import inspect_version, mark_failed, start_version
+from orchestrator.lifecycle.promote import Check
 
-__all__ = ["DeployPlan", "VersionInfo", "check_request", "check_topics", "deploy", "code_ref"]
+__all__ = ["DeployPlan", "DeployPreview", "VersionInfo", "check_request", "check_topics", "deploy", "code_ref"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,26 @@ class VersionInfo(BaseModel):
     resumed: bool
     message: str
     warnings: list[str] = Field(default_factory=list)
+
+
+class DeployPreview(BaseModel):
+    """What `deploy(dry_run=True)` found: the checks a deploy makes, then what it would do (`actions`) or
+    why it would refuse (`error`, `would_succeed` false). Nothing was written."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pipeline: str
+    dry_run: bool = True
+    would_succeed: bool
+    #: The version the deploy would allocate, resume, or find already running.
+    version: int | None
+    resumed: bool = False
+    message: str
+    checks: list[Check] = Field(default_factory=list)
+    actions: list[str] = Field(default_factory=list)
+    plan: DeployPlan | None = None
+    warnings: list[str] = Field(default_factory=list)
+    error: str | None = None
 
 
 def code_ref() -> str:
@@ -117,7 +141,7 @@ def check_topics(k: Kappa, spec: PipelineSpec, *, force: bool = False) -> list[s
         why = (f"source topic {topic!r} of pipeline {spec.name!r} has {shown}: the broker deletes old "
                f"records of such a topic, so reading it from offset zero cannot rebuild the whole table")
         if not force:
-            raise SourceError(f"{why}. Set cleanup.policy=compact on the topic, or pass --force to "
+            raise SourceRefusedError(f"{why}. Set cleanup.policy=compact on the topic, or pass --force to "
                               f"reprocess from what the log still holds")
         warnings.append(why + " (forced)")
     return warnings
@@ -126,6 +150,14 @@ def check_topics(k: Kappa, spec: PipelineSpec, *, force: bool = False) -> list[s
 def check_request(k: Kappa, pipeline: str, rules_version: str | None = None, *, force: bool = False,
                   threshold: int | None = None) -> DeployPlan:
     """Validate a deploy request without changing anything."""
+    plan = _check_spec(k, pipeline, rules_version, threshold=threshold, force=force)
+    warnings = check_topics(k, k.pipeline(pipeline), force=force)
+    return plan.model_copy(update={"warnings": tuple(warnings)})
+
+
+def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold: int | None,
+                force: bool) -> DeployPlan:
+    """The checks of a deploy request that need no broker: pipeline, job module, threshold, rules file."""
     from orchestrator.core.pipelines import check_pipeline_code
 
     spec = k.pipeline(pipeline)
@@ -147,9 +179,8 @@ def check_request(k: Kappa, pipeline: str, rules_version: str | None = None, *, 
     elif rules_version is not None:
         raise ConfigError(f"pipeline {pipeline!r} (job {spec.job!r}) takes no rules, but rules version "
                           f"{rules_version!r} was given; drop it")
-    warnings = check_topics(k, spec, force=force)
     return DeployPlan(pipeline=pipeline, job=spec.job, topics=tuple(spec.topics), rules_version=rules_version,
-                      rules_file=rules_file, rules_hash=rules_hash, force=force, warnings=tuple(warnings),
+                      rules_file=rules_file, rules_hash=rules_hash, force=force,
                       threshold=spec.catchup_threshold if threshold is None else threshold)
 
 
@@ -179,10 +210,103 @@ def _resumable(k: Kappa, plan: DeployPlan, actor: str):
     return None, None
 
 
+def _preview(k: Kappa, pipeline: str, rules_version: str | None, *, actor: str, reason: str | None,
+             threshold: int | None, force: bool, queue: bool) -> DeployPreview:
+    """`deploy`'s checks and decisions, read-only: what it would allocate, resume or refuse.
+
+    Mirrors `deploy`, `_resumable` and the registry's in-flight refusal (`Registry.allocate_version`)
+    without their writes. A check that fails with an error (unknown pipeline, invalid rules, no broker)
+    raises as in `deploy`; one that would be a refusal (`is_refusal`) is reported in the preview.
+    """
+    from orchestrator.serving import registry_file_missing
+
+    plan = _check_spec(k, pipeline, rules_version, threshold=threshold, force=force)
+    spec = k.pipeline(pipeline)
+    rules = (f"rules {plan.rules_version} ({plan.rules_file}, hash {plan.rules_hash[:12]})" if plan.rules_version
+             else f"no rules (job {plan.job!r} takes none)")
+    checks = [Check(name="pipeline", ok=True, detail=f"{pipeline}: job {plan.job!r} on topics "
+                                                     f"{', '.join(plan.topics)}, catch-up threshold {plan.threshold}"),
+              Check(name="rules", ok=True, detail=f"{rules} validates")]
+    refusals: list[str] = []
+    try:
+        warnings = check_topics(k, spec, force=force)
+        checks.append(Check(name="topics", ok=True, detail="; ".join(warnings) or "every source topic exists and "
+                                                                                 "is compacted"))
+    except KappaError as e:
+        if not is_refusal(e):
+            raise
+        warnings = []
+        checks.append(Check(name="topics", ok=False, detail=str(e)))
+        refusals.append(str(e))
+    plan = plan.model_copy(update={"warnings": tuple(warnings)})
+    records = [] if registry_file_missing(k.settings) else k.registry.list_versions(pipeline)
+    actions: list[str] = []
+    dead: set[int] = set()
+    if not queue:
+        for rec in sorted(records, key=lambda r: r.version, reverse=True):
+            if rec.state not in IN_FLIGHT:
+                continue
+            st = inspect_version(k, pipeline, rec.version)
+            if rec.state != VersionState.CREATED and st.failed:
+                actions.append(f"record {pipeline} v{rec.version} as failed ({st.error})")
+                dead.add(rec.version)
+                continue
+            if rec.rules_hash == plan.rules_hash and rec.rules_version == plan.rules_version:
+                return _resume_preview(k, plan, rec, st, checks, actions, refusals, actor, reason)
+    busy = [r for r in records if r.in_flight and r.version not in dead]
+    if busy and not queue:
+        b = busy[0]
+        why = (f"pipeline {pipeline!r} already has v{b.version} in flight (state {b.state}); refusing a second "
+               f"reprocess. Promote or stop v{b.version} first (kappa stop {pipeline} {b.version}), or queue this "
+               f"one (--queue)")
+        checks.append(Check(name="in_flight", ok=False, detail=why))
+        refusals.append(why)
+    else:
+        checks.append(Check(name="in_flight", ok=True, detail=(
+            f"queued behind {', '.join(f'v{r.version}' for r in busy)} (--queue)" if busy else
+            "no other version of the pipeline is in flight")))
+    last = [r.last_version for r in k.registry.list_pipelines() if r.name == pipeline] if records else []
+    n = max([r.version for r in records] + last + [0]) + 1
+    paths = k.paths(pipeline, n)
+    actions += [f"allocate {pipeline} v{n} with {rules}",
+                f"start its job from offset zero: table {paths.table}, checkpoint {paths.checkpoint}, consumer "
+                f"group {paths.group_id}, log {paths.log_file}",
+                f"record the deploy by {actor!r}: {reason or '(no reason given)'}"]
+    return _preview_result(plan, n, False, checks, actions, refusals,
+                           f"dry run: would deploy {pipeline} v{n} (rules {plan.rules_version or '-'})")
+
+
+def _resume_preview(k: Kappa, plan: DeployPlan, rec, st, checks: list[Check], actions: list[str],
+                    refusals: list[str], actor: str, reason: str | None) -> DeployPreview:
+    p, n = plan.pipeline, rec.version
+    if st.alive:
+        checks.append(Check(name="in_flight", ok=True, detail=f"v{n} has the same rules and its job runs"))
+        return _preview_result(plan, n, True, checks, actions, refusals,
+                               f"dry run: {p} v{n} with rules {plan.rules_version} is already deployed and its job "
+                               f"runs (pid {st.pid}); deploy would do nothing")
+    checks.append(Check(name="in_flight", ok=True, detail=f"v{n} has the same rules and was never started: resume it"))
+    actions += [f"start the job of {p} v{n} (resume its deploy; log {k.paths(p, n).log_file})",
+                f"record the deploy by {actor!r}: {reason or '(no reason given)'}"]
+    return _preview_result(plan, n, True, checks, actions, refusals, f"dry run: would resume the deploy of {p} v{n}")
+
+
+def _preview_result(plan: DeployPlan, n: int, resumed: bool, checks: list[Check], actions: list[str],
+                    refusals: list[str], message: str) -> DeployPreview:
+    error = "; ".join(refusals) or None
+    return DeployPreview(pipeline=plan.pipeline, would_succeed=error is None, version=n, resumed=resumed,
+                         message=f"dry run: would refuse. {error}" if error else message, checks=checks,
+                         actions=[] if error else actions, plan=plan, warnings=list(plan.warnings), error=error)
+
+
 def deploy(k: Kappa, pipeline: str, rules_version: str | None = None, *, actor: str, reason: str | None = None,
            threshold: int | None = None, force: bool = False, queue: bool = False,
-           start: bool = True) -> VersionInfo:
-    """Check the request, allocate the next version, start its job from offset zero, audit."""
+           start: bool = True, dry_run: bool = False) -> VersionInfo | DeployPreview:
+    """Check the request, allocate the next version, start its job from offset zero, audit.
+
+    `dry_run` makes the same checks and returns a `DeployPreview` of what it would do, writing nothing."""
+    if dry_run:
+        return _preview(k, pipeline, rules_version, actor=actor, reason=reason, threshold=threshold, force=force,
+                        queue=queue)
     reg = k.registry
     try:
         plan = check_request(k, pipeline, rules_version, force=force, threshold=threshold)

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from orchestrator.core.crashpoints import crashpoint
-from orchestrator.core.exceptions import BrokerError, KappaError, LifecycleError
+from orchestrator.core.exceptions import BrokerError, KappaError, LifecycleError, RefusedError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl import stop_version
@@ -112,7 +112,7 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
         if not dry_run:
             reg.audit("retire", actor=actor, pipeline=pipeline, version=version, reason=reason,
                       outcome="refused", details={"error": msg})
-        raise LifecycleError(msg)
+        raise RefusedError(msg)
     paths = k.paths(pipeline, version)
     dirs = [("table", paths.table), ("rejects table", paths.rejects), ("checkpoint and run dir", paths.version_dir)]
     actions = [f"stop the job of v{version} (if running)"]
@@ -140,7 +140,7 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             if p.exists():
                 raise LifecycleError(f"could not delete {what} {p} while retiring {pipeline} v{version}; check its "
-                                     f"permissions, then run kappa retire {pipeline} {version} again")
+                                     f"permissions, then run kappa retire {pipeline} {version} --yes again")
             result.done.append(f"deleted {what} {p}")
             crashpoint("retire.deleted")
     result.done.append(f"consumer group {paths.group_id}: {_delete_group(k, paths.group_id)}")

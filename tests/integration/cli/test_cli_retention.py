@@ -177,7 +177,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
                                            ("checkpoint and run dir", paths[n].version_dir)) if path.exists()]
                for n in (1, 2)}
     assert {"table", "checkpoint and run dir"} <= set(existed[1]) and {"table", "checkpoint and run dir"} <= set(existed[2])
-    retired = bed.kappa("retire", p, "1", "--actor", ACTOR, "--reason", "never served", "--json")
+    retired = bed.kappa("retire", p, "1", "--yes", "--actor", ACTOR, "--reason", "never served", "--json")
     assert retired.returncode == 0, retired.stdout + retired.stderr
     out = json.loads(retired.stdout)
     where = {"table": paths[1].table, "rejects table": paths[1].rejects,
@@ -214,8 +214,8 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     assert reg.get_version(p, 2).state == "retired"
 
     # 3. the rollback target is refused, and the refusal changes nothing
-    refused = bed.kappa("retire", p, "3", "--actor", ACTOR, "--reason", "too eager")
-    assert refused.returncode == 1
+    refused = bed.kappa("retire", p, "3", "--yes", "--actor", ACTOR, "--reason", "too eager")
+    assert refused.returncode == 3  # a refusal, not an error
     assert refused.stderr.strip() == (f"Error: cannot retire {p} v3: it is the rollback target of alias "
                                       f"'{bed.alias}'; promote or roll back to another version first")
 

@@ -113,7 +113,7 @@ def test_terminal_workflow_on_the_background_broker(tmp_path):
         assert is_png(home / "plots" / "standardize-lag.png")
 
         refused = kappa(home, "stop", "standardize", "1")
-        assert refused.returncode == 1
+        assert refused.returncode == 3  # a refusal, not an error
         assert refused.stderr.startswith("Error: standardize v1 is serving alias 'member_profiles_std'")
         stopped = kappa(home, "stop", "standardize", "1", "--force", timeout=300)
         assert stopped.returncode == 0, stopped.stderr
@@ -127,3 +127,61 @@ def test_terminal_workflow_on_the_background_broker(tmp_path):
         kappa(home, "stop", "standardize", "1", "--force", timeout=300)
         kappa(home, "broker", "stop")
     assert not psutil.pid_exists(broker["pid"]) or psutil.Process(broker["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+PLAIN_PIPELINES = """
+[pipelines.std]
+job = "standardize"
+topics = ["member_profiles"]
+key = "member_id"
+alias = "std_live"
+
+[pipelines.plain]
+job = "standardize"
+topics = ["plain_events"]
+key = "member_id"
+alias = "plain_live"
+
+[pipelines.missing]
+job = "standardize"
+topics = ["no_such_topic"]
+key = "member_id"
+alias = "missing_live"
+"""
+
+
+@pytest.mark.integration
+def test_deploy_dry_run_asks_the_broker_and_writes_nothing(tmp_path):
+    """deploy --dry-run against a real broker: a compacted topic would go (0), a delete-policy one is refused
+    (3), a missing one is an error (1); no registry, version directory or job is created."""
+    from orchestrator.dev.datagen import ensure_topic
+
+    home = tmp_path / "home"
+    pipelines = tmp_path / "pipelines.toml"
+    pipelines.write_text(PLAIN_PIPELINES)
+    started = kappa(home, "broker", "start", "--json")
+    assert started.returncode == 0, started.stderr
+    broker = json.loads(started.stdout)
+    try:
+        ensure_topic(broker["bootstrap_servers"], "member_profiles", 2)
+        ensure_topic(broker["bootstrap_servers"], "plain_events", 1, compact=False)
+
+        go = kappa(home, "--pipelines-file", str(pipelines), "deploy", "std", "--dry-run", "--json")
+        assert go.returncode == 0, go.stdout + go.stderr
+        d = json.loads(go.stdout)
+        assert (d["would_succeed"], d["version"], d["error"]) == (True, 1, None)
+        assert {c["name"]: c["ok"] for c in d["checks"]} == {"pipeline": True, "rules": True, "topics": True,
+                                                            "in_flight": True}
+
+        refused = kappa(home, "--pipelines-file", str(pipelines), "deploy", "plain", "--dry-run")
+        assert refused.returncode == 3, refused.stdout + refused.stderr
+        assert "check topics: FAILED - source topic 'plain_events' of pipeline 'plain' has" in refused.stdout
+
+        missing = kappa(home, "--pipelines-file", str(pipelines), "deploy", "missing", "--dry-run")
+        assert missing.returncode == 1, missing.stdout + missing.stderr
+        assert missing.stderr.startswith("Error: ") and "no_such_topic" in missing.stderr
+        assert len(missing.stderr.splitlines()) == 1
+    finally:
+        kappa(home, "broker", "stop")
+    assert not (home / "registry.db").exists()
+    assert not [p for p in home.rglob("*") if p.name in ("v1", "job.log", "launch.json")]

@@ -1,4 +1,5 @@
-"""Error handling of `kappa`: a KappaError is one line on stderr and exit 1; usage errors exit 2.
+"""Error handling of `kappa`: a KappaError is one line on stderr and exit 1 (3 for a refusal, see
+test_cli_terminal_exits.py); usage errors exit 2.
 
 The fakes here stand in for a verb only to make it fail in a chosen way; every other test in
 this file goes through the real settings, registry and verbs.
@@ -11,7 +12,7 @@ import json
 
 import pytest
 
-from orchestrator.core.exceptions import NotReadyError
+from orchestrator.core.exceptions import AirflowError, LifecycleError
 
 
 def _one_error_line(result) -> str:
@@ -24,13 +25,13 @@ def _one_error_line(result) -> str:
 
 def test_kappa_error_from_a_verb_is_one_line_and_exit_1(run, monkeypatch):
     def refuse(*args, **kwargs):
-        raise NotReadyError("standardize v2 is not ready: total lag 1200\nlast lines of the job log:\nboom")
+        raise LifecycleError("standardize v2 failed: total lag 1200\nlast lines of the job log:\nboom")
 
     monkeypatch.setattr("orchestrator.lifecycle.deploy.deploy", refuse)
     result = run("deploy", "standardize", "--rules", "v2")
     assert result.exit_code == 1
     line = _one_error_line(result)
-    assert line == "Error: standardize v2 is not ready: total lag 1200 last lines of the job log: boom"
+    assert line == "Error: standardize v2 failed: total lag 1200 last lines of the job log: boom"
     assert result.stdout == ""
 
 
@@ -165,7 +166,7 @@ def test_trigger_sends_a_default_reason_the_dags_accept(run, monkeypatch):
 
     def follow(url, user, password, dag_id, conf, **kwargs):
         seen.update(dag_id=dag_id, conf=conf)
-        raise NotReadyError("stop here")
+        raise AirflowError("stop here")
 
     monkeypatch.setattr("orchestrator.airflow.client.trigger_and_follow", follow)
     url = f"http://127.0.0.1:{free_port()}"

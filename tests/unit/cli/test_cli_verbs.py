@@ -166,7 +166,7 @@ def test_promote_json(bed):
     assert bed.k.registry.get_version(PIPELINE, v).state == "serving"
 
 
-def test_promote_dry_run_json_that_would_refuse_exits_1_and_changes_nothing(bed):
+def test_promote_dry_run_json_that_would_refuse_exits_3_and_changes_nothing(bed):
     v1 = ready_version(bed.k, bed.fake_log, ROWS)
     promote(bed.k, PIPELINE, v1, actor="alice", reason="first")
     v2 = allocate(bed.k).version
@@ -175,7 +175,7 @@ def test_promote_dry_run_json_that_would_refuse_exits_1_and_changes_nothing(bed)
     write_table(bed.k.paths(PIPELINE, v2).table, profiles(ROWS))
     bed.fake_log.ends = {tp: e + 7 for tp, e in bed.fake_log.ends.items()}
     audit_before = len(bed.k.registry.audit_log(None, limit=None))
-    d = bed.json("promote", PIPELINE, str(v2), "--dry-run", exit_code=1)
+    d = bed.json("promote", PIPELINE, str(v2), "--dry-run", exit_code=3)
     error = (f"cannot promote {PIPELINE} v{v2} to alias '{ALIAS}': ready: {PIPELINE} v{v2}: hydrating, lag 14, "
              f"0/3 samples <= 0; lag 14 > threshold 0")
     assert (d["dry_run"], d["would_succeed"], d["flipped"], d["error"], d["message"], d["actions"]) == \
@@ -224,7 +224,7 @@ def test_retire_json_stops_the_job_deletes_everything_and_deletes_the_group(bed)
     pid = bed.start(v1)
     bed.k.registry.set_state(PIPELINE, v1, "standby")
     p = bed.k.paths(PIPELINE, v1)
-    d = bed.json("retire", PIPELINE, str(v1), "--actor", "alice", "--reason", "old")
+    d = bed.json("retire", PIPELINE, str(v1), "--yes", "--actor", "alice", "--reason", "old")
     assert set(d) == {"pipeline", "version", "dry_run", "actions", "done", "bytes_freed", "message"}
     assert (d["pipeline"], d["version"], d["dry_run"]) == (PIPELINE, v1, False)
     assert d["done"] == ["job stopped", f"deleted table {p.table}", f"deleted rejects table {p.rejects}",
@@ -247,7 +247,7 @@ def test_retire_finishes_after_a_group_deletion_failed(bed):
     v = allocate(bed.k).version
     _files(bed.k, v)
     bed.admin.error = KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
-    result = bed.run("retire", PIPELINE, str(v))
+    result = bed.run("retire", PIPELINE, str(v), "--yes")
     assert result.exit_code == 1 and result.stdout == ""
     group = f"kappa.{PIPELINE}.v{v}"
     assert result.stderr.startswith(f"Error: cannot delete consumer group '{group}': ")
@@ -256,7 +256,7 @@ def test_retire_finishes_after_a_group_deletion_failed(bed):
     assert bed.k.registry.get_version(PIPELINE, v).state == "retiring"  # not retired while its group lives
     assert not bed.k.paths(PIPELINE, v).table.exists()
     bed.admin.error = KafkaException(KafkaError(KafkaError.GROUP_ID_NOT_FOUND))  # deleted meanwhile
-    d = bed.json("retire", PIPELINE, str(v))
+    d = bed.json("retire", PIPELINE, str(v), "--yes")
     assert d["done"] == ["job stopped", f"consumer group {group}: did not exist"] and d["bytes_freed"] == 0
     assert bed.k.registry.get_version(PIPELINE, v).state == "retired"
     assert bed.admin.calls == [([group], 10)] * 2
