@@ -74,7 +74,7 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         "created_at": rec.created_at,
     }
     if rec.state == VersionState.RETIRED:
-        row.update(job=None, readiness=None, lag=None, partitions={}, eta_seconds=None, rejects=None)
+        row.update(job=None, readiness=None, lag=None, partitions={}, eta_seconds=None, rejects=None, lag_seconds=None)
         return row
     job = inspect_version(k, pipeline, n)
     row["job"] = {"health": job.health, "pid": job.pid if job.alive else None, "batches": job.batches,
@@ -85,9 +85,10 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         r = readiness(k, pipeline, n, record=record)
         row.update(readiness=r.state, lag=r.total_lag, partitions=r.partitions, eta_seconds=r.eta_seconds,
                    consecutive_ok=r.consecutive_ok, required_samples=r.required_samples,
-                   threshold=r.threshold, reason=r.reason, lag_error=r.lag_error)
+                   threshold=r.threshold, reason=r.reason, lag_error=r.lag_error,
+                   lag_seconds=r.lag_seconds, catchup_rule=r.rule, max_lag_seconds=r.max_lag_seconds)
     else:
-        row.update(readiness=None, lag=None, partitions={}, eta_seconds=None)
+        row.update(readiness=None, lag=None, partitions={}, eta_seconds=None, lag_seconds=None)
     return row
 
 
@@ -150,7 +151,31 @@ def status_cmd(
     for p in data:
         served = "nothing" if p["serving_version"] is None else f"v{p['serving_version']}"
         cli.out.print(f"[bold]{p['pipeline']}[/]: alias {p['alias']} serves {served}")
-    cli.out.print(status_table(data))
+    cli.out.print(_with_lag_seconds(status_table(data), data))
+
+
+def _with_lag_seconds(table: Any, data: list[dict[str, Any]]) -> Any:
+    """The status table with a "behind" column (lag in seconds) after "lag"."""
+    from rich.table import Table
+
+    from orchestrator.observe.lag import fmt_seconds
+
+    cells = []  # one per row of `table`: status_table draws one row per version, or one for none
+    for p in data:
+        if not p["versions"]:
+            cells.append("")
+        cells += ["-" if v.get("readiness") is None else fmt_seconds(v.get("lag_seconds")) for v in p["versions"]]
+    out = Table(title_justify=table.title_justify, caption=table.caption)
+    columns = []
+    for col in table.columns:
+        out.add_column(col.header, justify=col.justify)
+        columns.append(list(col.cells))
+        if col.header == "lag":
+            out.add_column("behind", justify="right")
+            columns.append(cells)
+    for row in zip(*columns):
+        out.add_row(*row)
+    return out
 
 
 def _watch(cli: Cli, k: Kappa, names: list[str], interval: float, until_ready: bool) -> None:

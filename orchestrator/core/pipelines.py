@@ -12,6 +12,8 @@ decides with (catch-up threshold and samples, standby grace period, retention, p
     alias = "member_profiles_std"
     catchup_threshold = 0           # records
     catchup_samples = 3
+    catchup_max_lag_seconds = 30    # optional: also (or only) a lag in time, see `catchup_rule`
+    catchup_rule = "both"           # optional: records | seconds | both (default: both if seconds set)
     grace_period_seconds = 300
     keep_versions = 3
     key_count_tolerance = 0.01
@@ -40,9 +42,10 @@ import importlib.util
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, computed_field,
+                      field_validator)
 
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import (validate_alias_name, validate_job_name, validate_name,
@@ -72,6 +75,12 @@ class PipelineSpec(BaseModel):
     ruleset: str | None = None
     catchup_threshold: NonNegativeInt = 0
     catchup_samples: PositiveInt = 3
+    #: Catch-up in time (optional): ready needs the oldest record the version has not processed
+    #: to be at most this many seconds old (its lag in seconds, from Kafka record timestamps).
+    #: `catchup_rule` combines it with `catchup_threshold`: "both" (the default once this is set),
+    #: "seconds" (this alone), or "records" (the default without it). See `catchup_rule_used`.
+    catchup_max_lag_seconds: Annotated[float, Field(strict=True, ge=0.0)] | None = None
+    catchup_rule: Literal["records", "seconds", "both"] | None = None
     grace_period_seconds: Annotated[float, Field(strict=True, ge=0.0)] = 300.0
     keep_versions: PositiveInt = 3
     key_count_tolerance: Fraction = 0.01
@@ -107,6 +116,23 @@ class PipelineSpec(BaseModel):
     @classmethod
     def _ruleset(cls, v: str | None) -> str | None:
         return None if v is None else _as_value_error(lambda x: validate_name(x, field="ruleset name"), v)
+
+    @field_validator("catchup_rule")
+    @classmethod
+    def _catchup_rule(cls, v: str | None, info: ValidationInfo) -> str | None:
+        seconds = info.data.get("catchup_max_lag_seconds")
+        if v in ("seconds", "both") and seconds is None:
+            raise ValueError(f'"{v}" needs catchup_max_lag_seconds; set it, or use catchup_rule = "records"')
+        if v == "records" and seconds is not None:
+            raise ValueError('"records" ignores catchup_max_lag_seconds; remove one of them, or use "both"')
+        return v
+
+    @property
+    def catchup_rule_used(self) -> str:
+        """The readiness rule: `catchup_rule`, else "both" with `catchup_max_lag_seconds`, else "records"."""
+        if self.catchup_rule is not None:
+            return self.catchup_rule
+        return "records" if self.catchup_max_lag_seconds is None else "both"
 
     @field_validator("topics", mode="before")
     @classmethod

@@ -23,7 +23,7 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import RUNNING, VersionState
 from orchestrator.jobctl import stop_version
-from orchestrator.lifecycle.await_ready import Readiness, readiness
+from orchestrator.lifecycle.await_ready import Readiness, readiness, sample_ok
 from orchestrator.lifecycle.reconcile import reconcile
 
 __all__ = ["MonitorReport", "monitor", "standby_since", "standby_expired"]
@@ -72,10 +72,11 @@ def _serving_problem(k: Kappa, spec: PipelineSpec, r: Readiness, lag_threshold: 
         return f"{spec.name} v{r.version} serves alias {spec.alias!r} but is failing: {r.reason}"
     threshold = r.threshold if lag_threshold is None else lag_threshold
     recent = r.samples[: r.required_samples]
-    if len(recent) >= r.required_samples and all(s["total"] is None or s["total"] > threshold for s in recent):
+    if len(recent) >= r.required_samples and not any(sample_ok(s, r.rule, threshold, r.max_lag_seconds)
+                                                     for s in recent):
         shown = ", ".join("unknown" if s["total"] is None else str(s["total"]) for s in recent)
-        return (f"{spec.name} v{r.version} serves alias {spec.alias!r} and lags beyond its threshold {threshold}: "
-                f"last {len(recent)} samples {shown}")
+        return (f"{spec.name} v{r.version} serves alias {spec.alias!r} and lags beyond its threshold {threshold}"
+                f"{'' if r.rule == 'records' else f' (rule {r.rule}: {r.limits()})'}: last {len(recent)} samples {shown}")
     return None
 
 

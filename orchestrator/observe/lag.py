@@ -15,6 +15,10 @@ total) and shown as unknown, the reading's total is unknown (so it never counts 
 ready), and `error` says what happened and what to do: deploy a new version, which reads the log
 as it is now from offset zero.
 
+Lag in time (`lag_seconds`): how old the oldest record the version has not processed yet is, from
+the Kafka timestamps of the records at the next offsets (`orchestrator.observe.lagtime`). 0 when the
+lag is 0; unknown (None) whenever the record lag is unknown or a record could not be fetched.
+
 `measure_lag` only measures; `sample_lag` also stores the reading as a lag sample in the registry.
 """
 
@@ -29,15 +33,19 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core.exceptions import BrokerError, KappaError
 from orchestrator.core.times import to_seconds
+from orchestrator.observe.lagtime import oldest_unread_age
 
 __all__ = ["KAFKA_TIMEOUT", "PartitionLag", "LagReading", "measure_lag", "sample_lag", "lag_from_offsets",
            "topic_partitions", "log_offsets", "group_offsets", "checkpoint_next_offsets", "eta_seconds",
-           "sample_time", "sample_total", "partition_key", "format_partitions"]
+           "sample_time", "sample_total", "sample_seconds", "partition_key", "format_partitions", "fmt_seconds",
+           "LAG_SECONDS_TIMEOUT"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds a broker call may take before lag is declared unknown.
 KAFKA_TIMEOUT = 10.0
+#: Seconds the fetch of the oldest unprocessed records may take before lag in seconds is unknown.
+LAG_SECONDS_TIMEOUT = 5.0
 
 
 def partition_key(topic: str, partition: int) -> str:
@@ -82,6 +90,7 @@ class LagReading(BaseModel):
     error: str | None = None
     batch_id: int | None = None      # last committed micro-batch behind the offsets
     sample_id: int | None = None     # the registry's id of the stored sample (`sample_lag`)
+    lag_seconds: float | None = None  # age of the oldest unprocessed record; None: unknown
 
     @property
     def known(self) -> bool:
@@ -229,7 +238,12 @@ def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOU
         log.warning("%s v%s: cannot read checkpoint %s (%s); using the consumer group's offsets",
                     pipeline, version, paths.checkpoint, e)
         ckpt, batch_id = None, None
-    return lag_from_offsets(pipeline, version, logs, ckpt, group, at=now, batch_id=batch_id)
+    reading = lag_from_offsets(pipeline, version, logs, ckpt, group, at=now, batch_id=batch_id)
+    if reading.total is None:
+        return reading
+    age = 0.0 if reading.total == 0 else oldest_unread_age(k, reading.details, now=now,
+                                                          timeout=min(timeout, LAG_SECONDS_TIMEOUT))
+    return reading.model_copy(update={"lag_seconds": age})
 
 
 #: A process deletes lag samples past the retention at most this often per registry (the delete
@@ -245,8 +259,11 @@ def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT
     `lag_sample_retention_seconds` are deleted here (see `PRUNE_EVERY_SECONDS`), for every
     version, stopped and retired ones included. A failed prune is logged, never raised.
     """
+    from orchestrator.registry.lagsamples import add_lag_sample
+
     reading = measure_lag(k, pipeline, version, timeout=timeout)
-    rec = k.registry.add_lag_sample(pipeline, version, reading.total, dict(reading.partitions), at=reading.at)
+    rec = add_lag_sample(k.registry, pipeline, version, reading.total, dict(reading.partitions), at=reading.at,
+                         lag_seconds=reading.lag_seconds)
     reg_key = str(k.registry.url)
     if time.monotonic() - _last_prune.get(reg_key, -PRUNE_EVERY_SECONDS) >= PRUNE_EVERY_SECONDS:
         _last_prune[reg_key] = time.monotonic()
@@ -264,6 +281,22 @@ def sample_time(sample: Any) -> float:
 
 def sample_total(sample: Any) -> int | None:
     return sample["total"] if isinstance(sample, dict) else sample.total
+
+
+def sample_seconds(sample: Any) -> float | None:
+    """Lag in seconds of a lag sample (None: unknown, or taken before kappa measured it)."""
+    return sample.get("lag_seconds") if isinstance(sample, dict) else getattr(sample, "lag_seconds", None)
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """'unknown', '0 s', '42 s', '7.5 min', '3.2 h': a lag in time for people."""
+    if seconds is None:
+        return "unknown"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def eta_seconds(samples: Iterable[Any], threshold: int = 0, *, since: float | None = None,

@@ -5,12 +5,16 @@ threshold; the shape of that curve (how steep, how long the tail, whether it fla
 zero while live updates keep arriving) is what an operator wants to see before trusting a
 version. Samples whose lag could not be read are unknown, never zero: they are drawn as marks
 on the time axis, not as points of the curve.
+
+When the samples carry a lag in seconds (the age of the oldest unprocessed record), a second
+panel under the first draws it on the same time axis, with the pipeline's
+`catchup_max_lag_seconds` as a dashed line when it has one.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -29,6 +33,12 @@ class Series:
     label: str
     points: list[tuple[float, int | None]]
     threshold: int | None = None
+    seconds: list[tuple[float, float | None]] = field(default_factory=list)   # lag in seconds per sample
+    max_lag_seconds: float | None = None
+
+    @property
+    def has_seconds(self) -> bool:
+        return any(v is not None for _, v in self.seconds)
 
 
 def _field(sample: Any, *names: str) -> Any:
@@ -41,14 +51,19 @@ def _field(sample: Any, *names: str) -> Any:
     raise AttributeError(f"lag sample {sample!r} has none of the fields {names}")
 
 
-def series_from_samples(label: str, samples: Iterable[Any], threshold: int | None = None) -> Series:
-    """Build a Series from registry lag samples (records or dicts with `at` and `total`)."""
-    points = []
+def series_from_samples(label: str, samples: Iterable[Any], threshold: int | None = None,
+                        max_lag_seconds: float | None = None) -> Series:
+    """Build a Series from registry lag samples (records or dicts with `at`, `total`, maybe `lag_seconds`)."""
+    points, seconds = [], []
     for s in samples:
         total = _field(s, "total", "total_lag", "lag")
-        points.append((float(to_seconds(_field(s, "at", "sampled_at", "ts"))), None if total is None else int(total)))
+        at = float(to_seconds(_field(s, "at", "sampled_at", "ts")))
+        points.append((at, None if total is None else int(total)))
+        age = s.get("lag_seconds") if isinstance(s, dict) else getattr(s, "lag_seconds", None)
+        seconds.append((at, None if age is None else float(age)))
     points.sort(key=lambda p: p[0])
-    return Series(label=label, points=points, threshold=threshold)
+    seconds.sort(key=lambda p: p[0])
+    return Series(label=label, points=points, threshold=threshold, seconds=seconds, max_lag_seconds=max_lag_seconds)
 
 
 def plot_lag(series: list[Series], out: Path | str, *, title: str = "Catch-up: lag over time") -> Path:
@@ -70,16 +85,19 @@ def plot_lag(series: list[Series], out: Path | str, *, title: str = "Catch-up: l
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 5), dpi=110)
-    ax = fig.add_subplot(1, 1, 1)
+    with_seconds = any(s.has_seconds for s in series)
+    fig = Figure(figsize=(9, 8 if with_seconds else 5), dpi=110)
+    ax = fig.add_subplot(2, 1, 1) if with_seconds else fig.add_subplot(1, 1, 1)
     top = 0
     marks: list[tuple[float, str, str]] = []
+    colors: list[str] = []
     for s in series:
         t0 = s.points[0][0]
         xs = [t - t0 for t, v in s.points if v is not None]
         ys = [v for _, v in s.points if v is not None]
         unknown = [t - t0 for t, v in s.points if v is None]
         (line,) = ax.plot(xs, ys, marker="o", markersize=2.5, linewidth=1.6, label=s.label)
+        colors.append(line.get_color())
         if unknown:
             ax.plot(unknown, [0] * len(unknown), linestyle="none", marker="x", color=line.get_color(),
                     label=f"{s.label}: lag unknown")
@@ -90,7 +108,10 @@ def plot_lag(series: list[Series], out: Path | str, *, title: str = "Catch-up: l
             if reached is not None:
                 ax.axvline(reached, color=line.get_color(), linestyle=":", linewidth=1)
                 marks.append((reached, line.get_color(), f"{s.label}: lag <= {s.threshold:,} after {reached:.0f} s"))
-    ax.set_xlabel("seconds since the version's first lag sample")
+    if with_seconds:
+        _seconds_panel(fig.add_subplot(2, 1, 2, sharex=ax), series, colors)
+    else:
+        ax.set_xlabel("seconds since the version's first lag sample")
     ax.set_ylabel("total lag (records)")
     ax.set_ylim(bottom=0, top=max(1, math.ceil(top * 1.08)))
     from matplotlib.ticker import FuncFormatter
@@ -107,6 +128,26 @@ def plot_lag(series: list[Series], out: Path | str, *, title: str = "Catch-up: l
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
+
+
+def _seconds_panel(ax: Any, series: list[Series], colors: list[str]) -> None:
+    """Lag in seconds per version, same colours and time origin as the records panel above."""
+    limits = set()
+    for color, s in zip(colors, series):
+        t0 = s.points[0][0]
+        xs = [t - t0 for t, v in s.seconds if v is not None]
+        ys = [v for _, v in s.seconds if v is not None]
+        if ys:
+            ax.plot(xs, ys, marker="o", markersize=2.5, linewidth=1.6, color=color, label=s.label)
+        if s.max_lag_seconds is not None and s.max_lag_seconds not in limits:
+            limits.add(s.max_lag_seconds)
+            ax.axhline(s.max_lag_seconds, color="grey", linestyle="--", linewidth=1,
+                       label=f"catchup_max_lag_seconds {s.max_lag_seconds:g}")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds since the version's first lag sample")
+    ax.set_ylabel("lag (seconds behind)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize=9)
 
 
 def plot_pipeline_lag(k: Any, pipeline: str, out: Path | str, versions: list[int] | None = None,
@@ -127,7 +168,8 @@ def plot_pipeline_lag(k: Any, pipeline: str, out: Path | str, versions: list[int
     series = []
     for n in wanted:
         samples = k.registry.lag_samples(pipeline, n, limit=limit)
-        series.append(series_from_samples(f"{pipeline} v{n}", samples, _threshold(k, spec, pipeline, n)))
+        series.append(series_from_samples(f"{pipeline} v{n}", samples, _threshold(k, spec, pipeline, n),
+                                          getattr(spec, "catchup_max_lag_seconds", None)))
     return plot_lag(series, out, title=f"{pipeline}: catch-up (total lag over time)")
 
 

@@ -3,7 +3,8 @@
 A version's bar measures how much of the lag it has worked off: its total is the highest lag
 seen since the watch began (the backlog when it started, grown by whatever live updates arrived
 since) and its completed part is that peak minus the current lag. Next to the bar: the lag in
-records, the ETA the control plane computed from the recent rate, and the readiness state.
+records, how old the oldest unprocessed record is (lag in seconds, when known), the ETA the
+control plane computed from the recent rate, and the readiness state.
 
 On a terminal the bars redraw in place. When output is not a terminal (a log file, a test, a
 pipe) each sample is one plain line instead, so the record of a catch-up stays readable.
@@ -17,6 +18,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from orchestrator.observe.lag import fmt_seconds
 
 __all__ = ["LagProgress", "fmt_count", "fmt_eta", "make_console"]
 
@@ -57,7 +60,7 @@ class LagProgress:
 
     `readiness` is an `orchestrator.lifecycle.await_ready.Readiness` (or its `to_dict()`): pipeline,
     version, state, total_lag (None = unknown), eta_seconds, consecutive_ok, required_samples,
-    threshold.
+    threshold, and optionally lag_seconds, rule and max_lag_seconds.
     """
 
     console: Console
@@ -76,7 +79,7 @@ class LagProgress:
                 TextColumn("[bold]{task.description}"),
                 BarColumn(bar_width=36),
                 TextColumn("{task.percentage:>5.1f}%"),
-                TextColumn("lag [bold]{task.fields[lag]}[/]"),
+                TextColumn("lag [bold]{task.fields[lag]}[/]{task.fields[age]}"),
                 TextColumn("ETA {task.fields[eta]}"),
                 TextColumn("{task.fields[state]}"),
                 TimeElapsedColumn(),
@@ -103,20 +106,22 @@ class LagProgress:
             task = None
             if self._progress is not None:
                 task = self._progress.add_task(f"{pipeline} v{version}", total=1, completed=0,
-                                               lag="?", eta="-", state="")
+                                               lag="?", age="", eta="-", state="")
             row = self._rows[key] = _Row(task)
         row.samples += 1
         if lag is not None:
             row.peak = max(row.peak, lag)
         style = STATE_STYLE.get(state, "white")
         ok = f"{_get(r, 'consecutive_ok', 0)}/{_get(r, 'required_samples', '?')}"
-        state_text = f"[{style}]{state}[/] ({ok} samples <= {_get(r, 'threshold', '?')})"
+        state_text = f"[{style}]{state}[/] ({ok} samples {_limits(r)})"
+        seconds, rule = _get(r, "lag_seconds"), _get(r, "rule") or "records"
+        age = "" if seconds is None and rule == "records" else f", {fmt_seconds(seconds)} behind"
         if state == "failing" and _get(r, "reason"):
             state_text += f": {_get(r, 'reason')}"
         if self._progress is not None and row.task is not None:
             total = max(row.peak, 1)
             done = total if state == "ready" else (total - lag if lag is not None else 0)
-            self._progress.update(row.task, total=total, completed=max(0, done), lag=fmt_count(lag),
+            self._progress.update(row.task, total=total, completed=max(0, done), lag=fmt_count(lag), age=age,
                                   eta=eta, state=state_text)
             return
         now = time.monotonic()
@@ -124,7 +129,14 @@ class LagProgress:
             row.last_line = now
             pct = 100.0 if state == "ready" else (100.0 * (row.peak - lag) / row.peak if lag is not None and row.peak else 0.0)
             self.console.print(f"  {pipeline} v{version}: lag {fmt_count(lag):>9} ({pct:5.1f}% of peak {row.peak:,}), "
-                               f"ETA {eta}, {state_text}", highlight=False)
+                               f"ETA {eta}, {state_text}{age}", highlight=False)
+
+
+def _limits(r: Any) -> str:
+    """'<= 100' (records), '<= 100, <= 30 s old' (both), '<= 30 s old' (seconds)."""
+    rule, records = _get(r, "rule") or "records", f"<= {_get(r, 'threshold', '?')}"
+    seconds = f"<= {fmt_seconds(_get(r, 'max_lag_seconds'))} old"
+    return {"seconds": seconds, "both": f"{records}, {seconds}"}.get(rule, records)
 
 
 def make_console(stderr: bool = False) -> Console:

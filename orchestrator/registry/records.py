@@ -114,6 +114,7 @@ class LagSampleRecord(_Record):
     at: float
     total: int | None
     partitions: dict[str, Any]
+    lag_seconds: float | None = None    # schema step 4; None: unknown
 
 
 class AuditRecord(_Record):

@@ -119,6 +119,7 @@ lag_samples_table = sa.Table(  # step 2
     sa.Column("at", sa.Double, nullable=False),
     sa.Column("total", sa.BigInteger),
     sa.Column("partitions", sa.JSON, nullable=False),
+    sa.Column("lag_seconds", sa.Double),        # step 4
     sa.ForeignKeyConstraint(["pipeline", "version"], ["versions.pipeline", "versions.version"]),
     sa.Index("ix_lag_samples_version", "pipeline", "version", "at"),
 )
@@ -240,11 +241,20 @@ def _step3_leases(conn: Connection) -> None:
     _add_column(conn, "versions", sa.Column("lease_expires", sa.Double))
 
 
+def _step4_lag_seconds(conn: Connection) -> None:
+    """Lag in time on lag samples: the age of the oldest record not yet processed, in seconds.
+
+    NULL means unknown, which is what every sample taken before this step is.
+    """
+    _add_column(conn, "lag_samples", sa.Column("lag_seconds", sa.Double))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: pipelines, versions, aliases, alias history, audit log", _step1_initial),
     Migration(2, "publish tracking, served_at, rejects path, version details, lag samples",
               _step2_publish_and_lag),
     Migration(3, "job-start leases on versions (owner, epoch, expiry)", _step3_leases),
+    Migration(4, "lag in seconds on lag samples", _step4_lag_seconds),
 )
 HEAD = MIGRATIONS[-1].version
 

@@ -1,0 +1,47 @@
+"""Schema step 4: lag in seconds on lag samples, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sqlalchemy as sa
+from registry_helpers import allocate
+
+from orchestrator.core.exceptions import RegistryError
+from orchestrator.registry import HEAD, Registry
+from orchestrator.registry.lagsamples import add_lag_sample, audit_counts, latest_lag_samples
+
+pytestmark = pytest.mark.integration
+
+
+def test_step_3_registry_gains_lag_seconds_and_keeps_its_samples(registry_url):
+    old = Registry(registry_url, auto_migrate=False)
+    try:
+        assert old.migrate(target=3) == [1, 2, 3]
+        allocate(old)
+        old.add_lag_sample("standardize", 1, 5, {"member_profiles:0": 5}, at=100.0)
+        assert "lag_seconds" not in {c["name"] for c in sa.inspect(old._engine).get_columns("lag_samples")}
+    finally:
+        old.close()
+    reg = Registry(registry_url)  # migrates on open
+    try:
+        assert (reg.schema_version(), HEAD) == (4, 4)
+        (before,) = reg.lag_samples("standardize", 1)
+        assert (before.total, before.lag_seconds) == (5, None)      # unknown: never measured
+        add_lag_sample(reg, "standardize", 1, 0, {}, at=101.0, lag_seconds=2.5)
+        reg.add_lag_sample("standardize", 1, 3, {}, at=99.0)         # the plain insert still works
+        assert [(s.total, s.lag_seconds) for s in reg.lag_samples("standardize", 1)] == \
+            [(3, None), (5, None), (0, 2.5)]
+        newest = latest_lag_samples(reg)
+        assert list(newest) == [("standardize", 1)] and newest[("standardize", 1)].total == 3  # newest by id
+        assert latest_lag_samples(reg, ["other"]) == {}
+        reg.audit("restart", actor="sup", pipeline="standardize", version=1, outcome="ok")
+        assert audit_counts(reg, ["restart"]) == {("restart", "ok", "standardize"): 1}
+        for bad in (-1.0, math.inf, "3"):
+            with pytest.raises(RegistryError, match="lag in seconds must be a finite number >= 0 or None"):
+                add_lag_sample(reg, "standardize", 1, 0, {}, lag_seconds=bad)
+        assert len(reg.lag_samples("standardize", 1)) == 3
+        assert reg.migrate() == []
+    finally:
+        reg.close()
