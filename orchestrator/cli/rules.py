@@ -1,0 +1,120 @@
+"""`kappa rules preview|check`: roll out standardization rules with confidence.
+
+`preview` applies a rules version to the raw columns of the table a pipeline serves now and
+shows, in seconds and before any reprocess, what would change (the validation report's change
+section: rows changed per field, the most frequent changes). `check` validates rules files the
+way `deploy` does, for CI: exit 0 and one `ok` line per file, or one error line per bad file
+and exit 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from orchestrator.cli.app import AsJson, app, cli_of, error_line, new_typer
+from orchestrator.cli.render import print_json
+from orchestrator.core.exceptions import KappaError
+
+__all__ = ["rules_app"]
+
+rules_app = new_typer(help="Standardization rules: preview what a rules version would change, check rules files.")
+app.add_typer(rules_app, name="rules")
+
+
+@rules_app.command("preview")
+def preview_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name (see `kappa pipelines`)")],
+    rules: Annotated[str, typer.Option("--rules", help="rules version to preview, e.g. v2")],
+    top: Annotated[int, typer.Option("--top", min=1, max=1000, help="most frequent changes shown per field")] = 10,
+    as_json: AsJson = False,
+) -> None:
+    """Show what a rules version would change in the served table, without reprocessing anything."""
+    from orchestrator.lifecycle.preview import preview_rules
+
+    cli = cli_of(ctx)
+    result = preview_rules(cli.kappa(), pipeline, rules, top=top)
+    if as_json:
+        print_json(result)
+    else:
+        render_preview(cli.out, result.model_dump(mode="json"))
+
+
+def render_preview(console: Any, p: dict[str, Any]) -> None:
+    """The preview for people: what was read, then the validation report's change lines and tables."""
+    from rich.table import Table
+
+    from orchestrator.observe.progress import fmt_count
+
+    served = f"served v{p['serving_version']} (rules {p.get('serving_rules_version') or '-'})"
+    console.print(f"[bold]rules preview: {p['pipeline']} rules {p['rules_version']} against {served}, "
+                  f"alias {p['alias']}[/]", highlight=False)
+    console.print(f"  table {p['table']} (Delta version {p['delta_version']}): {fmt_count(p['rows_compared'])} "
+                  f"rows read and compared in {p['seconds']:.2f} s", highlight=False)
+    by_col = ", ".join(f"{c}: {fmt_count(v)}" for c, v in p["changed_by_column"].items())
+    console.print(f"  rows the new rules would change: [bold]{fmt_count(p['rows_changed'])}[/]"
+                  + (f" ({by_col})" if by_col else ""), highlight=False)
+    if p.get("serving_rules_hash") == p["rules_hash"]:
+        console.print(f"  rules {p['rules_version']} have the same content as the served version's rules",
+                      highlight=False)
+    old = f"v{p['serving_version']} now"
+    for col, changes in p["top_changes"].items():
+        if not changes:
+            continue
+        t = Table(title=f"top changes of {col}: {old} -> rules {p['rules_version']}", title_justify="left")
+        t.add_column("rows", justify="right")
+        t.add_column(old)
+        t.add_column(f"rules {p['rules_version']}")
+        for ch in changes:
+            t.add_row(f"{ch['count']:,}", str(ch["old"]), str(ch["new"]))
+        console.print(t)
+
+
+def check_summary(path: Path) -> dict[str, Any]:
+    """Validate one rules file as deploy does; its summary, or the deploy's RulesError.
+
+    deploy finds a file by ruleset and version (`jobs/rules/<ruleset>/<version>.toml`) and loads
+    it with `load_rules`; a file inside that folder is found and named the same way here, so a
+    version name deploy would refuse is refused too. Any other path is loaded as it is.
+    """
+    from jobs.lib.rules import RULES_DIR, load_rules, rules_path
+
+    resolved = path.resolve()
+    in_tree = resolved.parent.parent == RULES_DIR.resolve() and resolved.suffix == ".toml"
+    rules = load_rules(rules_path(resolved.parent.name, resolved.stem) if in_tree else path)
+    sections = {
+        name: {"spellings": len(f.lookup), "regex": len(f.regex), "unmatched": f.unmatched}
+        for name, f in rules.fields.items()
+    }
+    return {"file": str(path), "ok": True, "version": rules.version, "hash": rules.content_hash,
+            "description": rules.description, "sections": sections}
+
+
+@rules_app.command("check")
+def check_cmd(
+    files: Annotated[list[Path], typer.Argument(help="rules files, e.g. jobs/rules/titles/v3.toml",
+                                                show_default=False)],
+    as_json: AsJson = False,
+) -> None:
+    """Validate rules files with the checks and errors of `kappa deploy` (for CI): exit 1 if any is bad."""
+    results: list[dict[str, Any]] = []
+    for path in files:
+        try:
+            results.append(check_summary(path))
+        except KappaError as e:
+            results.append({"file": str(path), "ok": False, "error": str(e)})
+            if not as_json:
+                typer.echo(error_line(e), err=True)
+            continue
+        if not as_json:
+            r = results[-1]
+            parts = "; ".join(f"[{name}] {s['spellings']} spellings, {s['regex']} regex rules"
+                              for name, s in r["sections"].items())
+            typer.echo(f"ok: {r['file']}: rules {r['version']} ({parts}), hash {r['hash'][:12]}")
+    if as_json:
+        print_json(results)
+    if not all(r["ok"] for r in results):
+        raise typer.Exit(1)
