@@ -9,6 +9,7 @@ after a `kappa_reprocess` run with auto-promote off. The same checks as `kappa p
    lists every check and exactly what the promote will do. Fails here if any check fails.
 2. **promote**: the checks again, then one compare-and-swap of the serving alias, the pointer
    file published for readers, and the audit entry (`airflow:<your user>`, your reason, this run).
+   The flip is an event on the alias's Asset (`kappa.<alias>`): DAGs scheduled on it run next.
 3. **stop_previous**: after the standby grace period, stops the version it replaced.
 
 Leave the version empty to promote the newest caught-up version of the pipeline (as
@@ -23,6 +24,7 @@ from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from orchestrator.airflow import params as form
 from orchestrator.airflow import tasks
+from orchestrator.airflow.assets import FLIPS
 
 CHOICES = form.form_choices()
 
@@ -48,10 +50,10 @@ def kappa_promote():
         return tasks.check_promote(params["pipeline"], params["version"], params["reason"],
                                    user=dag_run.triggering_user_name, run_id=dag_run.run_id)
 
-    @task
-    def promote(checked: dict, params=None, dag_run=None) -> dict:
+    @task(outlets=[FLIPS])
+    def promote(checked: dict, params=None, dag_run=None, outlet_events=None) -> dict:
         return tasks.promote(params["pipeline"], checked["version"], params["reason"],
-                             user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+                             user=dag_run.triggering_user_name, run_id=dag_run.run_id, outlet_events=outlet_events)
 
     @task.sensor(mode="reschedule", poke_interval=timedelta(seconds=60), timeout=timedelta(days=7))
     def stop_previous(promoted: dict, params=None, dag_run=None) -> PokeReturnValue:

@@ -8,14 +8,18 @@ as `airflow:<your user>` with that reason and this run's id.
 
 1. **validate**: unknown pipeline, bad rules, a source topic that is not compacted, or a
    reprocess of the pipeline already in flight fail here at once, with kappa's message.
-2. **start_version**: allocates version N and starts its Spark job from offset zero.
-3. **wait_ready**: a sensor (reschedule mode: no worker slot held between pokes) that logs lag
+2. **preview_rules**: in seconds, what the new rules would change in the table served now
+   (they are applied to its raw columns): rows changed per field and the top changes, in the log
+   and the XCom. Advisory: with nothing served yet the run just goes on.
+3. **start_version**: allocates version N and starts its Spark job from offset zero.
+4. **wait_ready**: a sensor (reschedule mode: no worker slot held between pokes) that logs lag
    and ETA at every poke until the version is caught up; it fails when the job fails or at the
    catch-up deadline, naming the partitions still lagging.
-4. **validation_report**: key counts, reject rate, what the new rules changed (XCom and log).
-5. **promote** (only with auto-promote on): every check again, then the atomic alias flip.
+5. **validation_report**: key counts, reject rate, what the new rules changed (XCom and log).
+6. **promote** (only with auto-promote on): every check again, then the atomic alias flip, an
+   event on the alias's Asset (`kappa.<alias>`) that DAGs scheduled on it run after.
    With auto-promote off the run ends here, the version ready, and the log says how to promote.
-6. **stop_previous**: after the grace period, stops the version the promote replaced (kept as
+7. **stop_previous**: after the grace period, stops the version the promote replaced (kept as
    a standby until then for an instant rollback with `kappa_rollback`).
 
 Retrying any task continues from what kappa's registry says happened.
@@ -29,6 +33,7 @@ from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from orchestrator.airflow import params as form
 from orchestrator.airflow import tasks
+from orchestrator.airflow.assets import FLIPS
 from orchestrator.lifecycle.await_ready import CATCHUP_DEADLINE_SECONDS
 
 CHOICES = form.form_choices()
@@ -66,6 +71,10 @@ def kappa_reprocess():
                                         user=dag_run.triggering_user_name, run_id=dag_run.run_id)
 
     @task
+    def preview_rules(checked: dict) -> dict:
+        return tasks.preview_rules(checked["pipeline"], checked["rules_version"])
+
+    @task
     def start_version(params=None, dag_run=None) -> dict:
         return tasks.start_reprocess(params["pipeline"], params["rules_version"], params["catchup_threshold"],
                                      params["reason"], user=dag_run.triggering_user_name, run_id=dag_run.run_id)
@@ -80,11 +89,11 @@ def kappa_reprocess():
     def validation_report(version: dict, readiness: dict) -> dict:
         return tasks.report(version["pipeline"], version["version"])
 
-    @task.short_circuit
-    def promote(version: dict, report: dict, params=None, dag_run=None) -> dict | None:
+    @task.short_circuit(outlets=[FLIPS])
+    def promote(version: dict, report: dict, params=None, dag_run=None, outlet_events=None) -> dict | None:
         return tasks.promote_if_asked(version["pipeline"], version["version"], params["auto_promote"],
                                       params["reason"], user=dag_run.triggering_user_name, run_id=dag_run.run_id,
-                                      dag_id=dag_run.dag_id)
+                                      dag_id=dag_run.dag_id, outlet_events=outlet_events)
 
     @task.sensor(mode="reschedule", poke_interval=timedelta(seconds=60), timeout=timedelta(days=7))
     def stop_previous(version: dict, promoted: dict, params=None, dag_run=None) -> PokeReturnValue:
@@ -93,8 +102,9 @@ def kappa_reprocess():
             run_id=dag_run.run_id, dag_id=dag_run.dag_id))
 
     checked = validate()
+    previewed = preview_rules(checked)
     version = start_version()
-    checked >> version
+    previewed >> version
     ready = wait_ready(version)
     report = validation_report(version, ready)
     promoted = promote(version, report)

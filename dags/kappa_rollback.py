@@ -9,7 +9,8 @@ Triggered by hand (**Trigger Dag** in the UI, or `kappa trigger rollback PIPELIN
 2. **wait_ready**: a sensor (reschedule mode) that logs lag and ETA until the target has caught up
    again; fails when its job fails or at the deadline.
 3. **flip**: one compare-and-swap of the serving alias back to the target, the pointer file
-   published, and the audit entry (`airflow:<your user>`, your reason, this run).
+   published, and the audit entry (`airflow:<your user>`, your reason, this run). The flip is an
+   event on the alias's Asset (`kappa.<alias>`): DAGs scheduled on it run next.
 
 Running it again after it finished is a no-op: the alias already serves the target. Like
 `kappa rollback`, a run after a *rollback* cut off before its publish only publishes that flip; after
@@ -26,6 +27,7 @@ from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from orchestrator.airflow import params as form
 from orchestrator.airflow import tasks
+from orchestrator.airflow.assets import FLIPS
 from orchestrator.lifecycle.rollback import ROLLBACK_DEADLINE_SECONDS
 
 CHOICES = form.form_choices()
@@ -60,11 +62,11 @@ def kappa_rollback():
         return PokeReturnValue(**tasks.poke_rollback_ready(
             prepared, user=dag_run.triggering_user_name, deadline_at=form.deadline_at(dag_run, params)))
 
-    @task
-    def flip(prepared: dict, readiness: dict | None, params=None, dag_run=None) -> dict:
+    @task(outlets=[FLIPS])
+    def flip(prepared: dict, readiness: dict | None, params=None, dag_run=None, outlet_events=None) -> dict:
         return tasks.rollback(prepared, params["reason"],
                               deadline_at=form.deadline_at(dag_run, params), user=dag_run.triggering_user_name,
-                              run_id=dag_run.run_id)
+                              run_id=dag_run.run_id, outlet_events=outlet_events)
 
     prepared = prepare()
     flip(prepared, wait_ready(prepared))

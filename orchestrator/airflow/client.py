@@ -10,6 +10,8 @@ AirflowError line that says what to do.
 
 from __future__ import annotations
 
+import json
+
 import time
 from typing import Any, Callable, Iterable
 from urllib.parse import quote
@@ -248,6 +250,22 @@ class AirflowClient:
             what=f"read the log of {task_id}")
         content = resp.json().get("content", [])
         return [c if isinstance(c, dict) else {"event": str(c)} for c in content]
+
+    def set_connection(self, conn_id: str, conn_type: str, *, extra: dict | None = None, **fields: Any) -> None:
+        """Create or replace an Airflow connection (host, port, login, password in `fields`).
+        The password travels in the request body only, never in a URL or a log line."""
+        body = {"connection_id": conn_id, "conn_type": conn_type, **fields,
+                "extra": json.dumps(extra) if extra is not None else None}
+        path = f"/api/v2/connections/{quote(conn_id, safe='')}"
+        what = f"write connection {conn_id}"
+        if self.session.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token()}"},
+                            timeout=self.timeout).status_code == 200:
+            self._request("PATCH", path, json=body, what=what)
+        else:
+            self._request("POST", "/api/v2/connections", json=body, what=what)
+
+    def delete_connection(self, conn_id: str) -> None:
+        self._request("DELETE", f"/api/v2/connections/{quote(conn_id, safe='')}", what=f"delete connection {conn_id}")
 
     def ui_run_url(self, dag_id: str, run_id: str) -> str:
         return f"{self.url}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"

@@ -5,7 +5,8 @@ lifecycle verb the CLI calls too (same functions, same defaults, deadlines in se
 an operator watching the task log wants to see, and returns the verb's result as JSON
 (`model_dump(mode="json")`, the task's XCom). The DAG files in `dags/` wrap these calls (one per
 task body), and tests call them directly; Airflow itself is only imported to fail a refused task
-without retries (`refusals_are_final`). The forms' Params live in `orchestrator.airflow.params`.
+without retries (`refusals_are_final`) and, in the flip tasks, to announce the flip as an asset event
+(`orchestrator.airflow.assets`). The forms' Params live in `orchestrator.airflow.params`.
 
 Attribution: every change is made as actor `airflow:<user>` with the reason tagged
 `[airflow <dag_id> run <run_id>]`, so the registry's audit log says who asked, in which run, and why.
@@ -31,7 +32,7 @@ from orchestrator.core.states import VersionState
 from orchestrator.lifecycle.await_ready import Readiness
 
 __all__ = ["refusals_are_final", "actor_for", "run_tag", "tagged_reason",
-           "validate_reprocess", "start_reprocess", "poke_ready", "report", "promote_if_asked",
+           "validate_reprocess", "preview_rules", "start_reprocess", "poke_ready", "report", "promote_if_asked",
            "check_promote", "promote", "poke_stop_previous",
            "prepare_rollback", "poke_rollback_ready", "rollback", "monitor"]
 
@@ -78,18 +79,24 @@ def tagged_reason(reason: str | None, dag_id: str, run_id: str, default: str) ->
 
 
 def _kappa() -> Kappa:
-    """Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*)."""
-    return Kappa()
+    """Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*), with the
+    Kafka settings of the Airflow connection `kafka_default` when it is defined (`kafka_conn`)."""
+    from orchestrator.airflow.kafka_conn import connection_overrides
+    from orchestrator.core.settings import resolve_settings
+
+    overrides = connection_overrides()
+    return Kappa(resolve_settings(**overrides)) if overrides else Kappa()
 
 
 def _lag_line(r: Readiness) -> str:
-    from orchestrator.observe.lag import format_partitions
+    from orchestrator.observe.lag import fmt_seconds, format_partitions
 
     lag = "unknown" if r.total_lag is None else f"{r.total_lag:,} records"
     eta = "unknown" if r.eta_seconds is None else f"{r.eta_seconds:.0f} s"
     parts = format_partitions(r.partitions) if r.partitions else "-"
-    return (f"{r.pipeline} v{r.version}: {r.state}; lag {lag} (threshold {r.threshold}); ETA {eta}; "
-            f"{r.consecutive_ok}/{r.required_samples} samples ok; job {r.job_health}; partitions {parts}; {r.reason}")
+    return (f"{r.pipeline} v{r.version}: {r.state}; lag {lag}, {fmt_seconds(r.lag_seconds)} behind "
+            f"(rule {r.rule}: {r.limits()}); ETA {eta}; {r.consecutive_ok}/{r.required_samples} samples ok; "
+            f"job {r.job_health}; partitions {parts}; {r.reason}")
 
 
 # -- kappa_reprocess --------------------------------------------------------------------------
@@ -148,6 +155,36 @@ def validate_reprocess(pipeline: str, rules_version: str | None = None, threshol
         for w in plan.warnings:
             log.warning("%s", w)
         return {**plan.model_dump(mode="json"), "resumes_version": resumed.version if resumed else None}
+
+
+def preview_rules(pipeline: str, rules_version: str | None) -> dict[str, Any]:
+    """Before the reprocess starts: what the rules would change in the served table (logged, and returned).
+
+    Advisory: it never stops the reprocess. Nothing served yet, a pipeline without rules, or a
+    served table the preview cannot read (the reprocess may be what repairs it) is logged and the
+    run goes on; the XCom then says `previewed: false` and why.
+    """
+    from orchestrator.lifecycle.preview import preview_rules as preview_verb
+
+    if not rules_version:
+        log.info("pipeline %s takes no rules: nothing to preview", pipeline)
+        return {"previewed": False, "reason": f"pipeline {pipeline!r} takes no rules"}
+    try:
+        with _kappa() as k:
+            p = preview_verb(k, pipeline, rules_version)
+    except KappaError as e:
+        log.warning("no rules preview (the reprocess goes on): %s", e)
+        return {"previewed": False, "reason": str(e)}
+    d = p.model_dump(mode="json")
+    by_col = ", ".join(f"{c}: {n}" for c, n in p.changed_by_column.items())
+    log.info("rules preview of %s: rules %s applied to the raw columns of served v%s (rules %s, alias %s, "
+             "Delta version %s) in %.2f s: %s of %s rows would change (%s)%s", pipeline, p.rules_version,
+             p.serving_version, p.serving_rules_version or "-", p.alias, p.delta_version, p.seconds, p.rows_changed,
+             p.rows_compared, by_col or "-", "; the same rules content as the served version" if p.same_rules else "")
+    for column, changes in d["top_changes"].items():
+        for c in changes:
+            log.info("  %s: %s", column, json.dumps(c, ensure_ascii=False))
+    return {"previewed": True, **d}
 
 
 @refusals_are_final
@@ -236,7 +273,8 @@ def report(pipeline: str, version: int) -> dict[str, Any]:
 
 @refusals_are_final
 def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: str | None = None, *,
-                     user: str | None, run_id: str, dag_id: str = "kappa_reprocess") -> dict[str, Any] | None:
+                     user: str | None, run_id: str, dag_id: str = "kappa_reprocess",
+                     outlet_events: Any = None) -> dict[str, Any] | None:
     """Promote when auto-promote is on; otherwise say how to promote and return None."""
     if not auto_promote:
         log.info("%s v%s is ready and NOT promoted (auto-promote is off). To promote it, trigger kappa_promote "
@@ -244,7 +282,7 @@ def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: st
                  "`kappa trigger promote %s %s`.", pipeline, version, pipeline, version, pipeline, version,
                  pipeline, version)
         return None
-    return promote(pipeline, version, reason, user=user, run_id=run_id, dag_id=dag_id)
+    return promote(pipeline, version, reason, user=user, run_id=run_id, dag_id=dag_id, outlet_events=outlet_events)
 
 
 # -- kappa_promote ----------------------------------------------------------------------------
@@ -273,8 +311,13 @@ def check_promote(pipeline: str, version: int | None = None, reason: str | None 
 
 @refusals_are_final
 def promote(pipeline: str, version: int | None, reason: str | None = None, *, user: str | None, run_id: str,
-            dag_id: str = "kappa_promote") -> dict[str, Any]:
-    """Check everything, flip the alias (CAS), publish, record. A no-op once the alias points at it."""
+            dag_id: str = "kappa_promote", outlet_events: Any = None) -> dict[str, Any]:
+    """Check everything, flip the alias (CAS), publish, record. A no-op once the alias points at it.
+
+    A flip adds the alias's asset event to `outlet_events` (`orchestrator.airflow.assets`); the
+    XCom's `asset_event` is its extra, None when nothing flipped.
+    """
+    from orchestrator.airflow.assets import announce_flip
     from orchestrator.lifecycle.promote import promote as promote_verb
 
     with _kappa() as k:
@@ -285,6 +328,10 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
         if not res.flipped and res.previous_version == res.version:
             # a retry after the flip: the version it replaced is in the alias history
             d["previous_version"] = k.registry.get_alias(res.alias).previous_version
+        d["asset_event"] = announce_flip(k, outlet_events, action="promote", pipeline=pipeline, alias=res.alias,
+                                         version=res.version, previous_version=res.previous_version,
+                                         flipped=res.flipped, run_tag=run_tag(dag_id, run_id), actor=res.actor or "",
+                                         reason=res.reason, at=res.at)
         return d
 
 
@@ -353,21 +400,26 @@ def poke_rollback_ready(prepared: dict[str, Any], *, deadline_at: float, user: s
 
 @refusals_are_final
 def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at: float, user: str | None,
-             run_id: str, dag_id: str = "kappa_rollback") -> dict[str, Any]:
+             run_id: str, dag_id: str = "kappa_rollback", outlet_events: Any = None) -> dict[str, Any]:
     """Flip the alias back to the prepared target (ready by now): CAS, publish, record.
 
     The flip expects the alias where the prepare task found it (`prepared["from_version"]`), so a
     promote that lands while the sensor waits is not silently undone: the flip is refused instead.
-    A retry after the flip finds the alias serving the target and only publishes.
+    A retry after the flip finds the alias serving the target and only publishes. A flip adds the
+    alias's asset event to `outlet_events`, as `promote` does (XCom `asset_event`).
     """
+    from orchestrator.airflow.assets import announce_flip
     from orchestrator.lifecycle.rollback import RollbackPlan, finish_rollback
 
     plan = RollbackPlan.model_validate(prepared)
     with _kappa() as k:
         res = finish_rollback(k, plan, actor=actor_for(user), deadline_seconds=max(0.0, deadline_at - time.time()),
                               reason=_rollback_reason(reason, user, dag_id, run_id))
-    log.info("%s", res.message)
-    return res.model_dump(mode="json")
+        log.info("%s", res.message)
+        event = announce_flip(k, outlet_events, action="rollback", pipeline=res.pipeline, alias=res.alias,
+                              version=res.to_version, previous_version=res.from_version, flipped=res.flipped,
+                              run_tag=run_tag(dag_id, run_id), actor=res.actor or "", reason=res.reason, at=res.at)
+    return {**res.model_dump(mode="json"), "asset_event": event}
 
 
 # -- kappa_monitor ----------------------------------------------------------------------------

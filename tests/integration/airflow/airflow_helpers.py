@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
-PIPELINES = ("af_dagtest", "af_rest", "af_busy", "af_ui", "af_flip")
+PIPELINES = ("af_dagtest", "af_rest", "af_busy", "af_ui", "af_flip", "af_conn", "af_asset")
 RECORDS, KEYS = 300, 200
 #: Of the records after the first KEYS (which create each member once): tombstones and malformed
 #: records (rejects), so that every DAG run meets both; the pipelines allow this reject rate.

@@ -54,8 +54,10 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     # 1. reprocess with rules v1, auto-promote: v1 serves
     dr, states = run_dag("kappa_reprocess", {"pipeline": PIPELINE, "rules_version": "v1", "reason": "first build"})
     assert dr.state == "success", states
-    assert states == {"validate": "success", "start_version": "success", "wait_ready": "success",
-                      "validation_report": "success", "promote": "success", "stop_previous": "success"}
+    assert states == {"validate": "success", "preview_rules": "success", "start_version": "success",
+                      "wait_ready": "success", "validation_report": "success", "promote": "success",
+                      "stop_previous": "success"}
+    assert xcom(dr, "preview_rules")["previewed"] is False  # nothing served yet: the run goes on
     with bed.kappa() as k:
         assert k.registry.get_alias(alias).version == 1
         v1 = k.registry.get_version(PIPELINE, 1)
@@ -73,6 +75,10 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     assert states["promote"] == "success" and states["stop_previous"] == "skipped"
     report = xcom(dr, "validation_report")
     assert report["version"] == 2 and report["serving_version"] == 1 and report["rows_changed"] > 0
+    # the preview before the rebuild saw the same changes in the served v1 that the rebuilt v2 shows
+    preview = xcom(dr, "preview_rules")
+    assert preview["previewed"] is True and (preview["serving_version"], preview["rules_version"]) == (1, "v2")
+    assert preview["changed_by_column"] == report["changed_by_column"]
     with bed.kappa() as k:
         assert k.registry.get_alias(alias).version == 1
         assert k.registry.get_version(PIPELINE, 2).state == "caught_up"

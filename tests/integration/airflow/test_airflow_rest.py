@@ -23,7 +23,7 @@ def test_reprocess_through_rest(airflow, stack_jobs_stopped):
     assert outcome.ok, f"{outcome.error}\n" + "\n".join(line for t in outcome.tasks for line in t.log_tail)
     assert run_states[-1] == "success" and "running" in run_states
     assert {t.task_id: t.state for t in outcome.tasks} == {
-        "validate": "success", "start_version": "success", "wait_ready": "success",
+        "validate": "success", "preview_rules": "success", "start_version": "success", "wait_ready": "success",
         "validation_report": "success", "promote": "success", "stop_previous": "success"}
     assert outcome.xcom["start_version"]["version"] == 1
     exp = expected(bed, "af_rest", "v2")

@@ -14,7 +14,7 @@ from orchestrator.airflow.stack import DAGS_FOLDER, KAPPA_DAG_IDS
 pytestmark = pytest.mark.airflow
 
 EXPECTED_TASKS = {
-    "kappa_reprocess": ["validate", "start_version", "wait_ready", "validation_report", "promote", "stop_previous"],
+    "kappa_reprocess": ["validate", "preview_rules", "start_version", "wait_ready", "validation_report", "promote", "stop_previous"],
     "kappa_promote": ["check", "promote", "stop_previous"],
     "kappa_rollback": ["prepare", "wait_ready", "flip"],
     "kappa_monitor": ["monitor"],
@@ -83,7 +83,7 @@ def no_side_effects(monkeypatch):
 def test_every_dag_imports_without_touching_broker_spark_or_registry(clean_kappa_env, no_side_effects):
     bag = parse()
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == sorted(KAPPA_DAG_IDS)
+    assert sorted(bag.dag_ids) == sorted([*KAPPA_DAG_IDS, "kappa_example_downstream"])
 
 
 @pytest.mark.parametrize("dag_id", KAPPA_DAG_IDS)
@@ -161,7 +161,27 @@ def test_broken_pipelines_file_is_an_import_error_naming_it(tmp_path, monkeypatc
     monkeypatch.setenv("KAPPA_PIPELINES", str(pipelines))
     bag = parse()
     assert set(bag.import_errors) == {str(DAGS_FOLDER / f"{d}.py") for d in ("kappa_reprocess", "kappa_promote",
-                                                                               "kappa_rollback")}
+                                                                               "kappa_rollback",
+                                                                               "kappa_example_downstream")}
     message = next(iter(bag.import_errors.values()))
     assert "ConfigError" in message and str(pipelines) in message and "topics" in message
     assert "kappa_monitor" in bag.dag_ids  # the monitor has no form: it still parses
+
+
+def test_only_the_flip_tasks_announce_flips_and_the_example_follows_every_alias(clean_kappa_env):
+    from airflow.sdk import AssetAny
+
+    from orchestrator.airflow.assets import FLIPS, kappa_alias_asset
+    from orchestrator.core.pipelines import load_pipelines
+
+    bag = parse()
+    flip_tasks = {("kappa_promote", "promote"), ("kappa_reprocess", "promote"), ("kappa_rollback", "flip")}
+    for dag_id in KAPPA_DAG_IDS:
+        for t in bag.dags[dag_id].tasks:
+            assert t.outlets == ([FLIPS] if (dag_id, t.task_id) in flip_tasks else []), (dag_id, t.task_id)
+    example = bag.dags["kappa_example_downstream"]
+    assert example.is_paused_upon_creation is True and example.catchup is False
+    assert [t.task_id for t in example.tasks] == ["log_flips"]
+    aliases = [spec.alias for spec in load_pipelines().values()]
+    assert "member_profiles_std" in aliases
+    assert example.schedule == AssetAny(*(kappa_alias_asset(a) for a in aliases))
