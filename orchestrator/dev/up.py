@@ -1,0 +1,146 @@
+"""`kappa up`: everything a new user needs to click through kappa in the Airflow UI, in one command.
+
+It starts what `kappa demo` starts (the embedded broker, the compacted `member_profiles` topic
+filled with profile changes, a live producer of updates), deploys v1 of `standardize` with the v1
+rules and promotes it once it has caught up, then starts Airflow for that kappa home and prints
+the UI's address and login. It runs until Ctrl-C (or SIGTERM), then stops everything it started,
+by PID: Airflow's components, the jobs of every version (those the UI started too), the producer
+and the broker, and says that nothing is left running.
+
+In the UI: trigger `kappa_reprocess` with rules v2 (the new title rules), watch it in the run's
+task logs (lag, ETA, the validation report), and roll back with `kappa_rollback`. The kappa home
+stays afterwards (registry, tables, plots); the broker is memory-only, so its topic does not.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from orchestrator.dev.demo import PIPELINE, Demo, DemoOptions
+from orchestrator.jobctl.process import create_time, group_alive
+
+__all__ = ["UpOptions", "run_up"]
+
+
+@dataclass
+class UpOptions:
+    home: Path | None = None
+    records: int = 20_000
+    keys: int = 5_000
+    rate: float = 5.0
+    port: int = 0                 # 0: a free port on 127.0.0.1
+    username: str = "admin"
+    password: str = "admin"
+    airflow_timeout: float = 300.0
+
+
+class Up(Demo):
+    """The demo's embedded stack and v1, then Airflow on top; `serve` waits for the stop signal."""
+
+    def __init__(self, opts: UpOptions, console: Console, overrides: dict[str, Any] | None = None):
+        super().__init__(DemoOptions(home=opts.home, records=opts.records, keys=opts.keys, rate=opts.rate,
+                                     batch=None), console, overrides)
+        self.up = opts
+        self.stack = None
+
+    def run(self) -> None:  # the setup; `serve` then waits
+        self.home = self._make_home()
+        self.section("The embedded stack: broker, compacted topic, live updates")
+        self.start_broker()
+        self.fill_topic()
+        self.start_producer()
+        self.alias = self.k.pipeline(PIPELINE).alias
+        self.section("v1 with the v1 rules: deploy, catch up, promote")
+        v1 = self.deploy_and_wait("v1", self.threshold(), "kappa up: the first version")
+        self.promote(v1, "kappa up: first version goes live")
+        self.section("Airflow for this kappa home")
+        self.start_airflow()
+
+    def start_airflow(self) -> None:
+        from orchestrator.airflow import stack as airflow_stack
+
+        self.say("starting Airflow (db migrate, api-server, scheduler, dag-processor, triggerer); "
+                 "this takes a minute or two")
+        self.stack = airflow_stack.start(self.k.settings, self.up.port or None, username=self.up.username,
+                                         password=self.up.password, timeout=self.up.airflow_timeout)
+        s = self.stack
+        self.say(f"Airflow runs, logs in {s.log_dir}; pids " + ", ".join(f"{c} {p}" for c, p in s.pids.items()))
+
+    def show_ready(self) -> None:
+        s = self.stack
+        served = self.k.registry.get_alias(self.alias)
+        rec = self.k.registry.get_version(PIPELINE, served.version)
+        self.section("kappa is up")
+        self.say(f"Airflow UI: {s.url}  (login {s.username} / {self.up.password})")
+        self.say(f"serving: alias {self.alias} -> {PIPELINE} v{served.version} (rules {rec.rules_version}); "
+                 f"kappa home {self.home}")
+        self.say("In the UI:")
+        self.say(f"  1. DAGs -> kappa_reprocess -> Trigger: pipeline {PIPELINE}, rules version v2, a reason -> Trigger")
+        self.say("  2. watch the run: wait_ready's log shows the lag and ETA, validation_report what v2 changes; "
+                 "the run promotes v2 when it is ready")
+        self.say("  3. DAGs -> kappa_rollback -> Trigger: pipeline standardize, a reason -> back to v1 at once")
+        self.say(f"From a terminal: kappa --home {self.home} status --watch   |   kappa --home {self.home} history")
+        self.say("[bold]Press Ctrl-C to stop everything kappa up started.[/]")
+
+    def cleanup(self) -> list[tuple[str, int]]:
+        stopped: list[tuple[str, int]] = []
+        if self.stack is not None:
+            pids = dict(self.stack.pids)
+            for comp in self.stack.stop():
+                stopped.append((f"Airflow {comp}", pids.get(comp, 0)))
+        return stopped + super().cleanup()
+
+
+def run_up(opts: UpOptions, *, console: Console | None = None, overrides: dict[str, Any] | None = None,
+           stop: threading.Event | None = None, on_ready: Callable[[Up], None] | None = None) -> int:
+    """Bring everything up, wait for Ctrl-C/SIGTERM (or `stop`), stop everything. Returns 0, or 1 if
+    something was left running."""
+    console = console or Console(highlight=False)
+    up = Up(opts, console, overrides)
+    stop = stop or threading.Event()
+    in_main = threading.current_thread() is threading.main_thread()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+    left: list[tuple[str, int]] = []
+    try:
+        up.run()
+        if not stop.is_set():
+            up.show_ready()
+            if on_ready is not None:
+                on_ready(up)
+        while not stop.wait(1.0):
+            if up.stack is not None and not all(up.stack.alive().values()):
+                gone = [c for c, alive in up.stack.alive().items() if not alive]
+                console.print(f"[red]Airflow's {', '.join(gone)} stopped; see {up.stack.log_dir}. "
+                              f"Stopping everything.[/]")
+                break
+    finally:
+        for sig in old:
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
+        try:
+            up.section("Stopping everything kappa up started")
+            stopped = up.cleanup()
+            for what, pid in stopped:
+                console.print(f"stopped {what} (pid {pid})", highlight=False)
+            left = [(w, p) for w, p in stopped if p and (create_time(p) is not None or group_alive(p))]
+            if left:
+                console.print(f"[red]still running: {', '.join(f'{w} (pid {p})' for w, p in left)}[/]")
+            else:
+                console.print(f"nothing left running (checked pids: {', '.join(str(p) for _, p in stopped) or 'none'})",
+                              highlight=False)
+            if up.home is not None:
+                console.print(f"the registry and tables stay in {up.home}: kappa --home {up.home} history",
+                              highlight=False)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+    return 1 if left else 0
