@@ -35,31 +35,10 @@ Pipelines = Annotated[Optional[list[str]], typer.Option("--pipeline", metavar="N
 def run_monitor_passes(hub, k_of, *, actor: str, interval: float, passes: int | None, stop: threading.Event,
                        out, err, pipelines: list[str] | None = None) -> int:
     """Monitor passes into `hub` until `stop` or `passes` ran, printing like `kappa supervise`; failed passes."""
-    from orchestrator.cli.supervise import _now, action_line
-    from orchestrator.lifecycle.monitor import monitor
+    from orchestrator.cli.supervise import run_passes
 
-    failed = n = 0
-    while not stop.is_set() and (passes is None or n < passes):
-        n += 1
-        try:
-            report = monitor(k_of(), actor=actor, pipelines=pipelines or None, raise_on_problem=False)
-            hub.record_pass(report)
-            for line in ([action_line(a) for a in report.reconciled]
-                         + [action_line({"kind": "stop_standby", **s}) for s in report.stopped]):
-                out(line)
-            for e in report.errors:
-                err(f"{_now()} error {e}")
-            for p in report.problems:
-                err(f"{_now()} problem {p}")
-        except Exception as e:  # noqa: BLE001 - the server outlives any one pass
-            failed += 1
-            hub.record_pass(None)
-            err(f"{_now()} error pass {n} failed ({type(e).__name__}): {' '.join(str(e).split())}; "
-                f"next pass in {interval:g} s")
-        if passes is not None and n >= passes:
-            break
-        stop.wait(interval)
-    return failed
+    return run_passes(k_of, actor=actor, interval=interval, passes=passes, out=out, err=err, stop=stop,
+                      pipelines=pipelines, on_report=hub.record_pass)
 
 
 @metrics_app.command("serve")

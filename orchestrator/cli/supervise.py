@@ -43,8 +43,11 @@ def action_line(a: dict[str, Any]) -> str:
 
 
 def run_passes(k_of, *, actor: str, interval: float, passes: int | None, out, err,
-               stop: threading.Event, pipelines: list[str] | None = None) -> int:
-    """Run monitor passes until `stop` is set or `passes` ran; returns how many passes failed."""
+               stop: threading.Event, pipelines: list[str] | None = None, on_report=None) -> int:
+    """Run monitor passes until `stop` is set or `passes` ran; returns how many passes failed.
+
+    `on_report(report)` is called after each pass (None for a pass that failed), e.g. to keep
+    metrics (`kappa metrics serve`)."""
     from orchestrator.lifecycle.monitor import monitor
 
     failed = n = 0
@@ -52,6 +55,8 @@ def run_passes(k_of, *, actor: str, interval: float, passes: int | None, out, er
         n += 1
         try:
             report = monitor(k_of(), actor=actor, pipelines=pipelines or None, raise_on_problem=False)
+            if on_report is not None:
+                on_report(report)
             for a in report.reconciled:
                 out(action_line(a))
             for s in report.stopped:
@@ -62,6 +67,8 @@ def run_passes(k_of, *, actor: str, interval: float, passes: int | None, out, er
                 err(f"{_now()} problem {p}")
         except Exception as e:  # noqa: BLE001 - a supervisor outlives any one pass
             failed += 1
+            if on_report is not None:
+                on_report(None)
             text = " ".join(str(e).split()) or type(e).__name__
             err(f"{_now()} error pass {n} failed ({type(e).__name__}): {text}; next pass in {interval:g} s")
         if passes is not None and n >= passes:

@@ -513,20 +513,11 @@ class Registry(LeaseOps):
     # -- lag samples ----------------------------------------------------------------------------
 
     def add_lag_sample(self, pipeline: str, n: int, total: int | None, partitions: dict[str, Any],
-                       at: Any = None) -> LagSampleRecord:
-        """Store one lag reading; `total` None means unknown (never zero)."""
-        if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
-            raise RegistryError(f"lag total must be an integer or None (unknown), got {total!r}")
-        at_ts = time.time() if at is None else _ts(at, "at")
-        parts = _json(partitions or {}, "lag partitions")
-        with self._tx(f"recording a lag sample of {pipeline} v{n}", write=True) as conn:
-            exists = conn.execute(sa.select(versions.c.version).where(
-                versions.c.pipeline == pipeline, versions.c.version == n)).first()
-            if exists is None:
-                raise self._missing_version(conn, pipeline, n)
-            sample_id = conn.execute(lag_samples_table.insert().values(
-                pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts)).inserted_primary_key[0]
-        return LagSampleRecord(id=sample_id, pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts)
+                       at: Any = None, lag_seconds: float | None = None) -> LagSampleRecord:
+        """Store one lag reading; `total` and `lag_seconds` None mean unknown (never zero)."""
+        from orchestrator.registry.lagsamples import add_lag_sample
+
+        return add_lag_sample(self, pipeline, n, total, partitions, at=at, lag_seconds=lag_seconds)
 
     def lag_samples(self, pipeline: str, n: int, limit: int | None = None, since: Any = None
                     ) -> list[LagSampleRecord]:
