@@ -39,9 +39,10 @@ def add_lag_sample(reg: Any, pipeline: str, n: int, total: int | None, partition
             versions.c.pipeline == pipeline, versions.c.version == n)).first()
         if exists is None:
             raise reg._missing_version(conn, pipeline, n)
+        # lag_seconds only when known: a registry not yet at step 4 (auto_migrate=False) takes the rest
+        known = {} if lag_seconds is None else {"lag_seconds": lag_seconds}
         sample_id = conn.execute(lag_samples_table.insert().values(
-            pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts,
-            lag_seconds=lag_seconds)).inserted_primary_key[0]
+            pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts, **known)).inserted_primary_key[0]
     return LagSampleRecord(id=sample_id, pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts,
                            lag_seconds=lag_seconds)
 
