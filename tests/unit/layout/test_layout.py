@@ -131,3 +131,14 @@ def test_jobs_are_the_modules_directly_in_jobs():
     assert sorted({s.job for s in declared.values()}) == jobs
     for spec in declared.values():
         assert check_job_exists(spec) == jobs_dir / f"{spec.job}.py"
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by basename (rootdir-relative, no packages): two files with one
+    name stop the whole run at collection ("import file mismatch"), as happened twice."""
+    tests = Path(__file__).resolve().parents[2]
+    seen: dict[str, list[str]] = {}
+    for p in tests.rglob("test_*.py"):
+        seen.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert clashes == {}, f"rename one of each: {clashes}"
