@@ -1,7 +1,8 @@
 """The registry's schema: the head tables the queries use, and the numbered steps that build them.
 
 A registry created by an older kappa is brought forward by applying the missing steps in order,
-inside one transaction, each recorded in `schema_migrations`. A step is frozen once released:
+inside one transaction, each recorded in `schema_migrations`; Alembic runs them, one revision per
+step (`orchestrator.registry.migrations`), and keeps its own `alembic_version`. A step is frozen once released:
 step 1 declares its own snapshot of the first schema on purpose (the head tables below moved on
 since), so an old registry is migrated through exactly the schema it once had. A new column or
 table is a new step *and* a change to the head tables; the migration tests check they agree.
@@ -9,8 +10,10 @@ table is a new step *and* a change to the head tables; the migration tests check
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -18,7 +21,8 @@ from sqlalchemy.engine import Connection
 
 from orchestrator.core.exceptions import RegistryError
 
-__all__ = ["HEAD", "MIGRATIONS", "Migration", "aliases", "alias_history", "apply_migrations", "audit_log",
+__all__ = ["HEAD", "MIGRATIONS", "Migration", "alembic_revision", "aliases", "alias_history", "apply_migrations",
+           "apply_step", "audit_log",
            "lag_samples_table", "metadata", "pipelines", "schema_migrations", "schema_version", "versions"]
 
 #: The advisory lock that serializes migrations of one PostgreSQL registry ("kappa").
@@ -266,12 +270,54 @@ def schema_version(conn: Connection) -> int:
     return conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0
 
 
+def apply_step(conn: Connection, step: int) -> None:
+    """Apply migration step `step` and record it in `schema_migrations` (an Alembic revision's body)."""
+    m = MIGRATIONS[step - 1]
+    m.apply(conn)
+    conn.execute(schema_migrations.insert().values(version=m.version, name=m.name, applied_at=time.time()))
+
+
+def _alembic(conn: Connection):
+    from alembic.config import Config
+
+    from orchestrator.registry.migrations import SCRIPT_LOCATION
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+    cfg.attributes["connection"] = conn
+    return cfg
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Alembic logs its dialect choice at INFO on every run; kappa's own output (CLI, task logs) stays clean."""
+    logger = logging.getLogger("alembic")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def alembic_revision(conn: Connection) -> str | None:
+    """The registry's Alembic revision (None: never run through Alembic)."""
+    from alembic.migration import MigrationContext
+
+    return MigrationContext.configure(conn).get_current_revision()
+
+
 def apply_migrations(conn: Connection, *, dialect: str, url: str, target: int) -> list[int]:
-    """Apply the steps missing up to `target` in the caller's transaction; the steps applied.
+    """Apply the steps missing up to `target` with Alembic, in the caller's transaction; the steps applied.
 
     On PostgreSQL an advisory lock makes concurrent migrators wait for each other, so each step
-    runs once. A registry newer than this code is refused, naming both schema versions.
+    runs once. A registry newer than this code is refused, naming both schema versions. A registry
+    made before kappa used Alembic is stamped at the step it has, then upgraded in place.
     """
+    from alembic import command
+
+    from orchestrator.registry.migrations import revision_of
+
     if dialect == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
     schema_migrations.create(conn, checkfirst=True)
@@ -280,11 +326,11 @@ def apply_migrations(conn: Connection, *, dialect: str, url: str, target: int) -
         raise RegistryError(
             f"registry {url} has schema version {current}, newer than this kappa knows "
             f"({HEAD}): upgrade kappa, or point KAPPA_REGISTRY_URL at another registry")
-    applied: list[int] = []
-    for step in MIGRATIONS:
-        if current < step.version <= target:
-            step.apply(conn)
-            conn.execute(schema_migrations.insert().values(
-                version=step.version, name=step.name, applied_at=time.time()))
-            applied.append(step.version)
-    return applied
+    cfg = _alembic(conn)
+    with _quiet_alembic():
+        if current > 0 and alembic_revision(conn) is None:
+            command.stamp(cfg, revision_of(current))
+        if current >= target:
+            return []
+        command.upgrade(cfg, revision_of(target))
+    return list(range(current + 1, target + 1))

@@ -1,4 +1,5 @@
-"""Versioned schema migrations: a registry created by an older kappa keeps working."""
+"""Versioned schema migrations (Alembic): a registry created by an older kappa keeps working, also one
+made before kappa used Alembic, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from registry_helpers import allocate
 
 from orchestrator.core.exceptions import ConflictError, RegistryError
 from orchestrator.registry import HEAD, MIGRATIONS, Registry, metadata
+from orchestrator.registry.migrations import revision_of
+from orchestrator.registry.schema import alembic_revision, apply_step, schema_migrations
 
 pytestmark = pytest.mark.integration
 
@@ -74,13 +77,55 @@ def test_migrations_build_exactly_the_head_schema(registry_url):
     reg = Registry(registry_url)
     try:
         insp = sa.inspect(reg._engine)
-        assert set(insp.get_table_names()) == set(metadata.tables)
+        assert set(insp.get_table_names()) == set(metadata.tables) | {"alembic_version"}
         for name, table in metadata.tables.items():
             assert sorted(c["name"] for c in insp.get_columns(name)) == sorted(table.columns.keys()), name
             assert sorted(i["name"] for i in insp.get_indexes(name)) == sorted(i.name for i in table.indexes), name
         with reg._engine.connect() as c:
             rows = c.execute(sa.text("SELECT version, name FROM schema_migrations ORDER BY version")).all()
+            revision = alembic_revision(c)
         assert [tuple(r) for r in rows] == [(m.version, m.name) for m in MIGRATIONS]
+        assert revision == revision_of(HEAD)
+    finally:
+        reg.close()
+
+
+def pre_alembic_registry(url: str, steps: int) -> None:
+    """A registry as kappa made it before it used Alembic: the steps applied one by one and recorded
+    in schema_migrations, no alembic_version table; one version and one lag sample."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as c:
+            schema_migrations.create(c)
+            for step in range(1, steps + 1):
+                apply_step(c, step)
+        with engine.begin() as c:
+            assert not sa.inspect(c).has_table("alembic_version")
+            c.execute(sa.text("INSERT INTO pipelines (name, last_version, created_at) VALUES ('standardize', 1, 100)"))
+            c.execute(sa.text(
+                "INSERT INTO versions (pipeline, version, state, rules_version, rules_hash, code_ref, table_path, "
+                "checkpoint_path, group_id, actor, reason, created_at, updated_at) VALUES ('standardize', 1, "
+                "'created', 'v1', 'h', 'git:old', '/wh/v1', '/st/v1', 'kappa.standardize.v1', 'alice', 'old', 101, 201)"))
+            c.execute(sa.text("INSERT INTO lag_samples (pipeline, version, at, total, partitions) VALUES "
+                              "('standardize', 1, 100, 7, '{}')"))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("steps", [2, HEAD])
+def test_a_registry_made_before_alembic_is_upgraded_in_place(registry_url, steps):
+    pre_alembic_registry(registry_url, steps)
+    reg = Registry(registry_url)  # stamped at its step, then upgraded
+    try:
+        assert reg.schema_version() == HEAD
+        with reg._engine.connect() as c:
+            assert alembic_revision(c) == revision_of(HEAD)
+            applied = [r[0] for r in c.execute(sa.text("SELECT version FROM schema_migrations ORDER BY version"))]
+        assert applied == list(range(1, HEAD + 1))              # each step once
+        (sample,) = reg.lag_samples("standardize", 1)
+        assert (sample.total, sample.lag_seconds) == (7, None)  # kept, and the new column is there
+        assert reg.get_version("standardize", 1).state == "created"
+        assert reg.migrate() == []
     finally:
         reg.close()
 
@@ -105,3 +150,17 @@ def test_unknown_target(registry_url):
         assert reg.schema_version() == 0
     finally:
         reg.close()
+
+
+def test_migrating_logs_nothing_from_alembic(registry_url, caplog):
+    """Alembic's INFO chatter (its dialect choice, each revision) stays out of kappa's CLI output and task logs."""
+    pre_alembic_registry(registry_url, 2)
+    with caplog.at_level("DEBUG"):
+        reg = Registry(registry_url)  # stamps, then upgrades: Alembic runs
+        reg.close()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("alembic")] == []
+    reopened = Registry(registry_url)
+    try:
+        assert reopened.schema_version() == HEAD
+    finally:
+        reopened.close()
