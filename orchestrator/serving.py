@@ -2,10 +2,11 @@
 
 The registry is the truth of which version an alias serves; the pointer file
 `<warehouse>/_aliases/<alias>.json` (`orchestrator.core.paths.alias_pointer_path`) is where
-readers look, so a reader needs nothing but the warehouse path (any Delta reader can follow
-`table`). A pointer is replaced atomically (`orchestrator.core.files.write_atomic`: temporary
-file, fsync, rename, directory fsync): a reader sees the old pointer or the new one, never a
-half-written file.
+readers look, so a reader needs nothing but the warehouse location (any Delta reader can follow
+`table`). The pointer is a location like the tables (`orchestrator.core.uris`: a local path or a URI
+such as `s3://bucket/wh/_aliases/a.json`). It is replaced atomically (`uris.write_atomic`: locally a
+temporary file, fsync, rename, directory fsync; on an object store one put): a reader sees the old
+pointer or the new one, never a half-written file.
 
 `publish_current` is the only way the orchestrator publishes: under an exclusive file lock it
 reads what the registry says the alias serves *now* and writes that, then marks it published.
@@ -26,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core.exceptions import ConflictError, NotFoundError, SinkError
-from orchestrator.core.files import write_json_atomic
+from orchestrator.core import uris
 from orchestrator.core.kappa import Kappa
-from orchestrator.core.paths import alias_pointer_path
+from orchestrator.core.paths import ALIASES_DIR, alias_pointer_path
 from orchestrator.core.settings import Settings, resolve_settings
 from orchestrator.core.states import VersionState
 
@@ -39,10 +40,10 @@ __all__ = ["AliasInfo", "alias_lock", "describe_alias", "open_alias", "publish_c
            "registry_file_missing", "resolve_alias", "set_serving_states", "write_pointer"]
 
 
-def write_pointer(path: Path, pointer: dict[str, Any]) -> None:
-    """Atomically replace `path` with `pointer` as one line of JSON, readable by every reader (0644):
-    it names a table, nothing secret, and readers are often other users than the orchestrator."""
-    write_json_atomic(path, pointer, mode=0o644, indent=None)
+def write_pointer(path: str | Path, pointer: dict[str, Any]) -> None:
+    """Atomically replace the file at location `path` with `pointer` as one line of JSON, readable by every
+    reader (0644): it names a table, nothing secret, and readers are often other users than the orchestrator."""
+    uris.write_atomic(path, json.dumps(pointer, sort_keys=True) + "\n", mode=0o644)
 
 
 def _pointer_problem(pointer: Any) -> str | None:
@@ -52,7 +53,7 @@ def _pointer_problem(pointer: Any) -> str | None:
     return f"it lacks {', '.join(missing)}" if missing else None
 
 
-def read_pointer(path: Path, *, strict: bool = False) -> dict[str, Any] | None:
+def read_pointer(path: str | Path, *, strict: bool = False) -> dict[str, Any] | None:
     """The pointer in `path`; None when there is none yet.
 
     A file that is not a pointer (truncated by a full disk or a copy, not JSON, fields missing) is
@@ -60,9 +61,8 @@ def read_pointer(path: Path, *, strict: bool = False) -> dict[str, Any] | None:
     repair (`publish_current`, `kappa reconcile`). `strict=True` (readers) raises SinkError
     naming the file and the repair instead.
     """
-    try:
-        raw = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    raw = uris.read_text(path, errors="replace")
+    if raw is None:
         return None
     try:
         pointer = json.loads(raw)
@@ -195,10 +195,16 @@ def describe_alias(k: Kappa, alias: str) -> AliasInfo:
     return AliasInfo(**info)
 
 
+def _lock_file(k: Kappa, alias: str) -> Path:
+    """The lock of the alias's publishers: next to a local pointer file, else under the state dir (an
+    object store has no file locks)."""
+    local = uris.local_path(k.alias_file(alias))
+    return (local.parent if local is not None else k.settings.state_dir / ALIASES_DIR) / f".{alias}.lock"
+
+
 @contextmanager
-def alias_lock(path: Path) -> Iterator[None]:
-    """Serialize publishers of one alias (all processes on this host)."""
-    lock = path.with_name(f".{path.stem}.lock")
+def alias_lock(lock: Path) -> Iterator[None]:
+    """Serialize publishers of one alias (all processes on this host): an exclusive lock on the file `lock`."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
@@ -214,7 +220,7 @@ def publish_current(k: Kappa, alias: str) -> dict[str, Any] | None:
     Returns None when the registry has no such alias (nothing to publish). Idempotent.
     """
     path = k.alias_file(alias)
-    with alias_lock(path):
+    with alias_lock(_lock_file(k, alias)):
         rec = k.registry.get_alias(alias)
         if rec is None:
             return None

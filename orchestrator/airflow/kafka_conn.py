@@ -22,11 +22,12 @@ import logging
 import os
 from typing import Any
 
+from orchestrator.core.envvars import KAPPA_AIRFLOW_KAFKA_CONN_ID
 from orchestrator.core.exceptions import ConfigError
 
 __all__ = ["CONN_ID_ENV", "DEFAULT_CONN_ID", "MANAGED_KEYS", "connection_overrides", "overrides_from"]
 
-CONN_ID_ENV = "KAPPA_AIRFLOW_KAFKA_CONN_ID"
+CONN_ID_ENV = KAPPA_AIRFLOW_KAFKA_CONN_ID
 DEFAULT_CONN_ID = "kafka_default"
 #: Consumer settings kappa sets per job and version; a connection's value would break them.
 MANAGED_KEYS = frozenset({"group.id", "enable.auto.commit", "auto.offset.reset", "enable.partition.eof",

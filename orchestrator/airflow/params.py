@@ -15,13 +15,14 @@ from typing import Any, Mapping
 
 from airflow.sdk import Param
 
+from orchestrator.core.envvars import KAPPA_AIRFLOW_POKE_SECONDS
 from orchestrator.core.settings import Settings
 
 __all__ = ["POKE_SECONDS_ENV", "MIN_POKE_SECONDS", "poke_seconds", "form_choices", "pipeline_param",
            "reason_param", "grace_period_param", "deadline_minutes_param", "deadline_at"]
 
 #: Seconds between two pokes of the sensors (read at parse time; the tests shorten it).
-POKE_SECONDS_ENV = "KAPPA_AIRFLOW_POKE_SECONDS"
+POKE_SECONDS_ENV = KAPPA_AIRFLOW_POKE_SECONDS
 #: Below this, Airflow 3.3's LocalExecutor can report the end of one poke after the next poke of
 #: the same try started, and the scheduler then fails the running sensor ("finished with state
 #: success, but the task instance's state attribute is running"): seen with 3 s on a busy machine.

@@ -8,6 +8,7 @@ import typer
 
 from orchestrator.cli.app import AsJson, app, cli_of, new_typer
 from orchestrator.cli.render import print_json
+from orchestrator.core.envvars import KAPPA_AIRFLOW_DB_URL, KAPPA_AIRFLOW_PASSWORD, KAPPA_BOOTSTRAP_SERVERS
 
 __all__ = ["airflow_app"]
 
@@ -19,9 +20,9 @@ app.add_typer(airflow_app, name="airflow")
 def airflow_start(
     ctx: typer.Context,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="api-server port on 127.0.0.1 (0: a free one)")] = 0,
-    db_url: Annotated[Optional[str], typer.Option("--db-url", envvar="KAPPA_AIRFLOW_DB_URL", help="PostgreSQL URL for Airflow's metadata (default: SQLite in <home>/airflow)")] = None,
+    db_url: Annotated[Optional[str], typer.Option("--db-url", envvar=KAPPA_AIRFLOW_DB_URL, help="PostgreSQL URL for Airflow's metadata (default: SQLite in <home>/airflow)")] = None,
     username: Annotated[str, typer.Option("--username", help="login to create")] = "admin",
-    password: Annotated[str, typer.Option("--password", envvar="KAPPA_AIRFLOW_PASSWORD", help="its password")] = "admin",
+    password: Annotated[str, typer.Option("--password", envvar=KAPPA_AIRFLOW_PASSWORD, help="its password")] = "admin",
     timeout: Annotated[float, typer.Option("--timeout", min=10, help="seconds to wait until every component is healthy")] = 300.0,
     as_json: AsJson = False,
 ) -> None:
@@ -45,7 +46,7 @@ def airflow_start(
     if not settings.bootstrap_servers:
         cli.err.print("warning: no Kafka bootstrap servers are configured, so DAG runs cannot reach a broker; "
                       "start one with `kappa broker start` (before `kappa airflow start`) or set "
-                      "KAPPA_BOOTSTRAP_SERVERS")
+                      f"{KAPPA_BOOTSTRAP_SERVERS}")
     cli.out.print(f"logs in {stack.log_dir}; trigger a reprocess with `kappa trigger reprocess <pipeline> --rules v2`")
 
 

@@ -25,13 +25,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from typer.core import TyperGroup
 
+from orchestrator.core.envvars import CATALOGUE
 from orchestrator.core.exceptions import KappaError, is_refusal
 
 if TYPE_CHECKING:
     from orchestrator.core.kappa import Kappa
     from orchestrator.core.settings import Settings
 
-__all__ = ["Actor", "AsJson", "Cli", "EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "KappaGroup", "Reason",
+__all__ = ["Actor", "AsJson", "Cli", "EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "KappaGroup", "KappaRootGroup",
+           "Reason",
            "app", "cli_of", "default_actor", "error_line", "exit_code_of", "new_typer", "version_line"]
 
 #: The exit codes scripts can rely on. Usage errors (an unknown command or option, a bad value) are
@@ -68,15 +70,25 @@ class KappaGroup(TyperGroup):
             raise typer.Exit(exit_code_of(e)) from None
 
 
-def new_typer(*, add_completion: bool = False, **kw: Any) -> typer.Typer:
+class KappaRootGroup(KappaGroup):
+    """The `kappa` group itself: its --help ends with every KAPPA_* variable kappa reads (the catalogue,
+    `orchestrator.core.envvars`)."""
+
+    def format_epilog(self, ctx, formatter) -> None:
+        super().format_epilog(ctx, formatter)
+        with formatter.section("Environment variables (flag > variable > config file > default)"):
+            formatter.write_dl([(v.name, v.description) for v in CATALOGUE.values()], col_max=36)
+
+
+def new_typer(*, add_completion: bool = False, cls: type[KappaGroup] = KappaGroup, **kw: Any) -> typer.Typer:
     """A command group whose KappaErrors end as one line on stderr (a bug keeps its plain traceback).
 
     Only the root app adds the shell completion options (`--install-completion`, `--show-completion`)."""
-    return typer.Typer(cls=KappaGroup, no_args_is_help=True, add_completion=add_completion,
+    return typer.Typer(cls=cls, no_args_is_help=True, add_completion=add_completion,
                        pretty_exceptions_enable=False, rich_markup_mode=None, **kw)
 
 
-app = new_typer(name="kappa", add_completion=True, help=(
+app = new_typer(name="kappa", add_completion=True, cls=KappaRootGroup, help=(
     "kappa: re-derive a streaming table from a compacted Kafka topic into a new version, watch it "
     "catch up, flip the serving alias atomically, roll back. Start with `kappa demo`.\n\n" + EXIT_CODES_HELP))
 
@@ -172,8 +184,9 @@ def _global(
     bootstrap_servers: Annotated[Optional[str], typer.Option("--bootstrap-servers", help="Kafka bootstrap servers (KAPPA_BOOTSTRAP_SERVERS; default: the embedded broker)")] = None,
     kafka_config: Annotated[Optional[str], typer.Option("--kafka-config", help="extra librdkafka settings as a JSON object (KAPPA_KAFKA_CONFIG)")] = None,
     pipelines_file: Annotated[Optional[Path], typer.Option("--pipelines-file", help="pipelines file (KAPPA_PIPELINES)")] = None,
-    warehouse: Annotated[Optional[Path], typer.Option("--warehouse", help="Delta tables root (KAPPA_WAREHOUSE)")] = None,
-    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="checkpoints and run dirs (KAPPA_STATE_DIR)")] = None,
+    warehouse: Annotated[Optional[str], typer.Option("--warehouse", help="Delta tables root: a path or a URI such as s3://bucket/wh (KAPPA_WAREHOUSE)")] = None,
+    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="run dirs, and checkpoints unless --checkpoints (KAPPA_STATE_DIR)")] = None,
+    checkpoints: Annotated[Optional[str], typer.Option("--checkpoints", help="Spark checkpoints root: a path or a URI every executor reaches (KAPPA_CHECKPOINTS; default: the state dir)")] = None,
     group_prefix: Annotated[Optional[str], typer.Option("--group-prefix", help="consumer group prefix (KAPPA_GROUP_PREFIX)")] = None,
     spark_master: Annotated[Optional[str], typer.Option("--spark-master", help="Spark master for jobs (KAPPA_SPARK_MASTER)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log what kappa does (INFO) to stderr")] = False,
@@ -186,7 +199,8 @@ def _global(
         logging.getLogger("kappa.kafka").setLevel(logging.CRITICAL)
     ctx.obj = Cli(dict(home=home, registry_url=registry_url, bootstrap_servers=bootstrap_servers,
                        kafka_config=kafka_config, pipelines_file=pipelines_file, warehouse=warehouse,
-                       state_dir=state_dir, group_prefix=group_prefix, spark_master=spark_master),
+                       state_dir=state_dir, checkpoints=checkpoints, group_prefix=group_prefix,
+                       spark_master=spark_master),
                   config_file=config)
     ctx.call_on_close(ctx.obj.close)
 

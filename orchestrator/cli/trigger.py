@@ -13,6 +13,7 @@ import typer
 
 from orchestrator.cli.app import Actor, AsJson, Cli, Reason, app, cli_of, default_actor, new_typer
 from orchestrator.cli.render import print_json
+from orchestrator.core.envvars import KAPPA_AIRFLOW_PASSWORD, KAPPA_AIRFLOW_URL, KAPPA_AIRFLOW_USER
 from orchestrator.core.exceptions import AirflowError, KappaError
 
 __all__ = ["trigger_app"]
@@ -21,9 +22,9 @@ trigger_app = new_typer(help="Trigger kappa's Airflow DAGs through Airflow's RES
 app.add_typer(trigger_app, name="trigger")
 
 
-AirflowUrl = Annotated[Optional[str], typer.Option("--airflow-url", envvar="KAPPA_AIRFLOW_URL", help="Airflow base URL (default: the one `kappa airflow start` runs)")]
-AirflowUser = Annotated[Optional[str], typer.Option("--airflow-user", envvar="KAPPA_AIRFLOW_USER", help="Airflow login (default: admin, or the running stack's)")]
-AirflowPassword = Annotated[Optional[str], typer.Option("--airflow-password", envvar="KAPPA_AIRFLOW_PASSWORD", help="its password (default: admin, or the running stack's)")]
+AirflowUrl = Annotated[Optional[str], typer.Option("--airflow-url", envvar=KAPPA_AIRFLOW_URL, help="Airflow base URL (default: the one `kappa airflow start` runs)")]
+AirflowUser = Annotated[Optional[str], typer.Option("--airflow-user", envvar=KAPPA_AIRFLOW_USER, help="Airflow login (default: admin, or the running stack's)")]
+AirflowPassword = Annotated[Optional[str], typer.Option("--airflow-password", envvar=KAPPA_AIRFLOW_PASSWORD, help="its password (default: admin, or the running stack's)")]
 FollowTimeout = Annotated[float, typer.Option("--timeout", min=1, help="seconds to follow the run before giving up")]
 
 
@@ -40,7 +41,7 @@ def _airflow_target(cli: Cli, url: str | None, user: str | None, password: str |
     if url is None:
         if stack is None:
             raise AirflowError("no Airflow URL: start Airflow with `kappa airflow start`, or pass --airflow-url "
-                               "(or set KAPPA_AIRFLOW_URL)")
+                               f"(or set {KAPPA_AIRFLOW_URL})")
         url = stack.url
     if user is None:
         user = stack.username if stack is not None else "admin"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError
@@ -78,7 +77,8 @@ class Kappa:
     def paths(self, pipeline: str, n: int) -> VersionPaths:
         return version_paths(self.settings, pipeline, n)
 
-    def alias_file(self, alias: str) -> Path:
+    def alias_file(self, alias: str) -> str:
+        """The location of the alias's pointer file (`orchestrator.core.uris`), under the warehouse."""
         return alias_pointer_path(self.settings.warehouse, alias)
 
     # -- Kafka ------------------------------------------------------------------------------

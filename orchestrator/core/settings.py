@@ -1,22 +1,13 @@
 """Settings: where kappa keeps things and how it reaches Kafka, Spark and the registry.
 
-One precedence, resolved in one function, `resolve_settings`:
+One precedence, resolved by pydantic-settings in one function, `resolve_settings`:
 
     CLI flag  >  environment variable  >  config file (TOML)  >  default
 
-| setting             | CLI flag              | environment variable      | default                          |
-|---------------------|-----------------------|---------------------------|----------------------------------|
-| `home`              | `--home`              | `KAPPA_HOME`              | `<cwd>/.kappa`                   |
-| `warehouse`         | `--warehouse`         | `KAPPA_WAREHOUSE`         | `<home>/warehouse`               |
-| `state_dir`         | `--state-dir`         | `KAPPA_STATE_DIR`         | `<home>/state`                   |
-| `registry_url`      | `--registry-url`      | `KAPPA_REGISTRY_URL`      | `sqlite:///<home>/registry.db`   |
-| `bootstrap_servers` | `--bootstrap-servers` | `KAPPA_BOOTSTRAP_SERVERS` | None (the embedded broker)       |
-| `kafka_config`      | `--kafka-config`      | `KAPPA_KAFKA_CONFIG`      | `{}` (JSON object / TOML table)  |
-| `group_prefix`      | `--group-prefix`      | `KAPPA_GROUP_PREFIX`      | `kappa`                          |
-| `pipelines_file`    | `--pipelines-file`    | `KAPPA_PIPELINES`         | the shipped `pipelines.toml`     |
-| `spark_master`      | `--spark-master`      | `KAPPA_SPARK_MASTER`      | `local[2]`                       |
-| `lag_sample_retention_seconds` | (none) | `KAPPA_LAG_SAMPLE_RETENTION_SECONDS` | `259200` (3 days)   |
-| `readiness_window_seconds`     | (none) | `KAPPA_READINESS_WINDOW_SECONDS`     | `300`               |
+The settings, their flags, environment variables and defaults are tabled at the end of this
+docstring; the table is generated from the catalogue of every KAPPA_* variable,
+`orchestrator.core.envvars`, which `kappa --help` lists too. The two numeric settings (seconds)
+have no flag.
 
 The config file is `--config FILE` (`config_file=`), else `KAPPA_CONFIG`, else `kappa.toml`
 in the home directory (optional). It holds the same names as top-level keys, and
@@ -24,10 +15,9 @@ in the home directory (optional). It holds the same names as top-level keys, and
 relative paths from flags and environment variables to the current directory. Every path in
 a `Settings` is absolute, so a spawned job sees the same files whatever its working directory.
 `warehouse`, `state_dir` and `registry_url` follow `home` unless set themselves.
-The two numeric settings (seconds) have no flag: lag samples older than
-`lag_sample_retention_seconds` are deleted as new ones are stored (the audit log is kept for
-good), and a readiness decision counts only samples taken within `readiness_window_seconds`
-of the newest (`orchestrator.lifecycle.await_ready`).
+Lag samples older than `lag_sample_retention_seconds` are deleted as new ones are stored (the
+audit log is kept for good), and a readiness decision counts only samples taken within
+`readiness_window_seconds` of the newest (`orchestrator.lifecycle.await_ready`).
 
 `kafka_config` is merged key by key (file, then environment, then flags), so a flag can
 override one librdkafka setting without repeating the others. Values are strings (librdkafka
@@ -41,7 +31,17 @@ ships (`orchestrator.core.resources.default_pipelines_file`). A version's paths 
 `orchestrator.core.paths`.
 
 Empty environment variables count as unset. CLI overrides that are None count as unset (what
-typer passes for an option the user did not give).
+typer passes for an option the user did not give). `Settings(...)` constructed directly (as tests
+do) takes its arguments and defaults only: it reads neither the environment nor a config file.
+
+How the layers are read: pydantic-settings' `InitSettingsSource` (the flags, `Settings(**flags)`),
+`EnvSettingsSource` (each setting under its catalogued name, from `os.environ` or the injected
+`env=`), `TomlConfigSettingsSource` (the config file) and a default for `home` under `cwd=`, in
+that priority, through `Settings.settings_customise_sources`, which only `resolve_settings` arms.
+Each layer's values are checked on their own (unknown keys and value types in the file, the
+JSON of `kafka_config`) and recorded with their source, so that an error is one `ConfigError`
+line naming the setting, where its value came from and how to fix it, and `source_of(field)`
+answers where a value came from.
 """
 
 from __future__ import annotations
@@ -51,38 +51,33 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_serializer,
-                      field_validator, model_validator)
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_serializer, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict,
+                               TomlConfigSettingsSource)
 
+from orchestrator.core.envvars import CATALOGUE, KAPPA_CONFIG, SETTINGS_VARS
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.resources import default_pipelines_file
 from orchestrator.core.secrets import is_secret_key, mask_url, reveal
 
 __all__ = ["CLI_FLAGS", "CONFIG_ENV", "CONFIG_FILE_NAME", "ENV_VARS", "SECONDS_FIELDS", "Settings", "resolve_settings"]
 
-CONFIG_ENV = "KAPPA_CONFIG"
+CONFIG_ENV = KAPPA_CONFIG
 CONFIG_FILE_NAME = "kappa.toml"
 
-ENV_VARS: dict[str, str] = {
-    "home": "KAPPA_HOME",
-    "warehouse": "KAPPA_WAREHOUSE",
-    "state_dir": "KAPPA_STATE_DIR",
-    "registry_url": "KAPPA_REGISTRY_URL",
-    "bootstrap_servers": "KAPPA_BOOTSTRAP_SERVERS",
-    "kafka_config": "KAPPA_KAFKA_CONFIG",
-    "group_prefix": "KAPPA_GROUP_PREFIX",
-    "pipelines_file": "KAPPA_PIPELINES",
-    "spark_master": "KAPPA_SPARK_MASTER",
-    "lag_sample_retention_seconds": "KAPPA_LAG_SAMPLE_RETENTION_SECONDS",
-    "readiness_window_seconds": "KAPPA_READINESS_WINDOW_SECONDS",
-}
+#: Each setting's environment variable, from the catalogue (`orchestrator.core.envvars`).
+ENV_VARS: dict[str, str] = {v.setting: v.name for v in SETTINGS_VARS if v.setting}
 #: Settings in seconds, set by environment variable or config file only (no CLI flag).
 SECONDS_FIELDS = ("lag_sample_retention_seconds", "readiness_window_seconds")
 CLI_FLAGS: dict[str, str] = {name: "--" + name.replace("_", "-") for name in ENV_VARS if name not in SECONDS_FIELDS}
-PATH_FIELDS = ("home", "warehouse", "state_dir", "pipelines_file")
+PATH_FIELDS = ("home", "state_dir", "pipelines_file")
+#: Locations handled by Spark and delta-rs: a local path (made absolute) or a URI kept as given.
+LOCATION_FIELDS = ("warehouse", "checkpoints")
 
 _GROUP_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _REGISTRY_URL_HINT = "expected sqlite:///<path> or postgresql+psycopg2://<user>[:<password>]@<host>:<port>/<db>"
@@ -115,14 +110,19 @@ def _normalize_kafka_config(v: Any) -> dict[str, str | SecretStr]:
     return out
 
 
-class Settings(BaseModel):
-    """Resolved settings. Build with `resolve_settings()`; `Settings(home=...)` is fine in tests."""
+class Settings(BaseSettings):
+    """Resolved settings. Build with `resolve_settings()`; `Settings(home=...)` is fine in tests.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Constructed directly, it takes its arguments and defaults only (no environment, no config file).
+    """
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", env_prefix="KAPPA_", case_sensitive=True,
+                                      env_ignore_empty=True, enable_decoding=False, validate_default=False)
 
     home: Path
-    warehouse: Path
+    warehouse: str
     state_dir: Path
+    checkpoints: str | None = None
     registry_url: str
     bootstrap_servers: str | None = None
     kafka_config: dict[str, str | SecretStr] = {}
@@ -133,6 +133,18 @@ class Settings(BaseModel):
     readiness_window_seconds: float = 300.0
 
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The arguments only, unless `resolve_settings` is resolving: then flags > environment > file > default."""
+        resolution = _RESOLUTION.get()
+        if resolution is None:
+            return (init_settings,)
+        return resolution.sources(settings_cls, init_settings)
 
     @model_validator(mode="before")
     @classmethod
@@ -145,7 +157,7 @@ class Settings(BaseModel):
         home = _absolute(Path(data["home"]), Path.cwd())
         data["home"] = home
         if data.get("warehouse") is None:
-            data["warehouse"] = home / "warehouse"
+            data["warehouse"] = str(home / "warehouse")
         if data.get("state_dir") is None:
             data["state_dir"] = home / "state"
         if data.get("registry_url") is None:
@@ -154,10 +166,15 @@ class Settings(BaseModel):
             data.pop("pipelines_file", None)
         return data
 
-    @field_validator("home", "warehouse", "state_dir", "pipelines_file")
+    @field_validator("home", "state_dir", "pipelines_file")
     @classmethod
     def _absolute_path(cls, v: Path) -> Path:
         return _absolute(v, Path.cwd())
+
+    @field_validator(*LOCATION_FIELDS, mode="before")
+    @classmethod
+    def _check_location(cls, v: Any) -> Any:
+        return None if v is None else _location(v, Path.cwd())
 
     @field_validator("registry_url")
     @classmethod
@@ -248,7 +265,9 @@ class Settings(BaseModel):
         For a child process (a job, an Airflow worker) that must resolve exactly these settings.
         """
         env = {ENV_VARS[f]: str(getattr(self, f)) for f in ENV_VARS
-               if f not in ("kafka_config", "bootstrap_servers")}
+               if f not in ("kafka_config", "bootstrap_servers", "checkpoints")}
+        if self.checkpoints is not None:
+            env[ENV_VARS["checkpoints"]] = self.checkpoints
         if self.bootstrap_servers is not None:
             env[ENV_VARS["bootstrap_servers"]] = self.bootstrap_servers
         if self.kafka_config:
@@ -275,6 +294,21 @@ class Settings(BaseModel):
     def __repr_args__(self):
         for name, value in super().__repr_args__():
             yield name, (mask_url(value) if name == "registry_url" else value)
+
+
+def _location(value: Any, base: Path) -> str:
+    """A table or checkpoint root: a URI (normalized, never through pathlib), else an absolute local path."""
+    from orchestrator.core import uris
+
+    text = str(value)
+    if not text.strip():
+        raise ValueError("expected a local path or a URI such as s3://bucket/warehouse")
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", text):   # a URI, or one whose `//` was lost (refused)
+        try:
+            return uris.normalize(text)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+    return str(_absolute(Path(text), base))
 
 
 def _absolute(p: Path, base: Path) -> Path:
@@ -327,14 +361,7 @@ def _locate_config_file(config_file: str | Path | None, env: Mapping[str, str], 
     return path if path.is_file() else None
 
 
-def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
-    out: dict[str, Any] = {}
+def _check_file_values(path: Path, data: dict[str, Any]) -> None:
     for key, value in data.items():
         if key not in ENV_VARS:
             raise ConfigError(f"config file {path}: unknown setting {key!r}; known settings: "
@@ -349,10 +376,126 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         elif not isinstance(value, str):
             raise ConfigError(f"config file {path}: setting {key!r} must be a string, got "
                               f"{type(value).__name__} {value!r}")
-        if key in PATH_FIELDS:
-            value = _absolute(Path(value), path.parent)
-        out[key] = value
-    return out
+
+
+class _ConfigFile(TomlConfigSettingsSource):
+    """The config file, read by pydantic-settings; a bad file is one line naming it and what to fix."""
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        try:
+            data = super()._read_file(file_path)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {file_path} is not valid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"config file {file_path} cannot be read: {e.strerror}") from None
+        _check_file_values(file_path, data)
+        return data
+
+
+class _Environment(EnvSettingsSource):
+    """Each setting under its catalogued variable (`ENV_VARS`), from `env`; empty ones count as unset.
+
+    Values stay text (`enable_decoding=False`): `kafka_config`'s JSON is parsed by the layer, so a bad
+    one is reported with our message."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {k: v for k, v in self._env.items() if k.startswith(self.env_prefix) and v}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.env_vars.get(ENV_VARS[field_name]), field_name, False
+
+
+class _Layer(PydanticBaseSettingsSource):
+    """One layer of `resolve_settings` around a pydantic-settings source: its values checked on their
+    own (kafka_config), paths made absolute against `base`, and each field's source recorded."""
+
+    def __init__(self, settings_cls: type[BaseSettings], inner: PydanticBaseSettingsSource,
+                 label: Callable[[str], str], base: Path, record: dict[str, list[str]]) -> None:
+        super().__init__(settings_cls)
+        self.inner, self.label, self.base, self.record = inner, label, base, record
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ reads the whole layer from `inner`
+
+    def __call__(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for field, value in self.inner().items():
+            source = self.label(field)
+            if field == "kafka_config":
+                try:
+                    value = _normalize_kafka_config(value)
+                except ValueError as e:
+                    raise ConfigError(f"invalid setting kafka_config (from {source}): {e}; "
+                                      f"{_how_to_fix('kafka_config', source)}") from None
+            elif field in PATH_FIELDS:
+                value = _absolute(Path(value), self.base)
+            elif field in LOCATION_FIELDS:
+                try:
+                    value = _location(value, self.base)
+                except ValueError as e:
+                    raise ConfigError(f"invalid setting {field}={value!r} (from {source}): {e}; "
+                                      f"{_how_to_fix(field, source)}") from None
+            out[field] = value
+            self.record.setdefault(field, []).append(source)
+        return out
+
+
+class _HomeDefault(PydanticBaseSettingsSource):
+    """The default `home`, `<cwd>/.kappa`, for the `cwd` resolve_settings was given."""
+
+    def __init__(self, settings_cls: type[BaseSettings], cwd: Path) -> None:
+        super().__init__(settings_cls)
+        self.cwd = cwd
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {"home": self.cwd / ".kappa"}
+
+
+class _Resolution:
+    """What one `resolve_settings` call reads, and where each value came from (highest layer first)."""
+
+    def __init__(self, env: Mapping[str, str], cwd: Path, file_path: Path | None) -> None:
+        self.env, self.cwd, self.file_path = env, cwd, file_path
+        self.file_label = f"config file {file_path}" if file_path else ""
+        self.record: dict[str, list[str]] = {}
+        self.file = _ConfigFile(Settings, toml_file=file_path) if file_path else None
+
+    def sources(self, settings_cls: type[BaseSettings],
+                flags: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        layers: list[PydanticBaseSettingsSource] = [
+            _Layer(settings_cls, flags, CLI_FLAGS.__getitem__, self.cwd, self.record),
+            _Layer(settings_cls, _Environment(settings_cls, self.env), ENV_VARS.__getitem__, self.cwd, self.record)]
+        if self.file is not None and self.file_path is not None:
+            layers.append(_Layer(settings_cls, self.file, lambda _: self.file_label, self.file_path.parent,
+                                 self.record))
+        return (*layers, _HomeDefault(settings_cls, self.cwd))
+
+    def source_of(self, field: str) -> str | None:
+        found = self.record.get(field)
+        if not found:
+            return None
+        return " + ".join(reversed(found)) if field == "kafka_config" else found[0]
+
+
+_RESOLUTION: ContextVar[_Resolution | None] = ContextVar("kappa_settings_resolution", default=None)
+
+
+def _problem(err: Any, resolution: _Resolution) -> str:
+    field = str(err["loc"][0]) if err["loc"] else "settings"
+    source = resolution.source_of(field) or "default"
+    msg = err["msg"].removeprefix("Value error, ")
+    shown = err.get("input")
+    if field == "registry_url" and isinstance(shown, str):
+        shown = mask_url(shown)
+    return (f"invalid setting {field}={shown!r} (from {source}): {msg}; "
+            f"{_how_to_fix(field, source) if field in ENV_VARS else ''}").rstrip("; ")
 
 
 def resolve_settings(config_file: str | Path | None = None, *, env: Mapping[str, str] | None = None,
@@ -371,67 +514,31 @@ def resolve_settings(config_file: str | Path | None = None, *, env: Mapping[str,
     cli = {k: v for k, v in cli_overrides.items() if v is not None}
 
     file_path = _locate_config_file(config_file, env, cli, cwd_path)
-    from_file = _read_config_file(file_path) if file_path else {}
-    file_label = f"config file {file_path}" if file_path else ""
-
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for field, var in ENV_VARS.items():
-        if field == "kafka_config":
-            continue
-        if field in cli:
-            value, source = cli[field], CLI_FLAGS[field]
-            if field in PATH_FIELDS:
-                value = _absolute(Path(value), cwd_path)
-        elif env.get(var):
-            value, source = env[var], var
-            if field in PATH_FIELDS:
-                value = _absolute(Path(value), cwd_path)
-        elif field in from_file:
-            value, source = from_file[field], file_label
-        else:
-            continue
-        values[field] = value
-        sources[field] = source
-    if "home" not in values:
-        values["home"] = cwd_path / ".kappa"
-
-    # kafka_config: merged key by key, each layer validated on its own so errors name their source
-    kafka: dict[str, Any] = {}
-    kafka_sources: list[str] = []
-    layers = [(from_file.get("kafka_config"), file_label)]
-    if env.get(ENV_VARS["kafka_config"]):
-        layers.append((env[ENV_VARS["kafka_config"]], ENV_VARS["kafka_config"]))
-    if "kafka_config" in cli:
-        layers.append((cli["kafka_config"], CLI_FLAGS["kafka_config"]))
-    for layer, source in layers:
-        if layer is None:
-            continue
-        try:
-            kafka.update(_normalize_kafka_config(layer))
-        except ValueError as e:
-            raise ConfigError(f"invalid setting kafka_config (from {source}): {e}; "
-                              f"{_how_to_fix('kafka_config', source)}") from None
-        kafka_sources.append(source)
-    values["kafka_config"] = kafka
-    if kafka_sources:
-        sources["kafka_config"] = " + ".join(kafka_sources)
-
+    resolution = _Resolution(env, cwd_path, file_path)
+    token = _RESOLUTION.set(resolution)
     try:
-        settings = Settings(**values)
+        settings = Settings(**cli)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            field = str(err["loc"][0]) if err["loc"] else "settings"
-            source = sources.get(field, "default")
-            msg = err["msg"].removeprefix("Value error, ")
-            shown = values.get(field)
-            if field == "registry_url" and isinstance(shown, str):
-                shown = mask_url(shown)
-            problems.append(f"invalid setting {field}={shown!r} (from {source}): {msg}; "
-                            f"{_how_to_fix(field, source) if field in ENV_VARS else ''}".rstrip("; "))
-        raise ConfigError("; ".join(problems)) from None
-    settings._sources.update(sources)
+        raise ConfigError("; ".join(_problem(err, resolution) for err in e.errors())) from None
+    finally:
+        _RESOLUTION.reset(token)
+    for field in ENV_VARS:
+        source = resolution.source_of(field)
+        if source:
+            settings._sources[field] = source
     if file_path:
         settings._sources["config_file"] = str(file_path)
     return settings
+
+
+def _settings_table() -> str:
+    rows = ["| setting | CLI flag | environment variable | default |", "|---|---|---|---|"]
+    rows += [f"| `{v.setting}` | {f'`{CLI_FLAGS[v.setting]}`' if v.setting in CLI_FLAGS else '(none)'} "
+             f"| `{v.name}` | {v.default} |" for v in SETTINGS_VARS if v.setting]
+    return "\n".join(rows)
+
+
+assert tuple(ENV_VARS) == tuple(Settings.model_fields), "the catalogue's settings follow Settings' fields"
+assert all(name in CATALOGUE for name in ENV_VARS.values())
+if __doc__:  # not under python -OO
+    __doc__ += "\n" + _settings_table() + "\n"

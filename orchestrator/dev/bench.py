@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core.envvars import KAPPA_SPARK_MASTER
 from orchestrator.core.exceptions import BrokerError, ConfigError
 from orchestrator.dev.benchref import FETCH_TUNING, parallel_raw_consume, raw_consume
 from orchestrator.dev.benchutil import rate, ratio, write_figures
@@ -228,7 +229,7 @@ def run_reprocess_bench(records: int = 2_000_000, keys: int = 500_000, partition
     work = Path(tempfile.mkdtemp(prefix="kappa-bench-")) if own_dir else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     broker = None
-    master = master or os.environ.get("KAPPA_SPARK_MASTER", "local[2]")
+    master = master or os.environ.get(KAPPA_SPARK_MASTER, "local[2]")
     figures: dict[str, Any] = {
         "params": {"records": records, "keys": keys, "partitions": partitions, "value_size": value_size,
                    "max_records_per_batch": max_records_per_batch, "rules": rules_version,

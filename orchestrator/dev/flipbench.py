@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError, NotReadyError
+from orchestrator.core import uris
 from orchestrator.core.paths import alias_pointer_path as pointer_path
 from orchestrator.serving import publish_current
 
@@ -65,10 +66,9 @@ def _read_loop(warehouse: str, alias: str, column: str | None, should_stop, on_f
         while not should_stop():
             text = rows = error = None
             try:
-                try:
-                    text = path.read_text()
-                except FileNotFoundError:
-                    raise FileNotFoundError(f"pointer {path} missing") from None
+                text = uris.read_text(path)
+                if text is None:
+                    raise FileNotFoundError(f"pointer {path} missing")
                 pointer = json.loads(text)
                 rows = DeltaTable(pointer["table"]).to_pyarrow_table(columns=[column] if column else None).num_rows
                 reads += 1

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.core import uris
 from orchestrator.core.crashpoints import crashpoint
+from orchestrator.core.envvars import KAPPA_KAFKA_CONFIG, KAPPA_REGISTRY_URL, KAPPA_SPARK_MASTER
 from orchestrator.core.exceptions import ConflictError, LifecycleError
 from orchestrator.core.files import tail, write_atomic, write_json_atomic
 from orchestrator.core.secrets import mask_secrets
@@ -167,7 +169,7 @@ def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
 
 
 #: Variables of kappa's own environment that may hold secrets and that a job does not read.
-_SECRET_ENV = ("KAPPA_KAFKA_CONFIG", "KAPPA_REGISTRY_URL")
+_SECRET_ENV = (KAPPA_KAFKA_CONFIG, KAPPA_REGISTRY_URL)
 
 
 def _job_env(master: str) -> dict[str, str]:
@@ -177,7 +179,7 @@ def _job_env(master: str) -> dict[str, str]:
 
     env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
     env.update(spark_env())
-    env["KAPPA_SPARK_MASTER"] = master
+    env[KAPPA_SPARK_MASTER] = master
     root = str(_project_root())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     if not _is_local_master(master):
@@ -274,7 +276,7 @@ def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None,
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     for stale in (paths.stop_file, paths.status_file):
         stale.unlink(missing_ok=True)
-    resumed = paths.checkpoint.exists()
+    resumed = uris.exists(paths.checkpoint)
     # Recorded before the spawn, with the launch id the job's processes carry in their
     # environment: if this process dies before it records the PID, the job is still found.
     launch_id = uuid.uuid4().hex

@@ -14,6 +14,8 @@ import time
 
 import psutil
 
+from orchestrator.core.envvars import KAPPA_LAUNCH_ID
+
 __all__ = ["CREATE_TIME_TOLERANCE", "LAUNCH_ENV", "create_time", "find_launched", "is_ours", "wait_gone", "group_alive", "signal_group",
            "stop_process", "stop_group", "end_group"]
 
@@ -24,7 +26,7 @@ CREATE_TIME_TOLERANCE = 1.0
 
 #: The environment variable that carries a job's launch id (a random token, no secret) into every
 #: process of the job, so a job whose starter died before recording its PID can still be found.
-LAUNCH_ENV = "KAPPA_LAUNCH_ID"
+LAUNCH_ENV = KAPPA_LAUNCH_ID
 
 
 def find_launched(launch_id: str) -> tuple[int, float] | None:

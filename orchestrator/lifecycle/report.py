@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, computed_field, field_serializer
@@ -91,7 +90,7 @@ class Report(BaseModel):
         return out
 
 
-def _read(uri: Path, columns: list[str] | None = None):
+def _read(uri: str, columns: list[str] | None = None):
     from deltalake import DeltaTable
 
     if not DeltaTable.is_deltatable(str(uri)):
@@ -103,7 +102,7 @@ def _read(uri: Path, columns: list[str] | None = None):
                         f"(was it retired or deleted meanwhile? see kappa status)") from None
 
 
-def _schema_names(uri: Path) -> list[str] | None:
+def _schema_names(uri: str) -> list[str] | None:
     from deltalake import DeltaTable
 
     if not DeltaTable.is_deltatable(str(uri)):

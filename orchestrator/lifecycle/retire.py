@@ -12,12 +12,11 @@ a retire that died half-way is finished by running it again. `dry_run` lists wha
 from __future__ import annotations
 
 import logging
-import shutil
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from orchestrator.core import uris
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import BrokerError, KappaError, LifecycleError, RefusedError
 from orchestrator.core.kappa import Kappa
@@ -71,17 +70,16 @@ def protected_versions(k: Kappa, pipeline: str) -> dict[int, str]:
     return out
 
 
-def _size(path: Path) -> int:
-    """Bytes under `path`; files that vanish while it counts (a concurrent retire) count nothing."""
-    def size(p: Path) -> int:
-        try:
-            return p.stat().st_size if p.is_file() else 0
-        except OSError:
-            return 0
-    try:
-        return size(path) if path.is_file() else sum(size(p) for p in path.rglob("*"))
-    except OSError:
-        return 0
+def _locations(paths) -> list[tuple[str, str]]:
+    """(what, location) of everything a retire deletes: the tables and the checkpoint are locations
+    (`orchestrator.core.uris`, maybe on shared storage), the run dir is local; a checkpoint inside the
+    run dir's version dir (the default) goes with it."""
+    vdir = str(paths.version_dir)
+    local = uris.local_path(paths.checkpoint)
+    if local is not None and local.is_relative_to(paths.version_dir):
+        return [("table", paths.table), ("rejects table", paths.rejects), ("checkpoint and run dir", vdir)]
+    return [("table", paths.table), ("rejects table", paths.rejects), ("checkpoint", paths.checkpoint),
+            ("run dir", vdir)]
 
 
 def _delete_group(k: Kappa, group_id: str) -> str:
@@ -114,9 +112,9 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
                       outcome="refused", details={"error": msg})
         raise RefusedError(msg)
     paths = k.paths(pipeline, version)
-    dirs = [("table", paths.table), ("rejects table", paths.rejects), ("checkpoint and run dir", paths.version_dir)]
+    dirs = _locations(paths)
     actions = [f"stop the job of v{version} (if running)"]
-    actions += [f"delete {what} {p} ({_size(p)} bytes)" for what, p in dirs if p.exists()]
+    actions += [f"delete {what} {p} ({uris.size(p)} bytes)" for what, p in dirs if uris.exists(p)]
     actions += [f"delete consumer group {paths.group_id}", f"set {pipeline} v{version} to retired"]
     result = RetireResult(pipeline=pipeline, version=version, dry_run=dry_run, actions=actions)
     if dry_run:
@@ -134,13 +132,14 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
     stop_version(k, pipeline, version, actor=actor, reason=why, force=True, final_state=None)
     result.done.append("job stopped")
     for what, p in dirs:
-        if p.exists():
-            result.bytes_freed += _size(p)
-            # a second retire (or reconcile) of the same version may be deleting it too
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-            if p.exists():
-                raise LifecycleError(f"could not delete {what} {p} while retiring {pipeline} v{version}; check its "
-                                     f"permissions, then run kappa retire {pipeline} {version} --yes again")
+        if uris.exists(p):
+            result.bytes_freed += uris.size(p)
+            try:  # a second retire (or reconcile) of the same version may be deleting it too: that is fine
+                uris.delete_tree(p)
+            except OSError as e:
+                raise LifecycleError(f"could not delete {what} {p} while retiring {pipeline} v{version} ({e}); "
+                                     f"check its permissions, then run kappa retire {pipeline} {version} --yes "
+                                     f"again") from None
             result.done.append(f"deleted {what} {p}")
             crashpoint("retire.deleted")
     result.done.append(f"consumer group {paths.group_id}: {_delete_group(k, paths.group_id)}")

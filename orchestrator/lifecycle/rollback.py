@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.core import uris
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import KappaError, LifecycleError, NotFoundError, NotReadyError
 from orchestrator.core.kappa import Kappa
@@ -124,7 +125,7 @@ def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, 
                             restarted=False, done=False,
                             message=f"{pipeline} v{target} still runs: the flip needs no restart")
     checkpoint = k.paths(pipeline, target).checkpoint
-    if not checkpoint.exists():
+    if not uris.exists(checkpoint):
         raise LifecycleError(f"cannot roll back to {pipeline} v{target}: its checkpoint {checkpoint} is "
                              f"missing, and a rollback never re-reads from offset zero; deploy a new version")
     why = f"rollback of alias {alias!r} to v{target}" + (f": {reason}" if reason else "")

@@ -8,6 +8,7 @@ checked; after a refusal, the exact message in the failed task's log, and that n
 
 from __future__ import annotations
 
+from pathlib import Path
 import json
 import os
 import shutil
@@ -52,7 +53,7 @@ def state_of(bed) -> dict:
         return {
             "alias": k.registry.get_alias(alias),
             "history": k.registry.alias_history(alias),
-            "pointer": k.alias_file(alias).read_bytes(),
+            "pointer": Path(k.alias_file(alias)).read_bytes(),
             "versions": [(r.version, str(r.state), r.pid) for r in k.registry.list_versions(PIPELINE)],
             "alive": {r.version: inspect_version(k, PIPELINE, r.version).alive
                       for r in k.registry.list_versions(PIPELINE)},
@@ -173,7 +174,7 @@ def test_promote_and_rollback_through_rest_and_the_rollback_refusals(airflow, st
     # 4. refused: the rollback target v2 lost its checkpoint; a rollback never re-reads from zero
     with bed.kappa() as k:
         stop_version(k, PIPELINE, v2, actor=ACTOR, reason="maintenance")
-        checkpoint = k.paths(PIPELINE, v2).checkpoint
+        checkpoint = Path(k.paths(PIPELINE, v2).checkpoint)
         shutil.rmtree(checkpoint)
     before = state_of(bed)
     refused_rollback(airflow, {"reason": "back to v2"},

@@ -161,20 +161,20 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     for vp in paths.values():
         wait_until(lambda: committed(bed.bootstrap, vp.group_id), f"consumer group {vp.group_id} to commit the "
                    f"end offsets {ends}", timeout=60, poll=0.5, done=lambda offsets: offsets == ends)
-        assert vp.table.is_dir() and vp.checkpoint.is_dir()
+        assert Path(vp.table).is_dir() and Path(vp.checkpoint).is_dir()
     assert {vp.group_id for vp in paths.values()} <= listed_groups(bed.bootstrap)
     v2_pid = reg.get_version(p, 2).pid
     assert inspect_version(k, p, 2).alive and psutil.pid_exists(v2_pid)
     kept_jobs = {n: reg.get_version(p, n).pid for n in (3, 4)}
     kept_tables = {n: table_rows(paths[n].table) for n in (3, 4)}
     assert all(t.num_rows > 0 for t in kept_tables.values())
-    pointer_file = k.alias_file(bed.alias)
+    pointer_file = Path(k.alias_file(bed.alias))
     pointer_before = pointer_file.read_bytes()
     history_before = reg.alias_history(bed.alias)
 
     # 1. retire v1 (stopped) by name
     existed = {n: [what for what, path in (("table", paths[n].table), ("rejects table", paths[n].rejects),
-                                           ("checkpoint and run dir", paths[n].version_dir)) if path.exists()]
+                                           ("checkpoint and run dir", paths[n].version_dir)) if Path(path).exists()]
                for n in (1, 2)}
     assert {"table", "checkpoint and run dir"} <= set(existed[1]) and {"table", "checkpoint and run dir"} <= set(existed[2])
     retired = bed.kappa("retire", p, "1", "--yes", "--actor", ACTOR, "--reason", "never served", "--json")
@@ -185,7 +185,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     assert out["done"] == (["job stopped"] + [f"deleted {what} {where[what]}" for what in existed[1]]
                            + [f"consumer group {paths[1].group_id}: deleted"])
     assert out["dry_run"] is False and out["bytes_freed"] > 0
-    assert not paths[1].table.exists() and not paths[1].rejects.exists() and not paths[1].version_dir.exists()
+    assert not Path(paths[1].table).exists() and not Path(paths[1].rejects).exists() and not paths[1].version_dir.exists()
     assert paths[1].group_id not in listed_groups(bed.bootstrap)
     assert committed(bed.bootstrap, paths[1].group_id) == {}
     assert reg.get_version(p, 1).state == "retired"
@@ -195,7 +195,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     assert dry.returncode == 0, dry.stdout + dry.stderr
     plan = json.loads(dry.stdout)
     assert (plan["dry_run"], plan["keep"], plan["kept"], plan["retire"], plan["protected"]) == (True, 2, [3, 4], [2], {})
-    assert paths[2].table.exists() and inspect_version(k, p, 2).alive and reg.get_version(p, 2).state == "standby"
+    assert Path(paths[2].table).exists() and inspect_version(k, p, 2).alive and reg.get_version(p, 2).state == "standby"
 
     applied = bed.kappa("retention", p, "--apply", "--actor", ACTOR, "--json")
     assert applied.returncode == 0, applied.stdout + applied.stderr
@@ -208,7 +208,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     assert result["done"] == (["job stopped"] + [f"deleted {what} {where[what]}" for what in existed[2]]
                               + [f"consumer group {paths[2].group_id}: deleted"])
     assert gone(v2_pid)
-    assert not paths[2].table.exists() and not paths[2].rejects.exists() and not paths[2].version_dir.exists()
+    assert not Path(paths[2].table).exists() and not Path(paths[2].rejects).exists() and not paths[2].version_dir.exists()
     assert paths[2].group_id not in listed_groups(bed.bootstrap)
     assert committed(bed.bootstrap, paths[2].group_id) == {}
     assert reg.get_version(p, 2).state == "retired"
@@ -222,7 +222,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     # the kept versions, the alias and its readers: exactly as before
     for n in (3, 4):
         assert table_rows(paths[n].table).equals(kept_tables[n]), f"v{n}'s table changed"
-        assert paths[n].checkpoint.is_dir()
+        assert Path(paths[n].checkpoint).is_dir()
         assert committed(bed.bootstrap, paths[n].group_id) == ends
         assert inspect_version(k, p, n).alive and reg.get_version(p, n).pid == kept_jobs[n]
     assert {paths[3].group_id, paths[4].group_id} <= listed_groups(bed.bootstrap)

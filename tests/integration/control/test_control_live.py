@@ -15,6 +15,7 @@ concurrent promotes, a crash between the CAS and the publish, and retention's re
 
 from __future__ import annotations
 
+from pathlib import Path
 import os
 import re
 import signal
@@ -257,9 +258,9 @@ def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_ser
     assert k.registry.get_alias(live.alias).version == 2
 
     paths = k.paths(PIPELINE, v)
-    assert paths.table.exists() or paths.checkpoint.exists()
+    assert Path(paths.table).exists() or Path(paths.checkpoint).exists()
     done = retire(k, PIPELINE, v, actor="erin", reason="broken build")
-    assert not paths.table.exists() and not paths.rejects.exists() and not paths.version_dir.exists()
+    assert not Path(paths.table).exists() and not Path(paths.rejects).exists() and not paths.version_dir.exists()
     assert k.registry.get_version(PIPELINE, v).state == "retired"
     assert any(d.startswith(f"consumer group {paths.group_id}: ") for d in done.done)
 
@@ -276,7 +277,7 @@ def test_retention_refuses_the_serving_version_and_the_rollback_target(v2_servin
                             f"promote or roll back to another version first")
     plan = apply_retention(k, PIPELINE, actor="frank", keep=1)
     assert plan.retire == [] and plan.protected == {1: f"it is the rollback target of alias '{live.alias}'"}
-    assert k.paths(PIPELINE, 2).table.exists() and k.paths(PIPELINE, 1).checkpoint.exists()
+    assert Path(k.paths(PIPELINE, 2).table).exists() and Path(k.paths(PIPELINE, 1).checkpoint).exists()
     assert inspect_version(k, PIPELINE, 2).alive
 
 
@@ -382,4 +383,4 @@ def test_retention_refuses_the_serving_version_on_each_registry(live, adopted):
     # kept on top of them
     assert plan.kept == [1] and plan.retire == [] and list(plan.protected) == [2]
     assert k.registry.get_version(PIPELINE, 1).state == "serving"
-    assert k.paths(PIPELINE, 1).table.exists()
+    assert Path(k.paths(PIPELINE, 1).table).exists()

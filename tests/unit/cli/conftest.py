@@ -57,7 +57,7 @@ def seeded(kappa):
     for rules in ("v1", "v2"):
         rec = reg.allocate_version(
             "standardize", rules_version=rules, rules_hash=f"hash-{rules}", code_ref="test",
-            table_path=str(kappa.settings.warehouse / "standardize" / "v{n}"),
+            table_path=str(Path(kappa.settings.warehouse) / "standardize" / "v{n}"),
             checkpoint_path=str(kappa.settings.state_dir / "standardize" / "v{n}" / "checkpoint"),
             group_id="kappa.standardize.v{n}", actor="seeder", reason=f"seed {rules}")
         reg.set_state("standardize", rec.version, "stopped")

@@ -6,6 +6,7 @@ verb on a seeded registry, with the broker's consumer-group deletion faked.
 
 from __future__ import annotations
 
+from pathlib import Path
 import pytest
 
 from orchestrator.cli.app import EXIT_ERROR, EXIT_REFUSED, exit_code_of
@@ -60,7 +61,7 @@ def _state(k, v: int) -> str:
 
 
 def test_retire_off_a_terminal_without_yes_refuses_and_deletes_nothing(run, seeded, groups):
-    table = seeded.paths(PIPELINE, 1).table
+    table = Path(seeded.paths(PIPELINE, 1).table)
     table.mkdir(parents=True)
     result = run("retire", PIPELINE, "1")
     assert result.exit_code == 3 and result.stdout == ""

@@ -109,9 +109,9 @@ def _files(k, v) -> dict[str, int]:
     p = k.paths(PIPELINE, v)
     write_table(p.table, profiles(ROWS))
     write_table(p.rejects, profiles(ROWS[:1]))
-    (p.checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
-    (p.checkpoint / "offsets" / "0").write_text("{}")
-    return {what: sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    (Path(p.checkpoint) / "offsets").mkdir(parents=True, exist_ok=True)
+    (Path(p.checkpoint) / "offsets" / "0").write_text("{}")
+    return {what: sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
             for what, path in (("table", p.table), ("rejects", p.rejects))}
 
 
@@ -233,13 +233,13 @@ def test_retire_json_stops_the_job_deletes_everything_and_deletes_the_group(bed)
     assert d["bytes_freed"] > sizes["table"] + sizes["rejects"]   # and the checkpoint, log, status files
     assert d["message"] == f"retired {PIPELINE} v{v1}, freed {d['bytes_freed']} bytes"
     assert bed.admin.calls == [([f"kappa.{PIPELINE}.v{v1}"], 10)]
-    assert not p.table.exists() and not p.rejects.exists() and not p.version_dir.exists()
+    assert not Path(p.table).exists() and not Path(p.rejects).exists() and not p.version_dir.exists()
     assert not psutil.pid_exists(pid)
     assert bed.k.registry.get_version(PIPELINE, v1).state == "retired"
     (entry,) = bed.k.registry.audit_log(PIPELINE, action="retire")
     assert (entry.actor, entry.reason, entry.details["state_before"]) == ("alice", "old", "standby")
     other = bed.k.paths(PIPELINE, v2)   # the other version is untouched
-    assert other.table.exists() and other.rejects.exists() and (other.checkpoint / "offsets" / "0").exists()
+    assert Path(other.table).exists() and Path(other.rejects).exists() and (Path(other.checkpoint) / "offsets" / "0").exists()
     assert bed.k.registry.get_version(PIPELINE, v2).state == "created"
 
 
@@ -254,7 +254,7 @@ def test_retire_finishes_after_a_group_deletion_failed(bed):
     assert result.stderr.endswith(f"retry the retire, or delete it with kafka-consumer-groups --delete "
                                   f"--group {group}\n")
     assert bed.k.registry.get_version(PIPELINE, v).state == "retiring"  # not retired while its group lives
-    assert not bed.k.paths(PIPELINE, v).table.exists()
+    assert not Path(bed.k.paths(PIPELINE, v).table).exists()
     bed.admin.error = KafkaException(KafkaError(KafkaError.GROUP_ID_NOT_FOUND))  # deleted meanwhile
     d = bed.json("retire", PIPELINE, str(v), "--yes")
     assert d["done"] == ["job stopped", f"consumer group {group}: did not exist"] and d["bytes_freed"] == 0
@@ -281,10 +281,10 @@ def test_retention_apply_json(bed):
     assert (res["version"], res["dry_run"], res["done"][0], res["done"][-1]) == \
         (vs[1], False, "job stopped", f"consumer group kappa.{PIPELINE}.v{vs[1]}: deleted")
     assert bed.admin.calls == [([f"kappa.{PIPELINE}.v{vs[1]}"], 10)]
-    assert not p.table.exists() and not p.version_dir.exists() and not psutil.pid_exists(pid)
+    assert not Path(p.table).exists() and not p.version_dir.exists() and not psutil.pid_exists(pid)
     assert [bed.k.registry.get_version(PIPELINE, v).state for v in vs] == ["created", "retired", "stopped",
                                                                            "created"]
-    assert bed.k.paths(PIPELINE, vs[0]).table.exists()   # protected: kept whole
+    assert Path(bed.k.paths(PIPELINE, vs[0]).table).exists()   # protected: kept whole
     assert [e.reason for e in bed.k.registry.audit_log(PIPELINE, action="retire")] == ["retention: keep the last 2"]
 
 

@@ -196,8 +196,8 @@ class World:
         audit = reg.audit_log(p, limit=1)
         top = max(self.last.states, default=0) + 8 if self.last else 8
         paths = {v: self.k.paths(p, v) for v in range(1, top)}
-        tables = {v for v, ps in paths.items() if (ps.table / "_delta_log").exists()}
-        checkpoints = {v for v, ps in paths.items() if ps.checkpoint.exists()}
+        tables = {v for v, ps in paths.items() if (Path(ps.table) / "_delta_log").exists()}
+        checkpoints = {v for v, ps in paths.items() if Path(ps.checkpoint).exists()}
         try:
             recs = reg.list_versions(p)
         except Exception as e:  # a state the records do not know fails their validation
@@ -363,7 +363,7 @@ class World:
 
     def truncate_pointer(self) -> bool:
         """Cut the alias's pointer file in half (a torn write by something else); True if there was one."""
-        path = self.k.alias_file(self.spec.alias)
+        path = Path(self.k.alias_file(self.spec.alias))
         if not path.exists():
             return False
         text = path.read_text()

@@ -15,6 +15,7 @@ The jobs are fake job processes; the interleavings are forced with crash points 
 
 from __future__ import annotations
 
+from pathlib import Path
 import psutil
 import pytest
 
@@ -117,22 +118,22 @@ def test_two_retires_of_one_version_deleting_its_files_at_once_both_end_well(k, 
     k.registry.set_state(PIPELINE, v, "stopped")
     paths = k.paths(PIPELINE, v)
     write_table(paths.table, profiles(ROWS))
-    paths.checkpoint.mkdir(parents=True)
-    (paths.checkpoint / "offsets").write_text("0")
-    real_rmtree = retire_mod.shutil.rmtree
+    Path(paths.checkpoint).mkdir(parents=True)
+    (Path(paths.checkpoint) / "offsets").write_text("0")
+    real_delete_tree = retire_mod.uris.delete_tree
     other: list = []
 
-    def rmtree_after_the_other_retire(path, *a, **kw):
+    def delete_after_the_other_retire(location):
         if not other:                        # the other retire runs to its end right here
             other.append(None)
             other[0] = retire(k, PIPELINE, v, actor="bob", reason="second")
-        return real_rmtree(path, *a, **kw)
+        return real_delete_tree(location)
 
-    monkeypatch.setattr(retire_mod.shutil, "rmtree", rmtree_after_the_other_retire)
+    monkeypatch.setattr(retire_mod.uris, "delete_tree", delete_after_the_other_retire)
     monkeypatch.setattr(retire_mod, "_delete_group", lambda k, g: "deleted")  # no broker here
     first = retire(k, PIPELINE, v, actor="alice", reason="first")
     assert other[0].message.startswith(f"retired {PIPELINE} v{v}")
     assert first.message.startswith(f"retired {PIPELINE} v{v}")
     assert k.registry.get_version(PIPELINE, v).state == "retired"
-    assert not paths.table.exists() and not paths.version_dir.exists()
+    assert not Path(paths.table).exists() and not paths.version_dir.exists()
     end_children()

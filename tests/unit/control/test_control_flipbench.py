@@ -79,7 +79,8 @@ def test_a_torn_pointer_is_caught_by_the_readers_records(tmp_path, two_versions,
     publish_current(kk, ALIAS)   # the benchmark's first publish then has nothing to write
     torn: list[str] = []
 
-    def torn_write(path: Path, pointer: dict) -> None:
+    def torn_write(path: str, pointer: dict) -> None:
+        path = Path(path)
         text = json.dumps(pointer)
         half = text[: len(text) // 2]
         path.write_text(half)

@@ -3,6 +3,7 @@ the temporary files a crashed write leaves."""
 
 from __future__ import annotations
 
+from pathlib import Path
 import json
 import os
 import stat
@@ -30,7 +31,7 @@ def _published(k) -> tuple[int, os.PathLike]:
     k.registry.set_state(PIPELINE, v, "serving")
     k.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v, actor="t", reason="r")
     publish_current(k, ALIAS)
-    return v, k.alias_file(ALIAS)
+    return v, Path(k.alias_file(ALIAS))
 
 
 @pytest.mark.parametrize("damage", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 import threading
 
 import pytest
@@ -288,7 +289,7 @@ def test_rollback_restarts_a_stopped_version_from_its_checkpoint(k, fake_log, fa
     k.paths(PIPELINE, v1).launch_file.unlink()
     k.paths(PIPELINE, v1).status_file.unlink()          # v1's job is gone (stopped after its grace)
     k.registry.set_state(PIPELINE, v1, "stopped")
-    k.paths(PIPELINE, v1).checkpoint.mkdir(parents=True)
+    Path(k.paths(PIPELINE, v1).checkpoint).mkdir(parents=True)
     res = rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.05, deadline_seconds=30)
     assert res.restarted and res.flipped and res.to_version == v1
     starts = k.registry.audit_log(PIPELINE, action="start", version=v1)
@@ -316,3 +317,4 @@ def test_rollback_with_nothing_to_roll_back_to(k, fake_log):
     promote(k, PIPELINE, v1, actor="alice", reason="first")
     with pytest.raises(NotFoundError, match="has no previous version to roll back to"):
         rollback(k, PIPELINE, actor="alice", reason="r")
+

@@ -8,6 +8,7 @@ the first, or the first "dies" there) or with a barrier in front of a step.
 
 from __future__ import annotations
 
+from pathlib import Path
 import threading
 
 import psutil
@@ -221,7 +222,7 @@ def test_case7_a_rollback_that_times_out_stops_the_job_it_restarted(k, fake_log,
     from orchestrator.jobctl import stop_version
 
     stop_version(k, PIPELINE, v1, actor="cron", expected_state="standby")
-    k.paths(PIPELINE, v1).checkpoint.mkdir(parents=True, exist_ok=True)
+    Path(k.paths(PIPELINE, v1).checkpoint).mkdir(parents=True, exist_ok=True)
     fake_log.ends = {tp: end + 10**6 for tp, end in fake_log.ends.items()}  # the log grew: it lags
     with pytest.raises(NotReadyError, match="stopped before the flip"):
         rollback(k, PIPELINE, actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=0.3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, profiles, write_table
@@ -21,8 +22,8 @@ def _with_files(k, v):
     p = k.paths(PIPELINE, v)
     write_table(p.table, profiles([("m1", "a", "A", "n", 1)]))
     write_table(p.rejects, profiles([("m1", "a", "A", "n", 1)]))
-    (p.checkpoint / "offsets").mkdir(parents=True)
-    (p.checkpoint / "offsets" / "0").write_text("{}")
+    (Path(p.checkpoint) / "offsets").mkdir(parents=True)
+    (Path(p.checkpoint) / "offsets" / "0").write_text("{}")
     p.run_dir.mkdir(parents=True)
     (p.run_dir / "job.log").write_text("log")
     return p
@@ -57,9 +58,9 @@ def test_retire_dry_run_then_for_real(k, groups):
     assert plan.dry_run and plan.actions[0] == f"stop the job of v{v1} (if running)"
     assert any(a.startswith(f"delete table {p.table} (") for a in plan.actions)
     assert plan.actions[-2:] == [f"delete consumer group kappa.{PIPELINE}.v{v1}", f"set {PIPELINE} v{v1} to retired"]
-    assert p.table.exists() and k.registry.get_version(PIPELINE, v1).state == "created"
+    assert Path(p.table).exists() and k.registry.get_version(PIPELINE, v1).state == "created"
     res = retire(k, PIPELINE, v1, actor="alice", reason="old")
-    assert not p.table.exists() and not p.rejects.exists() and not p.version_dir.exists()
+    assert not Path(p.table).exists() and not Path(p.rejects).exists() and not p.version_dir.exists()
     assert groups == [f"kappa.{PIPELINE}.v{v1}"] and res.bytes_freed > 0
     assert k.registry.get_version(PIPELINE, v1).state == "retired"
     again = retire(k, PIPELINE, v1, actor="alice", reason="old")  # idempotent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from orchestrator.serving import open_alias, publish_current, resolve_alias, wri
 def test_resolve_an_unpublished_alias_names_the_file_and_the_fix(k):
     with pytest.raises(NotFoundError) as e:
         resolve_alias(ALIAS, k.settings)
-    path = k.settings.warehouse / "_aliases" / f"{ALIAS}.json"
+    path = Path(k.settings.warehouse) / "_aliases" / f"{ALIAS}.json"
     assert str(e.value) == (f"alias '{ALIAS}' is not published: no pointer file at {path}; promote a version "
                             f"of its pipeline first (`kappa promote <pipeline> <version>`)")
 

@@ -25,7 +25,8 @@ def test_defaults_follow_cwd(tmp_path):
     s = resolve_settings(env={}, cwd=tmp_path)
     home = tmp_path / ".kappa"
     assert s.home == home
-    assert s.warehouse == home / "warehouse"
+    assert s.warehouse == str(home / "warehouse")
+    assert s.checkpoints is None
     assert s.state_dir == home / "state"
     assert s.registry_url == f"sqlite:///{home / 'registry.db'}"
     assert s.bootstrap_servers is None
@@ -42,7 +43,9 @@ def test_defaults_follow_cwd(tmp_path):
     ("group_prefix", "fromfile", "fromenv", "fromcli", None),
     ("bootstrap_servers", "file:9092", "env:9092", "cli:9092", None),
     ("registry_url", "sqlite:////f/r.db", "sqlite:////e/r.db", "sqlite:////c/r.db", None),
-    ("warehouse", "/file/wh", "/env/wh", "/cli/wh", Path),
+    ("warehouse", "/file/wh", "/env/wh", "/cli/wh", None),
+    ("warehouse", "s3://file/wh", "file:///env/wh", "gs://cli/wh", None),
+    ("checkpoints", "/file/ck", "s3://env/ck", "/cli/ck", None),
     ("state_dir", "/file/st", "/env/st", "/cli/st", Path),
     ("pipelines_file", "/file/p.toml", "/env/p.toml", "/cli/p.toml", Path),
 ])
@@ -75,7 +78,7 @@ def test_home_moves_derived_paths_unless_they_are_set(tmp_path):
     assert s.home == tmp_path / "h"
     assert s.state_dir == tmp_path / "h" / "state"
     assert s.registry_url == f"sqlite:///{tmp_path / 'h' / 'registry.db'}"
-    assert s.warehouse == Path("/data/wh")
+    assert s.warehouse == "/data/wh"
 
 
 def test_config_file_found_in_home(tmp_path):
@@ -97,7 +100,7 @@ def test_config_file_from_kappa_config_env(tmp_path):
 def test_relative_paths(tmp_path):
     cfg = write_config(tmp_path / "etc" / "kappa.toml", 'warehouse = "wh"\nstate_dir = "../st"\n')
     s = resolve_settings(cfg, env={"KAPPA_PIPELINES": "p.toml"}, cwd=tmp_path / "work", home="h")
-    assert s.warehouse == tmp_path / "etc" / "wh"
+    assert s.warehouse == str(tmp_path / "etc" / "wh")
     assert s.state_dir == tmp_path / "st"
     assert s.pipelines_file == tmp_path / "work" / "p.toml"
     assert s.home == tmp_path / "work" / "h"
@@ -148,15 +151,15 @@ def test_settings_is_frozen(tmp_path):
 def test_version_paths_follow_the_contract(tmp_path):
     s = Settings(home=tmp_path, group_prefix="acme")
     p = version_paths(s, "standardize", 3)
-    assert p.table == tmp_path / "warehouse" / "standardize" / "v3"
-    assert p.rejects == tmp_path / "warehouse" / "standardize" / "v3__rejects"
-    assert p.checkpoint == tmp_path / "state" / "standardize" / "v3" / "checkpoint"
+    assert p.table == str(tmp_path / "warehouse" / "standardize" / "v3")
+    assert p.rejects == str(tmp_path / "warehouse" / "standardize" / "v3__rejects")
+    assert p.checkpoint == str(tmp_path / "state" / "standardize" / "v3" / "checkpoint")
     assert p.run_dir == tmp_path / "state" / "standardize" / "v3" / "run"
     assert p.group_id == "acme.standardize.v3"
     assert p.app_id == "kappa.standardize.v3"
     assert Kappa(s).paths("standardize", 3) == p
     assert p.model_dump(mode="json")["table"] == str(tmp_path / "warehouse" / "standardize" / "v3")
-    assert alias_pointer_path(s.warehouse, "member_profiles_std") == tmp_path / "warehouse" / "_aliases" / "member_profiles_std.json"
+    assert alias_pointer_path(s.warehouse, "member_profiles_std") == str(tmp_path / "warehouse" / "_aliases" / "member_profiles_std.json")
     assert Kappa(s).alias_file("member_profiles_std") == alias_pointer_path(s.warehouse, "member_profiles_std")
 
 
@@ -216,7 +219,7 @@ def test_unknown_key_in_config_file(tmp_path):
         resolve_settings(cfg, env={}, cwd=tmp_path)
     assert str(e.value) == (
         f"config file {cfg}: unknown setting 'warehous'; known settings: home, warehouse, state_dir, "
-        f"registry_url, bootstrap_servers, kafka_config, group_prefix, pipelines_file, spark_master, "
+        f"checkpoints, registry_url, bootstrap_servers, kafka_config, group_prefix, pipelines_file, spark_master, "
             f"lag_sample_retention_seconds, readiness_window_seconds")
 
 
@@ -262,3 +265,34 @@ def test_to_env_round_trips(tmp_path):
     assert again.model_dump() == s.model_dump()
     assert again.kafka_client_config() == s.kafka_client_config()
     assert "KAPPA_BOOTSTRAP_SERVERS" not in Settings(home=tmp_path).to_env()
+
+
+# -- pydantic-settings: resolve_settings arms the layers, direct construction reads nothing ----------
+
+def test_direct_construction_reads_neither_environment_nor_config_file(tmp_path, monkeypatch):
+    write_config(tmp_path / ".kappa" / "kappa.toml", 'group_prefix = "fromfile"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KAPPA_SPARK_MASTER", "local[7]")
+    monkeypatch.setenv("KAPPA_CONFIG", str(tmp_path / ".kappa" / "kappa.toml"))
+    resolved = resolve_settings()
+    assert (resolved.spark_master, resolved.group_prefix) == ("local[7]", "fromfile")
+    direct = Settings(home=tmp_path / "h")
+    assert (direct.spark_master, direct.group_prefix) == ("local[2]", "kappa")
+    assert direct.config_file is None and direct.source_of("spark_master") == "default"
+    assert Settings().home == tmp_path / ".kappa"
+
+
+def test_other_kappa_variables_do_not_disturb_the_settings(tmp_path):
+    from pydantic_settings import BaseSettings
+
+    assert issubclass(Settings, BaseSettings)
+    s = resolve_settings(env={"KAPPA_AIRFLOW_URL": "http://127.0.0.1:8080", "KAPPA_LAUNCH_ID": "x",
+                              "KAPPA_NOT_A_SETTING": "1", "kappa_home": "/lower/case", "KAPPA_GROUP_PREFIX": "e"},
+                         cwd=tmp_path)
+    assert (s.home, s.group_prefix) == (tmp_path / ".kappa", "e")
+    assert s.source_of("home") == "default" and s.source_of("group_prefix") == "KAPPA_GROUP_PREFIX"
+
+
+def test_kafka_config_from_one_layer_names_that_layer(tmp_path):
+    s = resolve_settings(env={}, cwd=tmp_path, kafka_config='{"linger.ms": 5}')
+    assert s.kafka_config == {"linger.ms": "5"} and s.source_of("kafka_config") == "--kafka-config"

@@ -4,7 +4,9 @@ columns with the job's own engine, reported as the validation report reports a r
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
+import airflow.sdk  # noqa: F401  Airflow configures logging on its first import: do it now, not under caplog
 import pytest
 from rules_helpers import ALIAS, PIPELINE, serve, standardized
 
@@ -48,7 +50,7 @@ def test_preview_reports_what_the_new_rules_would_change_and_writes_nothing(k):
 
     assert DeltaTable(str(table)).version() == 0
     assert [v.version for v in k.registry.list_versions(PIPELINE)] == [1]
-    assert (k.settings.warehouse / "_aliases" / f"{ALIAS}.json").read_text().count('"version": 1') == 1
+    assert (Path(k.settings.warehouse) / "_aliases" / f"{ALIAS}.json").read_text().count('"version": 1') == 1
 
 
 def test_preview_counts_what_the_validation_report_of_the_rebuilt_version_counts(k):
@@ -120,7 +122,7 @@ def test_the_task_logs_the_preview_and_returns_it(task_env, caplog):
     with caplog.at_level(logging.INFO, logger="kappa.airflow"):
         out = tasks.preview_rules(PIPELINE, "v2")
     assert out["previewed"] is True and out["rows_changed"] == 5 and out["top_changes"]["title"] == TITLE_CHANGES
-    lines = [r.getMessage() for r in caplog.records]
+    lines = [r.getMessage() for r in caplog.records if r.name == "kappa.airflow"]
     assert lines[0].startswith(f"rules preview of {PIPELINE}: rules v2 applied to the raw columns of served v1 "
                                f"(rules v1, alias {ALIAS}, Delta version 0) in ")
     assert lines[0].endswith(" s: 5 of 7 rows would change (title: 4, company: 1)")
@@ -142,7 +144,7 @@ def test_the_task_lets_a_first_reprocess_go_on(task_env, caplog):
 
 def test_the_task_does_not_block_a_reprocess_when_the_served_table_is_unreadable(task_env, caplog):
     serve(task_env, standardized(ROWS, "v1"))
-    pointer_file = task_env.settings.warehouse / "_aliases" / f"{ALIAS}.json"
+    pointer_file = Path(task_env.settings.warehouse) / "_aliases" / f"{ALIAS}.json"
     pointer_file.write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="kappa.airflow"):
         out = tasks.preview_rules(PIPELINE, "v2")
