@@ -19,7 +19,9 @@ each touched bucket into a new data file; the driver commits one Delta transacti
 
 A version's first micro-batch is its whole backfill (offset zero to the log end when it starts,
 no per-partition caps, see the Kafka source's ``backfill`` option); later micro-batches follow the
-live log under ``maxOffsetsPerTrigger``.
+live log under ``maxOffsetsPerTrigger``. While the backfill runs, its tasks report how far they have
+read under ``<checkpoint>/kappa-read-progress`` (`jobs.lib.kafka.progress`), so the version's lag
+goes down before the batch commits; reports a dead run left there are dropped when the query starts.
 
 Options (``[pipelines.<name>.options]``, passed as ``--extra``): ``buckets`` (32: the table's bucket
 count, fixed when the table is created), ``key_order`` (``partition``: refuse a key seen in two
@@ -43,6 +45,7 @@ from jobs.lib.bucketed.table import BucketedTable
 from jobs.lib.bucketed.tasks import KEY_ORDERS
 from jobs.lib.delta_sink import REJECTS_SCHEMA
 from jobs.lib.kafka.options import SourceSettings
+from jobs.lib.kafka.progress import clear as clear_progress, progress_dir
 from jobs.lib.kafka.ranges import RANGES_NAME, TASK_RECORDS, KafkaRangesDataSource
 from jobs.lib.profiles import INPUT_COLUMNS, KEY_COLUMNS, OUTPUT_SCHEMA, BatchResult, transform_batch
 from jobs.lib.rules import Rules, load_rules
@@ -120,7 +123,8 @@ def make_writer(args: Any, rules: Rules, source_options: dict, *, options: JobOp
                                             if k.lower() != "maxrecordspertask"})
     return UpsertBatches(table, settings, partial(transform, rules), KEY_COLUMNS[0], key_order=options.key_order,
                          on_batch=on_batch, on_read=on_read, crash_after=int(crash) if crash else None,
-                         checkpoint=str(args.checkpoint), task_records=options.max_records_per_task)
+                         checkpoint=str(args.checkpoint), task_records=options.max_records_per_task,
+                         progress=progress_dir(args.checkpoint))
 
 
 def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigger: dict, *,
@@ -131,6 +135,8 @@ def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigg
     options = JobOptions(getattr(args, "extra", None))
     spark.dataSource.register(KafkaRangesDataSource)
     writer = make_writer(args, rules, source_options, options=options, on_batch=on_batch, on_read=on_read)
+    if writer.progress:
+        clear_progress(writer.progress)   # the query has not started: reports found now are a dead run's
     reader = spark.readStream.format(RANGES_NAME).option("maxRecordsPerTask", str(options.max_records_per_task))
     for k, v in source_options.items():
         reader = reader.option(k, v)

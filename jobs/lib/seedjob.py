@@ -5,12 +5,29 @@ Each job's query is one stream of output rows, reject rows and counts of records
 (`TAIL_DDL`), which `SeedBatchWriter` splits in foreachBatch into the version's rejects table and
 output table (idempotent Delta commits), and reports to the runtime's status. Parsing the records
 themselves is `jobs.lib.events`.
+
+Read progress of the backfill: a new version's first micro-batch reads the whole log as one Spark
+batch (``backfill=one-batch``) through Spark's own stateful operators, and the batch commits only
+when all of it is read, aggregated or joined and written. Meanwhile its source's reader tasks
+report the offsets they have read under ``<checkpoint>/kappa-read-progress`` (`jobs.lib.kafka.progress`,
+set up by `JobContext.read_stream`), from which the orchestrator's lag counts the records not read
+yet, so lag goes down during the backfill. The consumer group's committed offsets, like the Spark
+checkpoint, keep meaning "committed to the version's table": they stay at the log start during the
+backfill and move to its end offsets when it commits. A lag reading taken from read progress never
+counts toward caught up (`orchestrator.observe.lag`): readiness needs the committed batch.
+
+Test hook, so that a test holds a batch between reading and committing instead of racing it:
+``KAPPA_TEST_HOLD_BEFORE_COMMIT=<batch id>`` with ``KAPPA_TEST_HOLD_FILE=<path>``: that batch's
+rows are computed (its source read), then the job writes the file and waits, before any Delta
+commit, until the test deletes it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
@@ -25,7 +42,7 @@ from orchestrator.core.names import app_id
 __all__ = [
     "REJECT_COLUMNS", "TAIL_DDL", "TAIL_COLUMNS", "null_columns", "rejects_and_counts", "reject_row",
     "rows_frame", "SeedBatchWriter", "make_writer", "job_topics", "COMMON_OPTIONS", "state_partitions",
-    "job_options", "start_query",
+    "job_options", "start_query", "HOLD_HOOK", "HOLD_FILE", "hold_if_asked",
 ]
 
 REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
@@ -34,6 +51,24 @@ REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
 TAIL_DDL = ("key binary, value binary, topic string, partition int, offset bigint, error string, "
             "input_rows bigint")
 TAIL_COLUMNS = [c.split(" ")[0] for c in TAIL_DDL.split(", ")]
+
+
+HOLD_HOOK = "KAPPA_TEST_HOLD_BEFORE_COMMIT"
+HOLD_FILE = "KAPPA_TEST_HOLD_FILE"
+
+
+def hold_if_asked(batch_id: int, log: logging.Logger | None = None) -> None:
+    """The test hook (see the module): hold this batch before its commits while the file exists."""
+    if os.environ.get(HOLD_HOOK) != str(batch_id) or not os.environ.get(HOLD_FILE):
+        return
+    path = os.environ[HOLD_FILE]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{os.getpid()}\n")
+    (log or logging.getLogger("kappa.seedjob")).warning(
+        "%s=%s: micro-batch %d read, holding it before its commits until %s is deleted", HOLD_HOOK,
+        batch_id, batch_id, path)
+    while os.path.exists(path):
+        time.sleep(0.05)
 
 
 def null_columns(ddl: str) -> list[Any]:
@@ -118,7 +153,9 @@ class SeedBatchWriter:
             if self.on_batch:
                 self.on_batch(batch_id, 0, 0, 0)
             return
-        self.write(df.toArrow(), batch_id)
+        table = df.toArrow()
+        hold_if_asked(batch_id, self.log)
+        self.write(table, batch_id)
 
     def split(self, table: pa.Table, batch_id: int) -> tuple[pa.Table, pa.Table, int]:
         """(output rows in `output_schema` (+ `_deleted` when upserting), rejects with batch_id,

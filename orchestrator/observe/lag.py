@@ -15,6 +15,16 @@ total) and shown as unknown, the reading's total is unknown (so it never counts 
 ready), and `error` says what happened and what to do: deploy a new version, which reads the log
 as it is now from offset zero.
 
+While a new version's backfill runs (its first micro-batch reads the whole log as one Spark
+batch, and nothing is committed until all of it is processed), the checkpoint and the consumer
+group still say "nothing processed". The batch's reader tasks report how far they have read
+(`jobs.lib.kafka.progress`); a version without a committed batch takes its next offsets from
+there (source "reading"): its lag counts the records the backfill has not read yet, so it goes
+down during the batch. Read is not committed, so such a reading never counts as caught up: its
+`total` is at least the version's catch-up threshold + 1 records and its `lag_seconds` at least
+the pipeline's `catchup_max_lag_seconds` + 1 (`pending_commit` is set; `partitions` keep the
+real figures). Once the batch commits, the checkpoint is the truth again.
+
 Lag in time (`lag_seconds`): how old the oldest record the version has not processed yet is, from
 the Kafka timestamps of the records at the next offsets (`orchestrator.observe.lagtime`). 0 when the
 lag is 0; unknown (None) whenever the record lag is unknown or a record could not be fetched.
@@ -31,6 +41,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.core import uris
 from orchestrator.core.exceptions import BrokerError, KappaError
 from orchestrator.core.times import to_seconds
 from orchestrator.observe.lagtime import oldest_unread_age
@@ -38,7 +49,7 @@ from orchestrator.observe.lagtime import oldest_unread_age
 __all__ = ["KAFKA_TIMEOUT", "PartitionLag", "LagReading", "measure_lag", "sample_lag", "lag_from_offsets",
            "topic_partitions", "log_offsets", "group_offsets", "checkpoint_next_offsets", "eta_seconds",
            "sample_time", "sample_total", "sample_seconds", "partition_key", "format_partitions", "fmt_seconds",
-           "LAG_SECONDS_TIMEOUT"]
+           "LAG_SECONDS_TIMEOUT", "uncommitted_limits", "pending_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +81,7 @@ class PartitionLag(BaseModel):
     log_end: int
     next_offset: int
     lag: int                         # never negative
-    source: str                      # checkpoint | group | log-start
+    source: str                      # checkpoint | group | log-start | reading
     past_end: int = 0                # how far the next offset is beyond the log end (see the module doc)
     group_offset: int | None = None  # the group's committed offset, for the cross-check
 
@@ -86,11 +97,12 @@ class LagReading(BaseModel):
     total: int | None
     partitions: dict[str, int | None]
     details: tuple[PartitionLag, ...] = ()
-    source: str = "unknown"          # checkpoint | group | log-start | unknown
+    source: str = "unknown"          # checkpoint | group | log-start | reading | unknown
     error: str | None = None
     batch_id: int | None = None      # last committed micro-batch behind the offsets
     sample_id: int | None = None     # the registry's id of the stored sample (`sample_lag`)
     lag_seconds: float | None = None  # age of the oldest unprocessed record; None: unknown
+    pending_commit: bool = False     # read progress of an uncommitted backfill: never caught up
 
     @property
     def known(self) -> bool:
@@ -170,35 +182,50 @@ def checkpoint_next_offsets(checkpoint: str | Path) -> tuple[dict[tuple[str, int
     """Next offsets per partition from the last committed micro-batch of a Spark checkpoint.
 
     Returns (None, None) when the job has not committed a batch yet (or no checkpoint exists).
+    `checkpoint` is a location (`orchestrator.core.uris`): a local one is read as a local path.
     """
     from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
 
-    path = Path(checkpoint)
-    if not path.exists():
+    if not uris.exists(checkpoint):
         return None, None
-    offsets = checkpoint_offsets(str(path))
+    local = uris.local_path(checkpoint)
+    where = str(local) if local is not None else uris.normalize(checkpoint)
+    offsets = checkpoint_offsets(where)
     if not offsets:
         return None, None
     out = {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()}
-    return out, last_committed_batch(str(path))
+    return out, last_committed_batch(where)
 
 
 def lag_from_offsets(pipeline: str, version: int, logs: dict[tuple[str, int], tuple[int, int]],
                      checkpoint: dict[tuple[str, int], int] | None,
                      group: dict[tuple[str, int], int] | None = None, *, at: float | None = None,
-                     batch_id: int | None = None) -> LagReading:
-    """The lag arithmetic: checkpoint offsets first, then the group's, then the log start."""
+                     batch_id: int | None = None, reading: dict[tuple[str, int], Any] | None = None) -> LagReading:
+    """The lag arithmetic: checkpoint offsets first, then the read progress of an uncommitted
+    backfill (`reading`: `jobs.lib.kafka.progress.ReadPosition` per partition), then the group's
+    offsets, then the log start. A reading from read progress is `pending_commit` (not floored here)."""
     group = group or {}
+    reading = {} if checkpoint else (reading or {})
     if checkpoint:
         base, source = checkpoint, "checkpoint"
     elif group:
         base, source = group, "group"
     else:
         base, source = {}, "log-start"
+    if reading:
+        source = "reading"
     details = []
     for (topic, p), (start, end) in sorted(logs.items()):
+        pos = reading.get((topic, p))
+        if pos is not None:   # read, not committed: what the backfill has left, then what is past its end
+            nxt = max(pos.next_offset, start)
+            details.append(PartitionLag(topic=topic, partition=p, log_start=start, log_end=end, next_offset=nxt,
+                                        lag=max(0, min(pos.unread, end - start) + max(0, end - pos.end)),
+                                        past_end=max(0, nxt - end), source="reading",
+                                        group_offset=group.get((topic, p))))
+            continue
         if (topic, p) in base:
-            nxt, psource = max(base[(topic, p)], start), source
+            nxt, psource = max(base[(topic, p)], start), "group" if reading else source
         else:  # not read yet (new partition, or nothing committed): the whole log is ahead
             nxt, psource = start, "log-start"
         details.append(PartitionLag(topic=topic, partition=p, log_start=start, log_end=end, next_offset=nxt,
@@ -215,7 +242,8 @@ def lag_from_offsets(pipeline: str, version: int, logs: dict[tuple[str, int], tu
                  f"matches the log; deploy a new version (`kappa deploy {pipeline}`), which reads it from offset zero")
     return LagReading(pipeline=pipeline, version=version, at=time.time() if at is None else at,
                       total=None if past else sum(partitions.values()), partitions=partitions,
-                      details=tuple(details), source=source, error=error, batch_id=batch_id)
+                      details=tuple(details), source=source, error=error, batch_id=batch_id,
+                      pending_commit=bool(reading))
 
 
 def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
@@ -223,27 +251,65 @@ def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOU
     spec = k.pipeline(pipeline)
     paths = k.paths(pipeline, version)
     now = time.time()
-    try:
-        logs = log_offsets(k, spec.topics, timeout)
-    except KappaError as e:
-        return LagReading(pipeline=pipeline, version=version, at=now, total=None, partitions={}, error=str(e))
-    try:
-        group = group_offsets(k, paths.group_id, timeout)
-    except KappaError as e:
-        log.warning("%s v%s: %s", pipeline, version, e)
-        group = {}
+    # The job's positions first, the log ends last: a running job only moves forward, so a batch it
+    # commits in between makes the lag look larger for one sample, never its checkpoint "past the log
+    # end" (which reads as a recreated topic and makes the lag unknown).
     try:
         ckpt, batch_id = checkpoint_next_offsets(paths.checkpoint)
     except Exception as e:  # a checkpoint being written or corrupt: fall back to the group
         log.warning("%s v%s: cannot read checkpoint %s (%s); using the consumer group's offsets",
                     pipeline, version, paths.checkpoint, e)
         ckpt, batch_id = None, None
-    reading = lag_from_offsets(pipeline, version, logs, ckpt, group, at=now, batch_id=batch_id)
+    progress = {}
+    if ckpt is None:   # nothing committed: a one-batch backfill may be reading
+        try:
+            from jobs.lib.kafka.progress import progress_positions, read_progress
+
+            progress = progress_positions(read_progress(paths.checkpoint))
+        except Exception as e:  # noqa: BLE001 - progress is a courtesy: lag from the offsets alone
+            log.debug("%s v%s: no read progress (%s)", pipeline, version, e)
+    try:
+        group = group_offsets(k, paths.group_id, timeout)
+    except KappaError as e:
+        log.warning("%s v%s: %s", pipeline, version, e)
+        group = {}
+    try:
+        logs = log_offsets(k, spec.topics, timeout)
+    except KappaError as e:
+        return LagReading(pipeline=pipeline, version=version, at=now, total=None, partitions={}, error=str(e))
+    reading = lag_from_offsets(pipeline, version, logs, ckpt, group, at=now, batch_id=batch_id, reading=progress)
     if reading.total is None:
         return reading
     age = 0.0 if reading.total == 0 else oldest_unread_age(k, reading.details, now=now,
                                                           timeout=min(timeout, LAG_SECONDS_TIMEOUT))
-    return reading.model_copy(update={"lag_seconds": age})
+    reading = reading.model_copy(update={"lag_seconds": age})
+    return pending_floor(k, reading) if reading.pending_commit else reading
+
+
+def uncommitted_limits(k, pipeline: str, version: int) -> tuple[int, float | None]:
+    """(records, seconds) a reading of an uncommitted backfill may never go under: one more than the
+    version's catch-up threshold (the larger of the deploy's override and the pipeline's) and than
+    the pipeline's `catchup_max_lag_seconds` (None when it has none)."""
+    spec = k.pipeline(pipeline)
+    threshold = spec.catchup_threshold
+    try:
+        override = (k.registry.get_version(pipeline, version).details or {}).get("threshold")
+        if override is not None:
+            threshold = max(threshold, int(override))
+    except (KappaError, TypeError, ValueError) as e:
+        log.debug("%s v%s: threshold override unknown (%s)", pipeline, version, e)
+    seconds = spec.catchup_max_lag_seconds
+    return int(threshold) + 1, None if seconds is None else float(seconds) + 1.0
+
+
+def pending_floor(k, reading: LagReading) -> LagReading:
+    """A reading from read progress with its total and seconds raised to `uncommitted_limits`, so
+    that no catch-up rule takes it as caught up before the batch commits (see the module)."""
+    records, seconds = uncommitted_limits(k, reading.pipeline, reading.version)
+    update: dict[str, Any] = {"total": max(reading.total, records)}
+    if seconds is not None and reading.lag_seconds is not None:
+        update["lag_seconds"] = max(reading.lag_seconds, seconds)
+    return reading.model_copy(update=update)
 
 
 #: A process deletes lag samples past the retention at most this often per registry (the delete

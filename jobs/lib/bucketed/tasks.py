@@ -9,6 +9,8 @@ seconds) to the driver; the records never cross into the JVM or reach the driver
    output bucket into the batch's staging directory and the rejects as one Parquet data file into
    the rejects table (committed later by the driver, or never, in which case vacuum removes it).
    Staged file names are a function of the range, so a retried task overwrites its own files.
+   A backfill's tasks (``spec.progress`` set) report the offset they have read up to while they
+   read, through the Kafka reader (`jobs.lib.kafka.progress.RangeReport`).
 2. `merge_bucket`, one task per bucket the batch touches: the staged rows of the bucket, latest
    per key by the table's key order (`KeyOrder`), merged with the bucket's current data file(s):
    touched keys replaced or deleted, the rest kept; written as one new data file sorted by key.
@@ -34,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from orchestrator.core import uris
+
 __all__ = ["BUCKET_COLUMN", "KEY_ORDERS", "StageSpec", "bucket_of", "staged_path", "stage_piece",
            "merge_bucket", "file_stats", "filesystem", "write_parquet"]
 
@@ -45,12 +49,9 @@ MAX_CONFLICTS = 5
 
 def filesystem(uri: str):
     """(pyarrow FileSystem, path inside it) for a table location: a local path or any URI pyarrow
-    knows (file://, s3://, gs://, hdfs://...)."""
-    from pyarrow import fs as pafs
-
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), uri.rstrip("/")
-    return pafs.FileSystem.from_uri(uri.rstrip("/"))
+    knows (file://, s3://, gs://, hdfs://...); `orchestrator.core.uris.filesystem`, which the
+    orchestrator opens the same locations with."""
+    return uris.filesystem(uri)
 
 
 def bucket_of(keys: pa.Array, buckets: int) -> np.ndarray:
@@ -77,6 +78,7 @@ class StageSpec:
     output_schema: pa.Schema                         # the table's columns, without the bucket column
     key_order: str = "partition"
     hold_from: int | None = None                     # test hook: tasks from this index on wait
+    progress: str | None = None                      # where read progress goes (the backfill's), or None
     nonce: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -89,6 +91,15 @@ def _write_ipc(fs, path: str, table: pa.Table) -> None:
     fs.create_dir(parent, recursive=True)
     with fs.open_output_stream(path) as out, pa.ipc.new_file(out, table.schema) as w:
         w.write_table(table)
+
+
+def _inside(root_uri: str, root: str, location: str) -> str:
+    """The path, inside the filesystem of `root_uri` (whose own path there is `root`), of `location`,
+    a location under `root_uri` (`staged_path(spec.staging_uri, ...)`): a URI is never a path."""
+    base, loc = uris.normalize(root_uri), uris.normalize(location)
+    if not loc.startswith(base + "/"):
+        raise ValueError(f"the staged file {location} is not under the staging folder {root_uri}")
+    return root + loc[len(base):]
 
 
 def _read_ipc(fs, path: str) -> pa.Table:
@@ -152,7 +163,8 @@ def stage_piece(spec: StageSpec, indexed: tuple) -> dict:
     if spec.hold_from is not None and index >= spec.hold_from:
         _hold()
     t0 = time.perf_counter()
-    batches = list(read_range(spec.settings, KafkaRange(topic, int(partition), int(start), int(end), bool(new))))
+    piece = KafkaRange(topic, int(partition), int(start), int(end), bool(new), progress=spec.progress)
+    batches = list(read_range(spec.settings, piece))   # reports its read position (`jobs.lib.kafka.progress`)
     records = pa.Table.from_batches(batches, schema=arrow_schema()) if batches else arrow_schema().empty_table()
     t1 = time.perf_counter()
     result = spec.transform(records.drop_columns(["headers"]), spec.batch_id)
@@ -238,8 +250,8 @@ def merge_bucket(spec: StageSpec, bucket: int, staged: list[str], current: list[
 
     t0 = time.perf_counter()
     key = spec.key_column
-    sfs, _ = filesystem(spec.staging_uri)
-    parts = [_read_ipc(sfs, p) for p in staged]
+    sfs, staging = filesystem(spec.staging_uri)
+    parts = [_read_ipc(sfs, _inside(spec.staging_uri, staging, p)) for p in staged]
     incoming = pa.concat_tables(parts) if parts else None
     if incoming is None or incoming.num_rows == 0:
         return {"bucket": bucket, "add": None, "remove": [], "rows": None, "conflicts": [], "seconds": 0.0}

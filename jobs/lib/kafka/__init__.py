@@ -36,7 +36,8 @@ The package, in the order a micro-batch meets it:
 * `outage`: which Kafka errors mean an unreachable broker, waited out for ``brokerOutageSeconds``;
 * `planning`: pure offset arithmetic, end offsets and task ranges of a micro-batch;
 * `reading`: the executor side, one offset range into pyarrow RecordBatches;
-* `checkpoint`: a query's offsets read back from its Spark checkpoint (runs anywhere).
+* `checkpoint`: a query's offsets read back from its Spark checkpoint (runs anywhere);
+* `progress`: what a one-batch backfill's tasks have read before it commits (runs anywhere).
 """
 
 from jobs.lib.kafka.broker import commit_group_offsets

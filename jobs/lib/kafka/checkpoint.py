@@ -8,18 +8,26 @@ truth about what a query has processed (the orchestrator's lag and the job runti
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 from jobs.lib.kafka.planning import map_to_offsets, merge_offsets, offsets_to_map
+from orchestrator.core import uris
 from orchestrator.core.exceptions import SourceError
 
 __all__ = ["checkpoint_offsets", "last_committed_batch", "parse_offset_log"]
 
 
-def _batch_files(d: Path) -> dict[int, Path]:
-    if not d.is_dir():
+def _batch_files(location: str) -> dict[int, str]:
+    """Batch id -> location of the files named by a batch id in a checkpoint folder (any URI)."""
+    from pyarrow import fs as pafs
+
+    fs, root = uris.filesystem(location)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except (OSError, ValueError):   # not a folder (or unreachable): no batches
         return {}
-    return {int(p.name): p for p in d.iterdir() if p.name.isdigit()}
+    names = (info.base_name for info in infos if info.type == pafs.FileType.File)
+    return {int(name): uris.join(location, name) for name in names if name.isdigit()}
 
 
 def parse_offset_log(text: str) -> list[dict]:
@@ -44,11 +52,11 @@ def parse_offset_log(text: str) -> list[dict]:
     return out
 
 
-def _source_offsets(path: Path) -> list[dict]:
-    return parse_offset_log(path.read_text(encoding="utf-8"))
+def _source_offsets(location: str) -> list[dict]:
+    return parse_offset_log(uris.read_text(location) or "")
 
 
-def checkpoint_offsets(checkpoint_dir: str | Path, batch_id: int | None = None) -> dict | None:
+def checkpoint_offsets(checkpoint_dir: str | os.PathLike, batch_id: int | None = None) -> dict | None:
     """End offsets (offset JSON) of a micro-batch, read from a Spark checkpoint; runs anywhere.
 
     Default: the last batch in ``commits/`` (fully processed). With ``batch_id``: that batch's
@@ -56,10 +64,10 @@ def checkpoint_offsets(checkpoint_dir: str | Path, batch_id: int | None = None) 
     With several sources in one query their offsets are merged (the lower offset wins when two
     sources read the same partition, so the result never overstates progress).
     """
-    cp = Path(checkpoint_dir)
-    offsets = _batch_files(cp / "offsets")
+    cp = uris.normalize(checkpoint_dir)
+    offsets = _batch_files(uris.join(cp, "offsets"))
     if batch_id is None:
-        committed = _batch_files(cp / "commits")
+        committed = _batch_files(uris.join(cp, "commits"))
         usable = sorted(b for b in committed if b in offsets)
         if not usable:
             return None
@@ -77,7 +85,7 @@ def checkpoint_offsets(checkpoint_dir: str | Path, batch_id: int | None = None) 
     return map_to_offsets(merged)
 
 
-def last_committed_batch(checkpoint_dir: str | Path) -> int | None:
+def last_committed_batch(checkpoint_dir: str | os.PathLike) -> int | None:
     """The id of the last micro-batch in ``commits/``, or None."""
-    committed = _batch_files(Path(checkpoint_dir) / "commits")
+    committed = _batch_files(uris.join(uris.normalize(checkpoint_dir), "commits"))
     return max(committed) if committed else None

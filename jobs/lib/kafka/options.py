@@ -32,6 +32,10 @@ brokerOutageSeconds        how long an unreachable broker (connection refused, r
                            (``broker.outage.seconds``); bad input (an unknown topic once the
                            broker answers, authentication, a bad option) fails at once
 arrowBatchRows             rows per Arrow batch a task yields, 50000 (``arrow.batch.rows``)
+readProgressDir            kappa's own: where the tasks of a ``one-batch`` backfill report the
+                           offsets they have read before the batch commits (the job runtime sets
+                           ``<checkpoint>/kappa-read-progress``, `jobs.lib.kafka.progress`); unset:
+                           no report
 =========================  =====================================================================
 
 The old dotted names stay accepted; giving both names of one option with different values is an
@@ -94,6 +98,7 @@ OPTION_NAMES: dict[str, str | None] = {
     "readTimeoutSeconds": "read.timeout.seconds",
     "brokerOutageSeconds": "broker.outage.seconds",
     "arrowBatchRows": "arrow.batch.rows",
+    "readProgressDir": None,
 }
 _BY_LOWER = {**{k.lower(): k for k in OPTION_NAMES},
              **{v: k for k, v in OPTION_NAMES.items() if v is not None}}
@@ -196,6 +201,7 @@ class SourceSettings:
     arrow_batch_rows: int = 50_000
     backfill: str = "one-batch"
     broker_outage_seconds: float = DEFAULT_BROKER_OUTAGE_SECONDS
+    read_progress_dir: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "SourceSettings":
@@ -252,6 +258,7 @@ class SourceSettings:
             arrow_batch_rows=_int_option(opts, "arrowBatchRows", 50_000, 1),
             backfill=backfill,
             broker_outage_seconds=outage,
+            read_progress_dir=opts.get("readProgressDir") or None,
         )
 
     def client_config(self) -> dict:

@@ -101,17 +101,14 @@ def logged_rows(checkpoint_uri: str, batch_id: int, settings: SourceSettings, ta
 def _logged_offsets(checkpoint_uri: str, batch_id: int) -> dict | None:
     """The one source's offset JSON in ``<checkpoint>/offsets/<batch_id>`` (line 1 the log's version,
     line 2 its metadata, then one line per source), read through pyarrow's filesystems (any URI)."""
-    from pyarrow import fs as pafs
-
     from jobs.lib.kafka.checkpoint import parse_offset_log
+    from orchestrator.core import uris
 
     try:
-        if "://" in checkpoint_uri:
-            fs, root = pafs.FileSystem.from_uri(checkpoint_uri.rstrip("/"))
-        else:
-            fs, root = pafs.LocalFileSystem(), checkpoint_uri.rstrip("/")
-        with fs.open_input_stream(f"{root}/offsets/{int(batch_id)}") as f:
-            sources = parse_offset_log(f.read().decode("utf-8"))
+        text = uris.read_text(uris.join(checkpoint_uri, "offsets", str(int(batch_id))))
+        if text is None:
+            return None
+        sources = parse_offset_log(text)
     except (OSError, ValueError):
         return None
     return sources[0] if len(sources) == 1 else None

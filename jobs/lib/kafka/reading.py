@@ -15,6 +15,9 @@ stateless between ranges. Correctness rules that hold for compacted and transact
 * Offsets the broker no longer has: ``SourceError`` by default; with ``failOnDataLoss=false``
   (old name ``on.missing.offsets=earliest``) the range continues from the earliest available offset and logs how many offsets it skipped.
 
+A range of a one-batch backfill also reports, about once a second, the offset it has read up to
+(`jobs.lib.kafka.progress`), so the version's lag moves before the batch commits.
+
 RecordBatches are built column by column from ``consume()`` chunks, with the garbage collector
 paused: building Python objects per record is where a Python Kafka reader spends its time.
 """
@@ -42,6 +45,7 @@ from pyspark.sql.types import (
 from jobs.lib.kafka.options import SourceSettings
 from jobs.lib.kafka.outage import Outage, is_unavailable
 from jobs.lib.kafka.planning import Watermarks
+from jobs.lib.kafka.progress import RangeReport
 from orchestrator.core.exceptions import SourceError
 
 __all__ = ["SCHEMA", "KafkaRange", "arrow_schema", "messages_to_batch", "read_range"]
@@ -64,14 +68,19 @@ SCHEMA = StructType([
 
 
 class KafkaRange(InputPartition):
-    """One Spark task: offsets ``[start, end)`` of one topic partition. Picklable, immutable."""
+    """One Spark task: offsets ``[start, end)`` of one topic partition. Picklable, immutable.
 
-    def __init__(self, topic: str, partition: int, start: int, end: int, new: bool = False):
+    ``progress``: the directory where the task reports how far it has read (a backfill's ranges
+    only, `jobs.lib.kafka.progress`); None: no report."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int, new: bool = False,
+                 progress: str | None = None):
         self.topic = topic
         self.partition = partition
         self.start = start
         self.end = end
         self.new = new
+        self.progress = progress
 
     def __repr__(self) -> str:
         return f"KafkaRange({self.topic}[{self.partition}] {self.start}..{self.end}{' new' if self.new else ''})"
@@ -143,6 +152,8 @@ class _RangeReader:
             return
         consumer = Consumer(s.consumer_config())
         tp = TopicPartition(r.topic, r.partition)
+        report = (RangeReport(r.progress, r.topic, r.partition, r.start, r.end)
+                  if getattr(r, "progress", None) else None)
         gc_was_enabled = gc.isenabled()
         gc.disable()  # building millions of small objects; the collector would dominate
         try:
@@ -198,6 +209,8 @@ class _RangeReader:
                             last_progress = time.monotonic()
                         if p >= r.end:
                             done = True
+                if report is not None:
+                    report.update(r.end if done else self.pos)
                 if pending_n >= s.arrow_batch_rows:
                     yield self._flush(pending)
                     pending, pending_n = [], 0
@@ -211,6 +224,8 @@ class _RangeReader:
                     last_progress = last_check = time.monotonic()
             if pending_n:
                 yield self._flush(pending)
+            if report is not None:
+                report.update(r.end, final=True)
         finally:
             if gc_was_enabled:
                 gc.enable()

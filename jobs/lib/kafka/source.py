@@ -33,6 +33,7 @@ from pyspark.sql.types import StructType
 from jobs.lib.kafka.broker import Broker
 from jobs.lib.kafka.options import SourceSettings
 from jobs.lib.kafka.planning import TP, map_to_offsets, offsets_to_map, plan_end_offsets, plan_ranges
+from jobs.lib.kafka.progress import clear as clear_progress, source_dir, write_manifest
 from jobs.lib.kafka.reading import SCHEMA, KafkaRange, read_range
 from orchestrator.core.exceptions import SourceError
 
@@ -72,10 +73,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: dict[TP, int] | None = None
         self._group_committed: dict[TP, int] | None = None
         self._initial: dict[TP, int] | None = None  # a fresh query's start, until its first batch
+        self._first: dict[TP, int] | None = None    # a fresh query's start, for ever
+        self._reporting: tuple[dict, dict, int] | None = None  # the backfill reporting progress, scans
 
     def __getstate__(self) -> dict:
         return {"settings": self.settings, "_broker": None, "_target": None, "_latest": None,
-                "_group_committed": None, "_initial": None}
+                "_group_committed": None, "_initial": None, "_first": None, "_reporting": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -106,6 +109,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark asks for initial offsets only while its checkpoint has none for this source: the
         # next batch planned from them is a fresh query's first, the backfill.
         self._initial = dict(start)
+        self._first = dict(start)
         return map_to_offsets(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -136,6 +140,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # processed: committing it here keeps the group current while the query idles and after
         # the last available-now batch (Spark calls commit() only when it plans the next batch).
         self._commit_group(start_map)
+        self._drop_progress(start_map)
         tps = self.broker.partitions(required=False)
         wms = self.broker.watermarks(tps, tolerate=True)
         self._latest = {tp: w.high for tp, w in wms.items()}
@@ -169,18 +174,47 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return map_to_offsets(self._latest) if self._latest else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        """Driver. One `KafkaRange` per partition with data, large ones split (deterministic)."""
-        ranges = plan_ranges(offsets_to_map(start), offsets_to_map(end),
-                             min_partitions=self.settings.min_partitions,
+        """Driver. One `KafkaRange` per partition with data, large ones split (deterministic).
+
+        The ranges of a one-batch backfill (the first batch of a fresh query, with ``readProgressDir``
+        set) report their read progress (`jobs.lib.kafka.progress`). Spark asks once per scan of
+        the source in the query's plan, before any task runs: the count is in the manifest."""
+        start_map, end_map = offsets_to_map(start), offsets_to_map(end)
+        ranges = plan_ranges(start_map, end_map, min_partitions=self.settings.min_partitions,
                              split_min_records=self.settings.split_min_records)
-        return [KafkaRange(r.topic, r.partition, r.start, r.end, r.new) for r in ranges]
+        where = self._progress_for(start_map, end_map) if ranges else None
+        return [KafkaRange(r.topic, r.partition, r.start, r.end, r.new, progress=where) for r in ranges]
+
+    def _progress_for(self, start: dict[TP, int], end: dict[TP, int]) -> str | None:
+        """The directory the backfill's ranges report to, its manifest written; None for other batches."""
+        s = self.settings
+        if not s.read_progress_dir or s.backfill != "one-batch" or self._first is None or start != self._first:
+            return None
+        where = source_dir(s.read_progress_dir, s.topics)
+        if self._reporting is not None and (self._reporting[0], self._reporting[1]) == (start, end):
+            scans = self._reporting[2] + 1
+        else:
+            scans = 1
+        self._reporting = (dict(start), dict(end), scans)
+        write_manifest(where, start, end, scans)
+        return where
 
     def commit(self, end: dict) -> None:
-        """Driver, after Spark committed the batch ending at ``end``: tell the consumer group.
+        """Driver, after Spark committed the batch ending at ``end``: tell the consumer group, and
+        drop the backfill's read progress once the backfill is in the checkpoint.
 
         Best effort: the Spark checkpoint is the truth, a failed group commit is only logged.
         """
-        self._commit_group(offsets_to_map(end))
+        end_map = offsets_to_map(end)
+        self._commit_group(end_map)
+        self._drop_progress(end_map)
+
+    def _drop_progress(self, processed: dict[TP, int]) -> None:
+        """Driver: the backfill's read progress goes once its end is processed (`commit`, or the
+        next `latestOffset`, since Spark calls `commit` only when a next batch has data)."""
+        if self._reporting is not None and all(processed.get(tp, -1) >= o for tp, o in self._reporting[1].items()):
+            clear_progress(source_dir(self.settings.read_progress_dir, self.settings.topics))
+            self._reporting = None
 
     def _commit_group(self, offsets: dict[TP, int]) -> None:
         if not self.settings.group_id or not offsets:

@@ -13,6 +13,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from jobs.lib.kafka import map_to_offsets, merge_offsets, offsets_to_map
 from jobs.lib.kafka.options import canonical_option
+from jobs.lib.kafka.progress import clear as clear_progress, progress_dir
 from jobs.lib.runtime.status import Status
 from orchestrator.core.exceptions import KappaError
 
@@ -72,9 +73,18 @@ class JobContext:
         return {**opts, **overrides}
 
     def read_stream(self, topics: list[str] | str | None = None) -> Any:
-        """A streaming DataFrame over ``topics`` (default: all of ``--topics``); schema in the contract."""
+        """A streaming DataFrame over ``topics`` (default: all of ``--topics``); schema in the contract.
+
+        Its one-batch backfill reports read progress under the checkpoint (`jobs.lib.kafka.progress`),
+        where the orchestrator's lag reads it, unless ``source_options`` set ``readProgressDir``.
+        Reports found there now are a dead run's (the query has not started): they are dropped."""
         reader = self.spark.readStream.format("kappa_kafka")
-        for k, v in self.source_options(topics).items():
+        opts = self.source_options(topics)
+        where = progress_dir(self.args.checkpoint)
+        if where and "readProgressDir" not in {canonical_option(k) for k in opts}:
+            clear_progress(where)
+            opts["readProgressDir"] = where
+        for k, v in opts.items():
             reader = reader.option(k, v)
         return reader.load()
 

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jobs.lib.kafka import checkpoint_offsets, commit_group_offsets, last_committed_batch
+from jobs.lib.kafka.progress import backfill_reading
 from jobs.lib.runtime.args import parse_args
 from jobs.lib.runtime.context import JobContext, ProgressListener
 from jobs.lib.runtime.status import RunState, Status, summarize_error
 from jobs.lib.session import build_session
+from orchestrator.core.envvars import KAPPA_STOP_GRACE_SECONDS
 from orchestrator.core.exceptions import ConfigError
 
 __all__ = ["HEARTBEAT_SECONDS", "run", "run_job"]
@@ -103,11 +105,17 @@ def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -
             pass
 
     def heartbeat():
+        shown = False   # whether this thread put a backfill's read progress into the status
         while not finished_event.wait(HEARTBEAT_SECONDS):
             try:
                 if stop_file.exists():
                     stop_event.set()
-                status.update()
+                reading = _backfill_reading(args.checkpoint)
+                if reading is not None or shown:
+                    status.update(reading=reading)
+                    shown = reading is not None
+                else:
+                    status.update()
             except Exception as e:
                 log.warning("heartbeat could not write %s: %s", status.path, e)
 
@@ -143,7 +151,7 @@ def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -
                 requested = True
                 status.update(state=RunState.STOPPING)
                 log.info("stop requested: letting the current micro-batch finish")
-                _graceful_stop(query, float(os.environ.get("KAPPA_STOP_GRACE_SECONDS", "120")))
+                _graceful_stop(query, float(os.environ.get(KAPPA_STOP_GRACE_SECONDS, "120")))
                 break
             try:
                 query.awaitTermination(0.5)
@@ -184,6 +192,16 @@ def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -
         status.update(**final)
         log.info("job %s v%s %s (exit %d)", args.pipeline, args.version, final.get("state"), code)
     return code
+
+
+def _backfill_reading(checkpoint: str) -> dict | None:
+    """Read progress of a one-batch backfill for the status (`jobs.lib.kafka.progress`, written by the
+    seed jobs' reader tasks and standardize's stage tasks alike); None when nothing reports it."""
+    try:
+        return backfill_reading(checkpoint)
+    except Exception as e:  # noqa: BLE001 - progress is a courtesy
+        log.debug("no read progress: %s", e)
+        return None
 
 
 def _clear_stale_stop(stop_file: Path) -> None:
