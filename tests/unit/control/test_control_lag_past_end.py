@@ -64,3 +64,39 @@ def test_lag_samples_older_than_the_retention_are_pruned(k, fake_log, monkeypatc
     sample_lag(k, PIPELINE, v2)
     assert k.registry.lag_samples(PIPELINE, v1) == []
     assert k.registry.prune_lag_samples(clock.now + 1) == 3   # the method alone: v2's three samples
+
+
+def test_a_batch_committed_while_lag_is_measured_never_reads_as_past_the_log_end(k, fake_log, monkeypatch):
+    """A live job commits a batch between the two reads of a lag measurement (forced here: right after
+    one of them). Reading the log ends first and the checkpoint after made the new checkpoint look
+    past the old log end: lag unknown, "the topic was recreated", and a promote refused (seen in the
+    `kappa up` UI test with a live producer). The positions are read first, so it is one record of lag."""
+    v = allocate(k).version
+    fake_running(k, v)
+    fake_log.read_all()
+    real_logs, real_ckpt = lag_mod.log_offsets, lag_mod.checkpoint_next_offsets
+    first: list[str] = []
+
+    def commit_a_new_record():
+        fake_log.ends[(TOPIC, 0)] += 1           # the live producer writes a record
+        fake_log.read_all()                      # the job reads it and commits its batch
+
+    def log_offsets(*a, **kw):
+        out = real_logs(*a, **kw)
+        if not first:
+            first.append("logs")
+            commit_a_new_record()
+        return out
+
+    def checkpoint_next_offsets(*a, **kw):
+        out = real_ckpt(*a, **kw)
+        if not first:
+            first.append("checkpoint")
+            commit_a_new_record()
+        return out
+
+    monkeypatch.setattr(lag_mod, "log_offsets", log_offsets)
+    monkeypatch.setattr(lag_mod, "checkpoint_next_offsets", checkpoint_next_offsets)
+    r = lag_mod.measure_lag(k, PIPELINE, v)
+    assert (r.known, r.error, r.total) == (True, None, 1)
+    assert first == ["checkpoint"]              # the job's positions are read before the log ends
