@@ -141,6 +141,9 @@ def _wait_executors(spark, n: int, timeout: float = 180.0) -> int:
 
 def run_job(p: dict, emit: Callable[[str], None] = print) -> dict[str, Any]:
     """One reprocess, in this process (the child's body); the figures as a dict."""
+    import importlib
+
+    importlib.import_module("jobs.standardize")  # before the clocks, as `python -m jobs.standardize` does
     from jobs.lib.runtime import Status, parse_args
     from jobs.lib.session import build_session
 

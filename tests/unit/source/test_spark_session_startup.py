@@ -1,0 +1,51 @@
+"""What `jobs.lib.session` does to shorten a Spark job's start-up: a SPARK_HOME whose Python processes
+import the installed pyspark (not the source-only pyspark.zip), and the driver JVM's options (C1, and
+the class-data-sharing archive only once it exists)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from jobs.lib import session
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_worker_spark_home_mirrors_pyspark_without_its_python_dir(cache):
+    home = session.worker_spark_home()
+    real = Path(pyspark.__file__).parent
+    assert home is not None and Path(home).parent == cache / "kappa"
+    names = {p.name for p in Path(home).iterdir()}
+    assert "python" not in names and {"jars", "bin"} <= names
+    assert (real / "python" / "lib" / "pyspark.zip").is_file()   # what the mirror leaves out
+    assert (Path(home) / "jars").resolve() == (real / "jars").resolve()
+    assert session.worker_spark_home() == home                     # made once, then reused
+    assert session._install_id() in Path(home).name                 # one mirror per venv
+
+
+def test_prepare_environment_keeps_a_spark_home_that_is_set(cache, monkeypatch):
+    monkeypatch.setenv("SPARK_HOME", "/opt/my-spark")
+    session.prepare_environment()
+    assert os.environ["SPARK_HOME"] == "/opt/my-spark"
+
+
+def test_driver_options_use_the_archive_only_once_it_exists(cache):
+    archive = session.cds_archive_path()
+    assert archive.parent == cache / "kappa" and session._install_id() in archive.name
+    assert session.driver_java_options() == session.DRIVER_JIT
+    assert session.driver_java_options("-Dmine=1") == f"{session.DRIVER_JIT} -Dmine=1"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.write_bytes(b"jsa")
+    opts = session.driver_java_options("-Dmine=1").split()
+    assert opts[0] == session.DRIVER_JIT and opts[-1] == "-Dmine=1"     # the caller's own options last
+    assert f"-XX:SharedArchiveFile={archive}" in opts and "-Xlog:cds=off" in opts
+    # making an archive: the dump option is not combined with using one
+    assert "-XX:SharedArchiveFile" not in session.driver_java_options(f"-XX:ArchiveClassesAtExit={archive}.new")
