@@ -99,8 +99,8 @@ def test_kappa_up_then_reprocess_and_roll_back_in_the_ui(tmp_path, artifacts_dir
     try:
         m = out.wait_for(r"Airflow UI: (http://127\.0\.0\.1:\d+)  \(login admin / admin\)", UP_TIMEOUT)
         url = m.group(1)
+        out.wait_for(r"Press Ctrl-C to stop everything kappa up started\.", 60)  # printed after the URL
         assert "serving: alias member_profiles_std -> standardize v1 (rules v1)" in out.text()
-        assert "Press Ctrl-C to stop everything kappa up started." in out.text()
         client = AirflowClient(url, "admin", "admin")
         with sync_playwright() as p:
             context = p.chromium.launch_persistent_context(
