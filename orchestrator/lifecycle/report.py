@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field, field_serializer
 
-from orchestrator.core.exceptions import SinkError
+from orchestrator.core.exceptions import KappaError, SinkError
 from orchestrator.core.files import write_json_atomic
 from orchestrator.core.kappa import Kappa
 
@@ -90,24 +90,46 @@ class Report(BaseModel):
         return out
 
 
-def _read(uri: str, columns: list[str] | None = None):
-    from deltalake import DeltaTable
-
-    if not DeltaTable.is_deltatable(str(uri)):
-        return None
+def _reading(uri: str, fn, *args):
+    """``fn(uri, *args)``, with a table that vanished meanwhile (a concurrent retire deleted its files
+    between two reads) a SinkError that says so, not delta-rs's FileNotFoundError."""
     try:
-        return DeltaTable(str(uri)).to_pyarrow_table(columns=columns)
+        return fn(uri, *args)
+    except KappaError:
+        raise
     except Exception as e:  # delta-rs raises its own errors, and OSError for a missing file
         raise SinkError(f"cannot read the table {uri}: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
                         f"(was it retired or deleted meanwhile? see kappa status)") from None
 
 
-def _schema_names(uri: str) -> list[str] | None:
+def _read_table(uri: str, columns: list[str] | None = None):
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(uri)):
+        return None
+    return DeltaTable(str(uri)).to_pyarrow_table(columns=columns)
+
+
+def _read(uri: str, columns: list[str] | None = None):
+    return _reading(uri, _read_table, columns)
+
+
+def _names(uri: str) -> list[str] | None:
     from deltalake import DeltaTable
 
     if not DeltaTable.is_deltatable(str(uri)):
         return None
     return [f.name for f in DeltaTable(str(uri)).schema().fields]
+
+
+def _schema_names(uri: str) -> list[str] | None:
+    return _reading(uri, _names)
+
+
+def _count_rows(uri: str) -> int:
+    from jobs.lib.delta_sink import count_rows
+
+    return _reading(uri, count_rows)
 
 
 def _differs(a, b):
@@ -179,8 +201,6 @@ def _offsets_read(k: Kappa, pipeline: str, version: int) -> int:
 def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = True,
                       serving_version: int | None = _UNSET) -> Report:
     """Compare version N with the version the alias serves now; save the report beside N."""
-    from jobs.lib.delta_sink import count_rows
-
     spec = k.pipeline(pipeline)
     reg = k.registry
     rec = reg.get_version(pipeline, version)
@@ -195,8 +215,8 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
     if new_cols is None:
         raise SinkError(f"{pipeline} v{version} has no output table yet at {paths.table}: its job has not "
                         f"committed a micro-batch; wait until it is ready")
-    keys_new = count_rows(paths.table)
-    rejects = count_rows(paths.rejects)
+    keys_new = _count_rows(paths.table)
+    rejects = _count_rows(paths.rejects)
     offsets_read = _offsets_read(k, pipeline, version)
     reject_rate = rejects / offsets_read if offsets_read else 0.0
 
@@ -212,7 +232,7 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
         old_rec = reg.get_version(pipeline, serving_version)
         report.serving_rules_version = old_rec.rules_version
         old_cols = _schema_names(old_paths.table)
-        keys_old = count_rows(old_paths.table) if old_cols is not None else 0
+        keys_old = _count_rows(old_paths.table) if old_cols is not None else 0
         report.keys_serving = keys_old
         delta = abs(keys_new - keys_old)
         report.key_delta_ratio = (delta / keys_old) if keys_old else (0.0 if delta == 0 else float("inf"))

@@ -318,3 +318,27 @@ def test_rollback_with_nothing_to_roll_back_to(k, fake_log):
     with pytest.raises(NotFoundError, match="has no previous version to roll back to"):
         rollback(k, PIPELINE, actor="alice", reason="r")
 
+
+def test_promote_of_a_version_whose_table_a_retire_deletes_meanwhile_is_refused(k, fake_log, monkeypatch):
+    """The stress test's failure: a concurrent retire deleted v2's data files between the report's
+    reads of its table; promote raised delta-rs's FileNotFoundError instead of refusing."""
+    from orchestrator.lifecycle import report as report_mod
+
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    table = Path(k.paths(PIPELINE, v2).table)
+    real_names = report_mod._names
+
+    def names_then_retired(uri):      # the retire's file deletion lands right after the schema read
+        out = real_names(uri)
+        if Path(uri) == table:
+            for f in table.glob("*.parquet"):
+                f.unlink()
+        return out
+
+    monkeypatch.setattr(report_mod, "_names", names_then_retired)
+    with pytest.raises(NotReadyError, match=r"report: cannot read the table .*retired or deleted meanwhile"):
+        promote(k, PIPELINE, v2, actor="bob", reason="new rules")
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1
+    assert k.registry.get_version(PIPELINE, v2).state == "caught_up"
