@@ -36,7 +36,7 @@ def remove_stale_tmp(path: str | Path, older_than: float = STALE_TMP_SECONDS) ->
     return removed
 
 
-def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> None:
+def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o644, make_parents: bool = True) -> None:
     """Replace `path` with `data` so that a reader sees the old content or the new, never a part.
 
     The data goes to a temporary file in the same directory, fsynced, `os.replace`d over `path`;
@@ -45,10 +45,12 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> N
     even for a moment, and never chmod-ed) and widened to `mode` before any data is written when
     `mode` is wider (0644 for the files readers need). A failure leaves `path` as it was and no
     temporary file behind; what a killed process leaves is removed by the next write of `path`
-    (`remove_stale_tmp`).
+    (`remove_stale_tmp`). ``make_parents=False``: a missing directory is FileNotFoundError, not
+    created again (a file beside a version that a concurrent retire deleted stays deleted).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
     remove_stale_tmp(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -74,9 +76,10 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> N
         os.close(dfd)
 
 
-def write_json_atomic(path: str | Path, obj: Any, *, mode: int = 0o644, indent: int | None = 1) -> None:
+def write_json_atomic(path: str | Path, obj: Any, *, mode: int = 0o644, indent: int | None = 1,
+                      make_parents: bool = True) -> None:
     """`write_atomic` of `obj` as JSON (keys sorted, a trailing newline)."""
-    write_atomic(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n", mode=mode)
+    write_atomic(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n", mode=mode, make_parents=make_parents)
 
 
 def read_json(path: str | Path) -> Any | None:

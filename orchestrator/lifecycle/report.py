@@ -247,5 +247,9 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
                 setattr(report, name, value)
     if save:
         report.path = str(paths.report_file)
-        write_json_atomic(paths.report_file, report.model_dump(mode="json"), indent=None)
+        try:  # the version's folder exists since deploy; gone means a concurrent retire deleted it
+            write_json_atomic(paths.report_file, report.model_dump(mode="json"), indent=None, make_parents=False)
+        except FileNotFoundError:
+            raise SinkError(f"cannot write the validation report of {pipeline} v{version} to {paths.report_file}: "
+                            f"its folder is gone (was it retired meanwhile? see kappa status)") from None
     return report

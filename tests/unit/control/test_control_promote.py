@@ -342,3 +342,39 @@ def test_promote_of_a_version_whose_table_a_retire_deletes_meanwhile_is_refused(
         promote(k, PIPELINE, v2, actor="bob", reason="new rules")
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
     assert k.registry.get_version(PIPELINE, v2).state == "caught_up"
+
+
+
+@pytest.mark.parametrize("when", ["before_the_write", "at_the_rename"])
+def test_promote_of_a_version_whose_folder_a_retire_deletes_while_the_report_is_written_is_refused(
+        k, fake_log, monkeypatch, when):
+    """The stress test's second failure: the retire deleted v1's folder while the report was being
+    written; promote raised FileNotFoundError from the rename. Deleted just before the write, the
+    old write made the folder again: a stray report of a retired version."""
+    import os
+    import shutil
+    import types
+
+    from orchestrator.core import files as files_mod
+    from orchestrator.lifecycle import report as report_mod
+
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    folder = Path(k.paths(PIPELINE, v1).report_file).parent
+    if when == "before_the_write":
+        real_write = report_mod.write_json_atomic
+
+        def retired_then_write(path, obj, **kw):
+            shutil.rmtree(folder)
+            return real_write(path, obj, **kw)
+
+        monkeypatch.setattr(report_mod, "write_json_atomic", retired_then_write)
+    else:
+        def retired_then_replace(src, dst):
+            shutil.rmtree(folder)
+            return os.replace(src, dst)
+
+        monkeypatch.setattr(files_mod, "os", types.SimpleNamespace(**{**vars(os), "replace": retired_then_replace}))
+    with pytest.raises(NotReadyError, match=r"report: cannot write the validation report .*retired meanwhile"):
+        promote(k, PIPELINE, v1, actor="alice", reason="first")
+    assert not folder.exists()
+    assert k.registry.get_alias(ALIAS) is None
