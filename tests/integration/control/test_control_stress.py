@@ -19,10 +19,12 @@ KappaError) fails the test too. Run on SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -49,6 +51,7 @@ VERBS = ["deploy"] * 3 + ["ready"] * 4 + ["promote"] * 3 + ["rollback", "prepare
 
 def worker(home: Path, url: str, pipeline: str, name: str, seed: int, until: float) -> None:
     """Random verbs until `until`; exits at once (code 70) when armed to crash and the crash comes."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watcher asks for the stacks of a hung worker
     mp = pytest.MonkeyPatch()
     world = World(home, url, pipeline, actor=name, shared_outage=True).install(mp)
     rng = random.Random(seed)
@@ -154,8 +157,15 @@ def stress(tmp_path: Path, url: str, rng: random.Random) -> dict:
                     del procs[name]
                     procs[new] = _spawn(home, url, pipeline, new, rng.randrange(2**31), until)
                 elif p.poll() is None and time.time() > until + 120:
+                    p.send_signal(signal.SIGUSR1)            # its threads' stacks into its log, then kill it
+                    try:
+                        p.wait(2)                            # faulthandler writes them at once
+                    except subprocess.TimeoutExpired:
+                        pass
                     p.kill()
-                    violations.append(Violation(f"worker {name} still ran 120 s after the end; killed"))
+                    stacks = (home.parent / f"{name}.log").read_text(errors="replace")[-4000:]
+                    violations.append(Violation(f"worker {name} still ran 120 s after the end; killed. "
+                                                f"Its log's end, with its stacks:\n{stacks}"))
         world.log.down = False
         end = world.step("reconcile", raise_first=False)  # the world's checks: trace, audit, pointer, jobs
         violations += end.violations
