@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tests.pipelines import standardize_pipeline
+
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
 PIPELINES = ("af_dagtest", "af_rest", "af_busy", "af_ui", "af_flip", "af_conn", "af_asset")
 RECORDS, KEYS = 300, 200
@@ -40,17 +42,8 @@ def pipelines_toml(topics: dict[str, str]) -> str:
     the test data's share of malformed records allowed."""
     out = []
     for name, topic in topics.items():
-        out.append(f'''[pipelines.{name}]
-job = "standardize"
-topics = ["{topic}"]
-key = "member_id"
-ruleset = "titles"
-alias = "{name}_served"
-catchup_threshold = 0
-catchup_samples = 2
-grace_period_seconds = 0
-max_reject_rate = {MAX_REJECT_RATE}
-''')
+        out.append(standardize_pipeline(name, topic, grace_period_seconds=0, keep_versions=None,
+                                        max_reject_rate=MAX_REJECT_RATE))
     return "\n".join(out)
 
 

@@ -34,6 +34,7 @@ from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.reconcile import reconcile
+from tests.pipelines import standardize_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -43,18 +44,7 @@ SASL_WAIT = 60.0
 
 
 def _pipelines_file(path: Path, pipeline: str, topic: str) -> Path:
-    path.write_text(f'''[pipelines.{pipeline}]
-job = "standardize"
-topics = ["{topic}"]
-key = "member_id"
-ruleset = "titles"
-alias = "{pipeline}_served"
-catchup_threshold = 0
-catchup_samples = 2
-grace_period_seconds = 3600
-keep_versions = 2
-max_reject_rate = 0.05
-''')
+    path.write_text(standardize_pipeline(pipeline, topic))
     return path
 
 

@@ -25,6 +25,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.retire import retire
 from orchestrator.serving import open_alias, resolve_alias
+from tests.pipelines import standardize_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -40,18 +41,7 @@ def bed(bootstrap, tmp_path, seed, monkeypatch):
     pipeline, topic = f"uri_{unique}", f"uri_profiles_{unique}"
     alias = f"{pipeline}_served"
     pipelines_file = tmp_path / "pipelines.toml"
-    pipelines_file.write_text(f'''[pipelines.{pipeline}]
-job = "standardize"
-topics = ["{topic}"]
-key = "member_id"
-ruleset = "titles"
-alias = "{alias}"
-catchup_threshold = 0
-catchup_samples = 2
-grace_period_seconds = 3600
-keep_versions = 2
-max_reject_rate = 0.05
-''')
+    pipelines_file.write_text(standardize_pipeline(pipeline, topic, alias=alias))
     datagen.ensure_topic(bootstrap, topic, partitions=PARTITIONS)
     datagen.produce(bootstrap, topic, datagen.generate_changelog(RECORDS, KEYS, seed=seed))
     monkeypatch.chdir(tmp_path)  # a URI mangled into a relative `file:/…` path would land here
