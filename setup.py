@@ -16,6 +16,8 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 #: (source in the repository, destination in the package), relative paths.
 SHIPPED = [("deploy/pipelines.toml", "orchestrator/_data/pipelines.toml")] + [
+    (f"deploy/jars/{p.parent.name}/pom.xml", f"orchestrator/_data/jars/{p.parent.name}/pom.xml")
+    for p in sorted((ROOT / "deploy" / "jars").glob("*/pom.xml"))] + [
     (f"dags/{p.name}", f"orchestrator/_data/dags/{p.name}") for p in sorted((ROOT / "dags").glob("*.py"))]
 
 

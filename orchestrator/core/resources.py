@@ -1,4 +1,5 @@
-"""Files kappa ships besides its code: the default pipelines file and the Airflow DAGs folder.
+"""Files kappa ships besides its code: the default pipelines file, the Airflow DAGs folder and the
+Maven projects that pin its JARs (`deploy/jars/<set>/pom.xml`).
 
 In a checkout (and an editable install) they are the repository's `deploy/pipelines.toml` and
 `dags/`. A regular install has no checkout to point at, so the build copies them into the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["PACKAGE_DATA", "checkout_root", "dags_folder", "default_pipelines_file"]
+__all__ = ["PACKAGE_DATA", "checkout_root", "dags_folder", "default_pipelines_file", "jars_pom"]
 
 #: Where the build puts the shipped files inside the installed package.
 PACKAGE_DATA = Path(__file__).resolve().parents[1] / "_data"
@@ -34,3 +35,8 @@ def default_pipelines_file() -> Path:
 def dags_folder() -> Path:
     """The folder of kappa's Airflow DAG files (Airflow's `dags_folder`)."""
     return _shipped(PACKAGE_DATA / "dags", checkout_root() / "dags")
+
+
+def jars_pom(name: str) -> Path:
+    """The Maven project that pins the JAR set `name` (`kafka`, `spark`)."""
+    return _shipped(PACKAGE_DATA / "jars" / name / "pom.xml", checkout_root() / "deploy" / "jars" / name / "pom.xml")

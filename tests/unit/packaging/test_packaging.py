@@ -25,9 +25,12 @@ def test_a_checkout_reads_deploy_and_dags_in_place():
 def test_an_install_reads_the_shipped_copies(tmp_path, monkeypatch):
     (tmp_path / "dags").mkdir()
     (tmp_path / "pipelines.toml").write_text("")
+    (tmp_path / "jars" / "kafka").mkdir(parents=True)
+    (tmp_path / "jars" / "kafka" / "pom.xml").write_text("<project/>")
     monkeypatch.setattr(resources, "PACKAGE_DATA", tmp_path)
     assert resources.default_pipelines_file() == tmp_path / "pipelines.toml"
     assert resources.dags_folder() == tmp_path / "dags"
+    assert resources.jars_pom("kafka") == tmp_path / "jars" / "kafka" / "pom.xml"
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +58,7 @@ def test_the_wheel_ships_the_pipelines_file_the_dags_and_the_rulesets(wheel):
     assert rules and rules <= names
     jobs = {f"jobs/{spec.job}.py" for spec in load_pipelines(ROOT / "deploy" / "pipelines.toml").values()}
     assert jobs <= names
+    poms = {p.parent.name for p in (ROOT / "deploy" / "jars").glob("*/pom.xml")}
+    assert poms == {"kafka", "spark"}
+    for name in poms:   # a regular install fetches the same JARs: `python -m orchestrator.core.jars fetch`
+        assert wheel.read(f"orchestrator/_data/jars/{name}/pom.xml") == (ROOT / "deploy" / "jars" / name / "pom.xml").read_bytes()
