@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's two commands:
-#   deploy/dev.sh demo   set up .venv and run the demo on the embedded stack
-#   deploy/dev.sh test   set up .venv (+ Debian's chromium for the UI test) and run the whole suite
-# Java 17 is the only prerequisite. Everything else comes from PyPI and Debian.
+#   deploy/dev.sh demo   set up .venv and the JARs, then run the demo on the embedded stack
+#   deploy/dev.sh test   set up .venv and the JARs, start PostgreSQL and install Chromium (Debian) if
+#                        missing, then run the whole suite
+# Java 17 is the only prerequisite. Everything else comes from PyPI, Maven Central and Debian.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,7 +38,7 @@ setup_python() {
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return
   fi
-  echo "==> setting up $venv (PyPI: pyspark, deltalake, confluent-kafka, airflow, tansu broker; takes a few minutes the first time)"
+  echo "==> setting up $venv (PyPI: pyspark, deltalake, confluent-kafka, airflow; takes a few minutes the first time)"
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   "$venv/bin/python" -m pip install --quiet -e ".[test]"
@@ -54,14 +55,74 @@ if not cds_archive_path().is_file():
     print("    " + str(create_cds_archive() or "not made: Spark starts without it"))' || true
 }
 
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  command -v apt-get >/dev/null || die "install Debian's $* (no apt-get here)"
+  if [ -z "${KAPPA_APT_UPDATED:-}" ]; then
+    $sudo apt-get update -qq
+    KAPPA_APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+setup_maven() {
+  command -v mvn >/dev/null && return
+  echo "==> installing Debian's maven (it fetches kappa's JARs from Maven Central)"
+  apt_install maven
+}
+
+setup_jars() {
+  # the embedded Apache Kafka broker's JARs and Spark's connectors, pinned in deploy/jars/*/pom.xml,
+  # fetched once with mvn into ~/.cache/kappa/jars/<set>-<hash of the pom>/ (orchestrator/core/jars.py)
+  setup_maven
+  local missing
+  missing="$("$venv/bin/python" -c '
+from orchestrator.core.jars import JAR_SETS, jar_dir, COMPLETE
+print(" ".join(n for n in JAR_SETS if not (jar_dir(n) / COMPLETE).is_file()))')"
+  [ -n "$missing" ] || return 0
+  echo "==> fetching JARs from Maven Central with mvn: $missing (once, about a minute)"
+  "$venv/bin/python" -m orchestrator.core.jars fetch $missing
+}
+
+pg_ready() {
+  "$venv/bin/python" - <<'PY' 2>/dev/null
+import psycopg2
+psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=3).close()
+PY
+}
+
+setup_postgres() {
+  # the tests' PostgreSQL: 127.0.0.1:5432, trust auth for user postgres (KAPPA_TEST_POSTGRES_URL points elsewhere)
+  [ -n "${KAPPA_TEST_POSTGRES_URL:-}" ] && return
+  pg_ready && return
+  if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+    echo "==> installing Debian's postgresql for the registry tests"
+    apt_install postgresql
+  fi
+  command -v pg_lsclusters >/dev/null || die "PostgreSQL is installed without Debian's cluster tools; start one on 127.0.0.1:5432 with trust auth for user postgres"
+  local ver
+  ver="$(ls /usr/lib/postgresql | sort -V | tail -n 1)"
+  pg_lsclusters -h | awk '{print $1" "$2}' | grep -q "^$ver main$" || pg_createcluster "$ver" main >/dev/null
+  local conf="/etc/postgresql/$ver/main"
+  if ! grep -q "kappa tests" "$conf/pg_hba.conf"; then
+    # trust for user postgres on loopback, first, so it wins over the packaged rules
+    { echo "# kappa tests: trust auth for user postgres on loopback"
+      echo "host all postgres 127.0.0.1/32 trust"
+      echo "host all postgres ::1/128 trust"
+      cat "$conf/pg_hba.conf"; } > "$conf/pg_hba.conf.kappa" && mv "$conf/pg_hba.conf.kappa" "$conf/pg_hba.conf"
+    chown postgres:postgres "$conf/pg_hba.conf"
+  fi
+  echo "==> starting PostgreSQL $ver on 127.0.0.1:5432"
+  pg_ctlcluster "$ver" main start 2>/dev/null || pg_ctlcluster "$ver" main reload
+  for _ in $(seq 1 30); do pg_ready && return; sleep 1; done
+  die "PostgreSQL did not answer on 127.0.0.1:5432 as user postgres within 30 s: see /var/log/postgresql/"
+}
+
 setup_chromium() {
   [ -x /usr/bin/chromium ] && return
   echo "==> installing Debian's chromium for the Airflow UI test"
-  local sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo"
-  command -v apt-get >/dev/null || die "the UI test needs /usr/bin/chromium; install Debian's chromium package"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  apt_install chromium
 }
 
 JAVA_HOME="$(find_java17)" || die "Java 17 is required: install openjdk-17 (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
@@ -72,17 +133,21 @@ cmd="${1:-}"; shift || true
 case "$cmd" in
   demo)
     setup_python
+    setup_jars
     setup_spark_cds
     exec "$venv/bin/kappa" demo "$@"
     ;;
   test)
     setup_python
+    setup_jars
     setup_spark_cds
+    setup_postgres
     setup_chromium
     exec "$venv/bin/python" -m pytest "$@"
     ;;
   setup)
     setup_python
+    setup_jars
     setup_spark_cds
     ;;
   *)
