@@ -116,6 +116,15 @@ class LagReading(BaseModel):
 
 
 def _kafka_error(what: str, k, e: Exception) -> BrokerError:
+    refused = k.authentication_failure() if hasattr(k, "authentication_failure") else None
+    if refused:
+        conf = k.settings.kafka_config or {}
+        listener = f"{conf.get('security.protocol', 'PLAINTEXT')} listener at {k.settings.bootstrap_servers}"
+        return BrokerError(
+            f"the Kafka broker's {listener} refused kappa's credentials "
+            f"(sasl.mechanism={conf.get('sasl.mechanism', '?')}, sasl.username={str(conf.get('sasl.username', '?'))!r}): "
+            f"fix sasl.username / sasl.password in the Kafka settings ([kafka_config] in kappa.toml, "
+            f"KAPPA_KAFKA_CONFIG, or the Airflow Connection kafka_default)")
     return BrokerError(
         f"cannot read {what} from the Kafka broker at {k.settings.bootstrap_servers} ({e}); "
         f"check that the broker is up and that bootstrap_servers / kafka_config are right"
@@ -165,17 +174,52 @@ def log_offsets(k, topics: Iterable[str], timeout: float = KAFKA_TIMEOUT) -> dic
     return {tp: (starts[tp], ends[tp]) for tp in tps}
 
 
-def group_offsets(k, group_id: str, timeout: float = KAFKA_TIMEOUT) -> dict[tuple[str, int], int]:
-    """The consumer group's committed offsets (next offset to read); {} for an unknown group."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
+#: OffsetFetch answers that mean "ask again shortly": the group's coordinator moves or still loads.
+_COORDINATOR_MOVING = {14, 15, 16}   # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
 
+
+def committed_offsets(config: dict, group_id: str, partitions: Iterable[tuple[str, int]],
+                      timeout: float = KAFKA_TIMEOUT) -> dict[tuple[str, int], int]:
+    """The committed offsets (next offset to read) of `group_id` for `partitions`; those without one
+    are left out. A consumer of the group asks its coordinator (OffsetFetch) without joining it.
+
+    Not `AdminClient.list_consumer_group_offsets`: librdkafka 2.x crashes the whole process (a
+    segfault in rd_kafka_cgrp_op, confluentinc/librdkafka#5040) when the coordinator answers it
+    NOT_COORDINATOR, as Apache Kafka does while it loads its groups after a start. A consumer's
+    OffsetFetch retries that answer."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    tps = [TopicPartition(t, p) for t, p in partitions]
+    if not tps:
+        return {}
+    from confluent_kafka import KafkaException
+
+    consumer = Consumer({**config, "group.id": group_id, "enable.auto.commit": False,
+                         "enable.auto.offset.store": False}, logger=logging.getLogger("kappa.kafka"))
+    deadline = time.monotonic() + timeout
     try:
-        futures = k.admin().list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
-                                                         request_timeout=timeout)
-        res = futures[group_id].result()
+        while True:   # a coordinator that moves or still loads its groups answers with a retriable error
+            try:
+                got = consumer.committed(tps, timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                retry = err is not None and (err.retriable() or err.code() in _COORDINATOR_MOVING)
+                if not retry or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0 and tp.error is None}
+
+
+def group_offsets(k, group_id: str, topics: Iterable[str], timeout: float = KAFKA_TIMEOUT) -> dict[tuple[str, int], int]:
+    """The consumer group's committed offsets on `topics` (next offset to read); {} for an unknown group."""
+    parts = topic_partitions(k, topics, timeout)
+    try:
+        return committed_offsets(k.kafka_config(), group_id, [(t, p) for t, ps in parts.items() for p in ps], timeout)
     except Exception as e:
         raise _kafka_error(f"the committed offsets of consumer group {group_id!r}", k, e) from None
-    return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions if tp.offset >= 0}
 
 
 def checkpoint_next_offsets(checkpoint: str | Path) -> tuple[dict[tuple[str, int], int] | None, int | None]:
@@ -269,7 +313,7 @@ def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOU
         except Exception as e:  # noqa: BLE001 - progress is a courtesy: lag from the offsets alone
             log.debug("%s v%s: no read progress (%s)", pipeline, version, e)
     try:
-        group = group_offsets(k, paths.group_id, timeout)
+        group = group_offsets(k, paths.group_id, spec.topics, timeout)
     except KappaError as e:
         log.warning("%s v%s: %s", pipeline, version, e)
         group = {}

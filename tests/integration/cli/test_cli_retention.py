@@ -104,11 +104,11 @@ def listed_groups(bootstrap: str) -> set[str]:
     return {g.group_id for g in res.valid}
 
 
-def committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
-    from confluent_kafka import ConsumerGroupTopicPartitions
+def committed(bootstrap: str, group: str, topic: str) -> dict[tuple[str, int], int]:
+    from orchestrator.observe.lag import committed_offsets
 
-    res = admin(bootstrap).list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
-    return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions}
+    parts = admin(bootstrap).list_topics(topic, timeout=10).topics[topic].partitions
+    return committed_offsets({"bootstrap.servers": bootstrap}, group, [(topic, p) for p in parts])
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
@@ -149,7 +149,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     ends = end_offsets(bed.bootstrap, bed.topic)
     assert sum(ends.values()) == RECORDS
     for vp in paths.values():
-        wait_until(lambda: committed(bed.bootstrap, vp.group_id), f"consumer group {vp.group_id} to commit the "
+        wait_until(lambda: committed(bed.bootstrap, vp.group_id, bed.topic), f"consumer group {vp.group_id} to commit the "
                    f"end offsets {ends}", timeout=60, poll=0.5, done=lambda offsets: offsets == ends)
         assert Path(vp.table).is_dir() and Path(vp.checkpoint).is_dir()
     assert {vp.group_id for vp in paths.values()} <= listed_groups(bed.bootstrap)
@@ -177,7 +177,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     assert out["dry_run"] is False and out["bytes_freed"] > 0
     assert not Path(paths[1].table).exists() and not Path(paths[1].rejects).exists() and not paths[1].version_dir.exists()
     assert paths[1].group_id not in listed_groups(bed.bootstrap)
-    assert committed(bed.bootstrap, paths[1].group_id) == {}
+    assert committed(bed.bootstrap, paths[1].group_id, bed.topic) == {}
     assert reg.get_version(p, 1).state == "retired"
 
     # 2. retention: a dry run names v2 and deletes nothing; --apply retires it, job included
@@ -200,7 +200,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     assert gone(v2_pid)
     assert not Path(paths[2].table).exists() and not Path(paths[2].rejects).exists() and not paths[2].version_dir.exists()
     assert paths[2].group_id not in listed_groups(bed.bootstrap)
-    assert committed(bed.bootstrap, paths[2].group_id) == {}
+    assert committed(bed.bootstrap, paths[2].group_id, bed.topic) == {}
     assert reg.get_version(p, 2).state == "retired"
 
     # 3. the rollback target is refused, and the refusal changes nothing
@@ -213,7 +213,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     for n in (3, 4):
         assert table_rows(paths[n].table).equals(kept_tables[n]), f"v{n}'s table changed"
         assert Path(paths[n].checkpoint).is_dir()
-        assert committed(bed.bootstrap, paths[n].group_id) == ends
+        assert committed(bed.bootstrap, paths[n].group_id, bed.topic) == ends
         assert inspect_version(k, p, n).alive and reg.get_version(p, n).pid == kept_jobs[n]
     assert {paths[3].group_id, paths[4].group_id} <= listed_groups(bed.bootstrap)
     assert {r.version: str(r.state) for r in reg.list_versions(p)} == {

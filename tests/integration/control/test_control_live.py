@@ -1,4 +1,4 @@
-"""The control plane on the real stack: tansu broker, standardize jobs as Spark processes spawned
+"""The control plane on the real stack: the Apache Kafka broker, standardize jobs as Spark processes spawned
 by the orchestrator, Delta tables, PostgreSQL and SQLite registries.
 
 One live setup serves the whole module (each job costs a JVM start on 2 shared cores). The
@@ -126,18 +126,18 @@ def quiesce(live: Live, version: int):
 
 
 def independent_lag(bootstrap: str, topic: str, group: str) -> dict[str, int]:
-    """End offsets from a plain consumer minus the group's committed offsets, read with AdminClient."""
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
+    """End offsets from a plain consumer minus the group's committed offsets (a consumer's OffsetFetch)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from orchestrator.observe.lag import committed_offsets
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
     try:
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)}
     finally:
         consumer.close()
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    res = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
-    committed = {tp.partition: tp.offset for tp in res.topic_partitions if tp.topic == topic}
+    got = committed_offsets({"bootstrap.servers": bootstrap}, group, [(topic, p) for p in range(PARTITIONS)])
+    committed = {p: off for (_t, p), off in got.items()}
     return {partition_key(topic, p): ends[p] - committed.get(p, 0) for p in range(PARTITIONS)}
 
 

@@ -96,14 +96,14 @@ def test_lag_goes_down_during_the_backfill_and_ready_waits_for_its_commit(held_v
     assert stored[-len(during):] == [1] * len(during) and max(stored) < len(produced)
     # the consumer group and the checkpoint still say "nothing committed": the log start, or nothing yet
     paths = k.paths(pipeline, version)
-    assert set(group_offsets(k, paths.group_id).values()) <= {0}
+    assert set(group_offsets(k, paths.group_id, k.pipeline(pipeline).topics).values()) <= {0}
     assert not (Path(paths.checkpoint) / "commits" / "0").exists()
 
     held.unlink()   # the batch commits
     ready = wait_ready(k, pipeline, version, deadline_seconds=DEADLINE, poll_seconds=1)
     assert (ready.total_lag, ready.lag_source, ready.lag_seconds) == (0, "checkpoint", 0.0)
     # Spark tells the source of the commit when it plans the next batch; the group commit is asynchronous
-    wait_until(lambda: sum(group_offsets(k, paths.group_id).values()), "the group at the backfill's end", 60,
+    wait_until(lambda: sum(group_offsets(k, paths.group_id, k.pipeline(pipeline).topics).values()), "the group at the backfill's end", 60,
                done=lambda n: n == len(produced))
     wait_until(lambda: inspect_version(k, pipeline, version).reading, "the status to drop the reading", 30,
                done=lambda r: r is None)

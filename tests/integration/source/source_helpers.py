@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
 from tests.waiting import wait_until
 
 #: Generous bound for anything that waits on Spark: the test machine is shared and loaded.
@@ -46,7 +45,7 @@ class Kafka:
     def producer(self, **conf):
         from confluent_kafka import Producer
 
-        return Producer({"bootstrap.servers": self.bootstrap, **ONE_RECORD_PER_BATCH, **conf})
+        return Producer({"bootstrap.servers": self.bootstrap, **conf})
 
     def produce(self, topic: str, records: list[tuple], **conf) -> None:
         """records: (partition, key, value[, headers]); flushed, delivery errors raised."""
@@ -64,15 +63,16 @@ class Kafka:
         assert p.flush(60) == 0, "producer could not deliver everything"
         assert not errors, errors
 
-    def group_offsets(self, group: str) -> dict:
-        from confluent_kafka import ConsumerGroupTopicPartitions
+    def group_offsets(self, group: str, topics: tuple[str, ...] | None = None) -> dict:
+        """{topic: {partition: offset}} the group committed, on `topics` (default: every topic)."""
+        from orchestrator.observe.lag import committed_offsets
 
-        fut = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+        md = self.admin.list_topics(timeout=10).topics
+        parts = [(t, p) for t, tm in md.items() if (topics is None and not t.startswith("__")) or
+                 (topics is not None and t in topics) for p in tm.partitions]
         out: dict = {}
-        for f in fut.values():
-            for tp in f.result().topic_partitions:
-                if tp.offset >= 0:
-                    out.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset
+        for (t, p), off in committed_offsets({"bootstrap.servers": self.bootstrap}, group, parts).items():
+            out.setdefault(t, {})[str(p)] = off
         return out
 
     def wait_group_offsets(self, group: str, expected: dict) -> dict:
