@@ -30,13 +30,21 @@ def artifacts_dir() -> Path:
     return ARTIFACTS
 
 
+#: The SCRAM user of the session broker's SASL listener (its password is made per session).
+SCRAM_USER = "kappa-test"
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
-    """One embedded tansu broker for the whole session. Topics get unique names per test."""
+    """One embedded Apache Kafka broker for the whole session. Topics get unique names per test.
+
+    It has a SASL/SCRAM listener beside the plaintext one, with the user `SCRAM_USER` and a
+    password made for this session (`broker.scram_users`).
+    """
     from orchestrator.dev.broker import EmbeddedBroker
 
-    log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    b = EmbeddedBroker(log_path=log).start()
+    password = f"kappa-scram-{uuid.uuid4().hex}"
+    b = EmbeddedBroker(tmp_path_factory.mktemp("broker"), scram_users={SCRAM_USER: password}).start()
     try:
         yield b
     finally:

@@ -1,8 +1,9 @@
-"""`kappa broker start|stop|status`: the embedded broker in the background of a kappa home.
+"""`kappa broker start|stop|status`: the embedded Apache Kafka broker in the background of a kappa home.
 
-Later commands against the same home find it through `<home>/broker.json` (see
-`orchestrator.dev.broker_home`); `stop` ends it by its recorded PID, and only if that PID is
-still the process that was started.
+Its data lives in `<home>/broker/` and outlives `stop`: a later `start` on the same home brings
+back the same ports, topics and records. Later commands against the same home find the running
+broker through `<home>/broker.json` (see `orchestrator.dev.broker_home`); `stop` ends it by its
+recorded PID, and only if that PID is still the process that was started.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from orchestrator.dev.broker_home import broker_file, read_broker_file, write_br
 
 __all__ = ["broker_app"]
 
-broker_app = new_typer(help="The embedded Kafka-protocol broker (tansu), in the background for terminal use.")
+broker_app = new_typer(help="The embedded Apache Kafka broker (one KRaft node), in the background for terminal use.")
 app.add_typer(broker_app, name="broker")
 
 
 @broker_app.command("start")
 def broker_start(
     ctx: typer.Context,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="port on 127.0.0.1 (0: a free one)")] = 0,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535,
+                                      help="port on 127.0.0.1 at the first start (0: a free one); later starts "
+                                           "keep the port the broker's data was made with")] = 0,
     as_json: AsJson = False,
 ) -> None:
     """Start the embedded broker in the background; later commands find it through the kappa home."""
@@ -42,12 +45,11 @@ def broker_start(
             cli.out.print(msg)
         return
     home.mkdir(parents=True, exist_ok=True)
-    log = home / "broker.log"
-    broker = EmbeddedBroker(port=port, log_path=log).start()
-    data = write_broker_file(home, broker.proc.pid, broker.port, log)
+    broker = EmbeddedBroker(home / "broker", port=port).start()
+    data = write_broker_file(home, broker.proc.pid, broker.port, broker.log_path)
     broker.proc = None  # it outlives this command; `kappa broker stop` ends it by PID
-    msg = (f"the embedded broker runs at {data['bootstrap_servers']} (pid {data['pid']}, memory only, log {log}); "
-           f"stop it with `kappa broker stop`")
+    msg = (f"the embedded broker (Apache Kafka) runs at {data['bootstrap_servers']} (pid {data['pid']}, data in "
+           f"{broker.data_dir}, log {broker.log_path}); stop it with `kappa broker stop`")
     if as_json:
         print_json({**data, "started": True, "message": msg})
     else:
@@ -67,10 +69,10 @@ def broker_stop(ctx: typer.Context) -> None:
         path.unlink(missing_ok=True)
         cli.out.print(f"no embedded broker runs for {home}")
         return
-    stop_process(int(data["pid"]), data.get("created"))
+    stop_process(int(data["pid"]), data.get("created"), timeout=30)
     path.unlink(missing_ok=True)
-    cli.out.print(f"stopped the embedded broker at {data['bootstrap_servers']} (pid {data['pid']}); "
-                  f"it kept everything in memory, so its topics are gone")
+    cli.out.print(f"stopped the embedded broker at {data['bootstrap_servers']} (pid {data['pid']}); its topics "
+                  f"and records stay in {Path(home) / 'broker'} for the next `kappa broker start`")
 
 
 @broker_app.command("status")

@@ -103,7 +103,7 @@ def run_cluster_bench(sizes: list[int] | tuple[int, ...] = (1_000_000, 4_000_000
                                "runs": [], "pids_started": []}
     broker = cluster = None
     try:
-        broker = EmbeddedBroker(log_path=work / "tansu.log").start()
+        broker = EmbeddedBroker(work / "broker").start()
         figures["pids_started"].append(broker.proc.pid)
         bootstrap = broker.bootstrap_servers
         topics: dict[int, tuple[str, int]] = {}

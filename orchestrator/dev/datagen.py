@@ -4,14 +4,11 @@
 profiles (name, title, company, location, updated_at) with unicode names and titles; later
 records update existing keys, some are tombstones (null value) and a configurable share is
 malformed (invalid JSON, wrong types, a JSON value that is not an object, a missing name, a
-missing Kafka key, a profile field given twice).
+profile field given twice).
 
-`produce` writes records to a topic with confluent-kafka. Each record goes to the partition
-`partition_for(key)` chooses, so the layout does not depend on librdkafka's partitioner. By
-default one record per produced batch (`orchestrator.dev.broker.ONE_RECORD_PER_BATCH`), because
-tansu reports a wrong high watermark for batches of several records; `batching=True` produces
-in large lz4 batches for speed and then sends the last record of every partition on its own,
-which keeps the watermark right.
+`produce` writes records to a topic with confluent-kafka, in order. Each record goes to the
+partition `partition_for(key)` chooses, so the layout does not depend on librdkafka's partitioner.
+`batching=True` produces in large lz4 batches, for the benchmarks' big logs.
 
 The table a changelog should give is not computed here: the tests do that on their own, with no
 code shared with the job (tests/oracle/standardize.py).
@@ -31,10 +28,10 @@ from typing import Callable, Iterable, Iterator
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core.exceptions import BrokerError, ConfigError
-from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
+from orchestrator.dev.broker import FAST_COMPACTION
 
 __all__ = ["ChangeRecord", "LogRecord", "ProduceStats", "generate_changelog", "member_key", "partition_for",
-           "ensure_topic", "topic_partitions", "produce", "produce_live", "iter_log"]
+           "ensure_topic", "topic_partitions", "produce", "produce_live", "iter_log", "wait_for_compaction"]
 
 PROFILE_FIELDS = ("name", "title", "company", "location", "updated_at")
 
@@ -84,7 +81,9 @@ LOCATIONS = (
     "Москва, Россия", "Αθήνα, Ελλάδα", "Bengaluru, India", "Reykjavík, Iceland", "Toronto, Canada",
     None,
 )
-MALFORMED_KINDS = ("invalid_json", "wrong_type", "not_object", "missing_name", "missing_key", "duplicate_field")
+#: No "missing key": a compacted topic refuses a record without a key (Apache Kafka answers
+#: INVALID_RECORD), so a source topic kappa reprocesses cannot hold one.
+MALFORMED_KINDS = ("invalid_json", "wrong_type", "not_object", "missing_name", "duplicate_field")
 #: Values with a profile field given twice (ambiguous: the job rejects them, naming the field). The
 #: third spells the second "name" with a JSON escape; the last repeats two fields, title first.
 DUPLICATE_FIELDS = (
@@ -208,9 +207,6 @@ def _malformed(kind: str, key: bytes, rng: random.Random, updated: str) -> Chang
     if kind == "missing_name":
         value = json.dumps({"title": "Software Engineer", "company": "Acme", "updated_at": updated})
         return ChangeRecord(key, value.encode(), kind)
-    if kind == "missing_key":
-        value = json.dumps({"name": "No Key", "title": "SWE", "updated_at": updated})
-        return ChangeRecord(None, value.encode(), kind)
     if kind == "duplicate_field":
         return ChangeRecord(key, (rng.choice(DUPLICATE_FIELDS) % updated).encode(), kind)
     raise ConfigError(f"unknown malformed kind {kind!r}; expected one of {MALFORMED_KINDS}")
@@ -220,13 +216,20 @@ def _malformed(kind: str, key: bytes, rng: random.Random, updated: str) -> Chang
 # Kafka: topic, producer, reading the log back
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, *, compact: bool = True,
-                 config: dict | None = None, timeout: float = 20.0) -> bool:
-    """Create the topic (compacted by default); "already exists" is fine. True if it was created."""
+                 config: dict | None = None, timeout: float = 20.0, fast_compaction: bool = False,
+                 topic_config: dict | None = None) -> bool:
+    """Create the topic; "already exists" is fine. True if it was created.
+
+    Compacted by default. `fast_compaction` adds the settings that have the cleaner compact closed
+    segments within seconds (`FAST_COMPACTION`: the demo, the compaction tests); without it the
+    broker's segment defaults keep every record for days, which tests whose expected table counts
+    every produced record (rejects) rely on. `topic_config` adds or overrides topic settings."""
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap, **(config or {})})
-    topic_config = {"cleanup.policy": "compact"} if compact else {}
+    topic_config = {**({"cleanup.policy": "compact"} if compact else {}),
+                    **(FAST_COMPACTION if compact and fast_compaction else {}), **(topic_config or {})}
     fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1,
                                         config=topic_config)])[topic]
     try:
@@ -266,23 +269,20 @@ class ProduceStats(BaseModel):
     seconds: float = 0.0
     by_kind: dict[str, int] = {}
     batching: bool = False
-    singles: int = 0  # records sent alone at the end of each partition (batching mode)
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[ChangeRecord], *, config: dict | None = None,
             batching: bool = False, partitions: int | None = None, timeout: float = 60.0) -> ProduceStats:
     """Produce records in order, each to `partition_for(key)`; BrokerError if any is not delivered.
 
-    `batching=False`: one record per batch (right watermarks on tansu, slow). `batching=True`:
-    large batches, then the last record of every partition on its own after a flush, so that
-    tansu's watermark (base offset of the last batch + 1) is still right.
+    `batching=True`: large lz4 batches (the benchmarks' big logs); otherwise librdkafka's defaults.
     """
     from confluent_kafka import Producer
 
     n_parts = partitions or topic_partitions(bootstrap, topic, config)
     base = {"bootstrap.servers": bootstrap, "enable.idempotence": False, "acks": "all",
             "max.in.flight.requests.per.connection": 1}
-    settings = {**base, **(BATCHING if batching else ONE_RECORD_PER_BATCH), **(config or {})}
+    settings = {**base, **(BATCHING if batching else {"linger.ms": 5}), **(config or {})}
     producer = Producer(settings)
     errors: list[str] = []
 
@@ -290,9 +290,8 @@ def produce(bootstrap: str, topic: str, records: Iterable[ChangeRecord], *, conf
         if err is not None and len(errors) < 5:
             errors.append(f"partition {msg.partition()}: {err}")
 
-    counts = {"records": 0, "bytes": 0, "singles": 0}
+    counts = {"records": 0, "bytes": 0}
     by_kind: dict[str, int] = {}
-    held: dict[int, ChangeRecord] = {}
     start = time.perf_counter()
 
     def send(rec: ChangeRecord, part: int) -> None:
@@ -307,22 +306,9 @@ def produce(bootstrap: str, topic: str, records: Iterable[ChangeRecord], *, conf
         by_kind[rec.kind] = by_kind.get(rec.kind, 0) + 1
 
     for seq, rec in enumerate(records):
-        part = partition_for(rec.key, n_parts, seq)
-        if batching:
-            prev = held.get(part)
-            held[part] = rec
-            if prev is None:
-                continue
-            rec = prev
-        send(rec, part)
+        send(rec, partition_for(rec.key, n_parts, seq))
         if counts["records"] % 10000 == 0:
             producer.poll(0)
-    if held:
-        _flush(producer, timeout, topic)
-        for part, rec in sorted(held.items()):
-            send(rec, part)
-            _flush(producer, timeout, topic)
-            counts["singles"] += 1
     _flush(producer, timeout, topic)
     seconds = time.perf_counter() - start
     if errors:
@@ -347,7 +333,7 @@ def produce_live(bootstrap: str, topic: str, *, rate: float, stop: threading.Eve
     from confluent_kafka import Producer
 
     n_parts = topic_partitions(bootstrap, topic, config)
-    producer = Producer({"bootstrap.servers": bootstrap, **ONE_RECORD_PER_BATCH, **(config or {})})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **(config or {})})
     gen = generate_changelog(None, keys, seed=seed, delete_share=delete_share,
                              malformed_share=malformed_share, first_new=False)
     sent, start, tick = 0, time.monotonic(), max(1, int(rate / 20))
@@ -399,3 +385,21 @@ def iter_log(bootstrap: str, topic: str, *, config: dict | None = None,
                                       f"{pos} of {high}")
     finally:
         consumer.close()
+
+
+def wait_for_compaction(bootstrap: str, topic: str, before: int, *, timeout: float = 90.0, poll: float = 2.0,
+                        config: dict | None = None) -> tuple[int, bool]:
+    """Wait until the log cleaner has compacted `topic`: fewer than `before` records readable, the
+    same count twice in a row. Returns (records readable now, compacted). The active segment of a
+    partition is never cleaned: a segment closes only when a record arrives `segment.ms` after its
+    first one, so something must keep producing (the demo's live producer, a test's filler)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        now = sum(1 for _ in iter_log(bootstrap, topic, config=config))
+        if now < before and now == last:
+            return now, True
+        if time.monotonic() > deadline:
+            return now, False
+        last = now
+        time.sleep(poll)

@@ -119,17 +119,16 @@ class Probes:
 
 def _produce(bootstrap: str, topic: str, rate: float, seconds: float, keys: int, run: str, probes: Probes,
              stop: threading.Event, errors: list[str]) -> None:
-    """The live producer: `rate` profile updates per second for `seconds`, one record per batch."""
+    """The live producer: `rate` profile updates per second for `seconds`, each sent at once."""
     import json
 
     from confluent_kafka import Producer
 
-    from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
     from orchestrator.dev.datagen import member_key, partition_for, topic_partitions
 
     try:
         n_parts = topic_partitions(bootstrap, topic)
-        producer = Producer({"bootstrap.servers": bootstrap, **ONE_RECORD_PER_BATCH})
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
         start, i = time.monotonic(), 0
         while not stop.is_set() and time.monotonic() - start < seconds:
             key = member_key(i % keys)  # a new member each time until every one had a probe

@@ -2,9 +2,9 @@
 
 Generators are deterministic (a seed, a start time, counts) and return `SeedRecord`s in the order
 they are to be produced; their values follow the schemas in `jobs.lib.events`. `produce` writes them
-with one record per batch (`orchestrator.dev.broker.ONE_RECORD_PER_BATCH`, for tansu's high-watermark
-bug), with each record's timestamp set explicitly, and returns them with the partition and offset
-the broker gave them, so a test can compute its expected table from exactly what was written.
+in order (idempotent producer), with each record's timestamp set explicitly, and returns them with
+the partition and offset the broker gave them, so a test can compute its expected table from
+exactly what was written.
 Used by the integration tests and the demo.
 """
 
@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
-from orchestrator.dev.broker import ONE_RECORD_PER_BATCH
 from orchestrator.core.exceptions import BrokerError
 
 __all__ = ["SeedRecord", "DEMO_TOPICS", "member_ids", "page_views", "member_profiles", "member_settings",
@@ -182,8 +181,9 @@ def by_time(*streams: Iterable[SeedRecord]) -> list[SeedRecord]:
 
 def create_topics(bootstrap: str, topics: dict[str, int], *, compacted: Iterable[str] = (),
                   config: dict | None = None, timeout: float = 15.0) -> None:
-    """Create topics (name -> partitions); `compacted` ones with cleanup.policy=compact.
-    A topic that already exists is fine."""
+    """Create topics (name -> partitions); `compacted` ones with cleanup.policy=compact (and the
+    broker's segment defaults: the expected tables of the stream-table joins are computed from every
+    record produced, so the cleaner must not race them). A topic that already exists is fine."""
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -205,14 +205,15 @@ def create_topics(bootstrap: str, topics: dict[str, int], *, compacted: Iterable
 
 def produce(bootstrap: str, records: Iterable[SeedRecord], *, config: dict | None = None,
             timeout: float = 30.0) -> list[SeedRecord]:
-    """Produce records in order, one per batch; return them with their partition and offset.
+    """Produce records in order; return them with their partition and offset.
 
     A record whose ``partition`` is set goes to that partition (tests that need skewed
     partitions); otherwise the key decides, as for any producer."""
     from confluent_kafka import Producer
 
     records = list(records)
-    producer = Producer({"bootstrap.servers": bootstrap, **(config or {}), **ONE_RECORD_PER_BATCH})
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                         **(config or {})})
     delivered: list[SeedRecord | None] = [None] * len(records)
     errors: list[str] = []
 

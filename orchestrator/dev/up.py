@@ -9,7 +9,7 @@ and the broker, and says that nothing is left running.
 
 In the UI: trigger `kappa_reprocess` with rules v2 (the new title rules), watch it in the run's
 task logs (lag, ETA, the validation report), and roll back with `kappa_rollback`. The kappa home
-stays afterwards (registry, tables, plots); the broker is memory-only, so its topic does not.
+stays afterwards (registry, tables, plots, and the broker's data under `<home>/broker/`).
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ stateless between ranges. Correctness rules that hold for compacted and transact
 * A range ``[start, end)`` is finished when the consumer's position reaches ``end`` (or a record at
   or beyond ``end`` arrives, or end-of-partition is reported at or beyond ``end``), never by counting
   records: compaction leaves offset gaps and transaction markers take offsets of their own.
-* Records at or beyond ``end`` are never emitted (tansu under-reports watermarks, and a fetch may
-  return more than was asked).
+* Records at or beyond ``end`` are never emitted (a fetch may return more than was asked).
 * A range never blocks forever: without progress the reader re-reads the watermarks and either
   finishes, or raises ``SourceError`` after ``read.timeout.seconds``. While the broker is
   unreachable (`jobs.lib.kafka.outage`) it waits with backoff for ``brokerOutageSeconds`` instead,

@@ -28,6 +28,9 @@ def kappa(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedP
 
 @pytest.mark.integration
 def test_background_broker_round_trip(tmp_path):
+    """start, start again (a no-op), status, stop, then start again: the broker keeps its data."""
+    from orchestrator.dev.datagen import ensure_topic, generate_changelog, iter_log, produce
+
     home = tmp_path / "home"
     started = kappa(home, "broker", "start", "--json")
     assert started.returncode == 0, started.stderr
@@ -57,14 +60,28 @@ def test_background_broker_round_trip(tmp_path):
         from orchestrator.dev.broker import wait_for_broker
 
         wait_for_broker(info["bootstrap_servers"], timeout=10)
+        ensure_topic(info["bootstrap_servers"], "kept", 2)
+        sent = produce(info["bootstrap_servers"], "kept", generate_changelog(500, 100, seed=1))
     finally:
         stopped = kappa(home, "broker", "stop")
     assert stopped.returncode == 0, stopped.stderr
-    assert f"pid {pid}" in stopped.stdout
+    assert f"pid {pid}" in stopped.stdout and f"stay in {home / 'broker'}" in stopped.stdout
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not (home / "broker.json").exists()
     after = json.loads(kappa(home, "broker", "status", "--json").stdout)
     assert after == {"running": False}
+
+    # started again on the same home: the same address, the topic and every record are still there
+    restarted = kappa(home, "broker", "start", "--json")
+    assert restarted.returncode == 0, restarted.stderr
+    again = json.loads(restarted.stdout)
+    try:
+        assert again["started"] is True and again["pid"] != pid
+        assert again["bootstrap_servers"] == info["bootstrap_servers"]
+        kept = list(iter_log(again["bootstrap_servers"], "kept"))
+        assert len(kept) == sent.records == 500
+    finally:
+        assert kappa(home, "broker", "stop").returncode == 0
 
 
 @pytest.mark.integration

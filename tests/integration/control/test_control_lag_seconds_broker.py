@@ -20,13 +20,13 @@ T0 = 1_700_000_000_000  # ms
 
 @pytest.fixture
 def topic(bootstrap):
-    """Two partitions; record i of partition p has the timestamp T0 + p * 100 s + i s (one record per batch)."""
+    """Two partitions; record i of partition p has the timestamp T0 + p * 100 s + i s ."""
     name = Kafka(bootstrap).create_topic(f"lagsec_{uuid.uuid4().hex[:8]}", 2)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     for p in (0, 1):
         for i in range(5):
             producer.produce(name, value=b"x", key=str(i).encode(), partition=p, timestamp=T0 + p * 100_000 + i * 1000)
-            assert producer.flush(20) == 0  # one record per batch: tansu's high watermark is right then
+            assert producer.flush(20) == 0
     return name
 
 

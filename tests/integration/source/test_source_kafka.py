@@ -1,4 +1,4 @@
-"""The kappa_kafka source against a real broker (embedded tansu) and a real local Spark."""
+"""The kappa_kafka source against a real broker (the embedded Apache Kafka) and a real local Spark."""
 
 from __future__ import annotations
 
@@ -81,9 +81,9 @@ def test_transactional_offset_gaps_and_marker_only_ranges(spark, kafka, unique, 
 
 
 def test_new_partitions_are_picked_up_while_running(spark, kafka, unique, tmp_path):
-    """tansu has no CreatePartitions: the topic is recreated with more partitions while the query
-    idles at offset 0 of partition 0 (so partition 0's offsets stay valid). The Apache Kafka variant
-    below uses CreatePartitions."""
+    """The topic is recreated with more partitions while the query idles at offset 0 of partition 0
+    (so partition 0's offsets stay valid). `test_partitions_added_with_create_partitions` grows a
+    topic in place."""
     topic = kafka.create_topic(f"grow_{unique}", partitions=1)
     name = f"grow_{unique}"
     df = source(spark, kafka.bootstrap, topic, **{"max.records.per.batch": 1000})
@@ -129,8 +129,7 @@ def test_consumer_group_follows_every_batch_with_a_processing_time_trigger(spark
 def test_offsets_the_broker_no_longer_has(spark, kafka, unique, tmp_path):
     """A checkpoint ahead of the log (the topic was recreated): a clear error by default; with
     on.missing.offsets=earliest the same checkpoint continues from the earliest offset.
-    (A log start moved by retention needs DeleteRecords, which tansu lacks: see the Apache Kafka
-    test below and the unit tests of the planner and reader.)"""
+    (A log start moved by DeleteRecords: `test_log_start_moved_past_the_checkpoint`.)"""
     topic = kafka.create_topic(f"gone_{unique}", partitions=1)
     kafka.produce(topic, [(0, f"old{i}".encode(), b"old") for i in range(8)])
     cp = str(tmp_path / "cp")
@@ -172,11 +171,9 @@ def test_unknown_topic_is_a_clear_error(spark, kafka, unique, tmp_path):
     assert f"topic 'missing_{unique}' does not exist" in str(await_failure(q))
 
 
-# --- against Apache Kafka (skipped on tansu, with the reason printed) ----------------------------
+# --- transactions, DeleteRecords, CreatePartitions ------------------------------------------------
 
-@pytest.mark.apache_kafka
-def test_aborted_transactions_never_reach_the_output(spark, apache_kafka, unique, tmp_path):
-    kafka = apache_kafka
+def test_aborted_transactions_never_reach_the_output(spark, kafka, unique, tmp_path):
     topic = kafka.create_topic(f"abort_{unique}", partitions=2)
     p = kafka.producer(**{"transactional.id": f"tx_{unique}"})
     p.init_transactions(30)
@@ -197,11 +194,9 @@ def test_aborted_transactions_never_reach_the_output(spark, apache_kafka, unique
     assert sorted((r["partition"], r["key"]) for r in rows) == sorted(committed)
 
 
-@pytest.mark.apache_kafka
-def test_log_start_moved_past_the_checkpoint_on_apache_kafka(spark, apache_kafka, unique, tmp_path):
+def test_log_start_moved_past_the_checkpoint(spark, kafka, unique, tmp_path):
     from confluent_kafka import TopicPartition
 
-    kafka = apache_kafka
     topic = kafka.create_topic(f"retained_{unique}", partitions=1)
     kafka.produce(topic, [(0, f"a{i}".encode(), b"v") for i in range(5)])
     cp = str(tmp_path / "cp")
@@ -218,11 +213,9 @@ def test_log_start_moved_past_the_checkpoint_on_apache_kafka(spark, apache_kafka
     assert sorted(r["offset"] for r in rows) == [12, 13, 14]
 
 
-@pytest.mark.apache_kafka
-def test_partitions_added_with_create_partitions(spark, apache_kafka, unique, tmp_path):
+def test_partitions_added_with_create_partitions(spark, kafka, unique, tmp_path):
     from confluent_kafka.admin import NewPartitions
 
-    kafka = apache_kafka
     topic = kafka.create_topic(f"addp_{unique}", partitions=1)
     kafka.produce(topic, [(0, b"a", b"1")])
     name = f"addp_{unique}"
@@ -243,14 +236,12 @@ def test_partitions_added_with_create_partitions(spark, apache_kafka, unique, tm
         [(0, b"a"), (1, b"b"), (2, b"c")]
 
 
-@pytest.mark.apache_kafka
-def test_new_partition_with_a_moved_log_start_is_read_in_split_ranges(spark, apache_kafka, unique, tmp_path):
+def test_new_partition_with_a_moved_log_start_is_read_in_split_ranges(spark, kafka, unique, tmp_path):
     """issue 8 (d): a partition added while the query runs, whose log start is above 0 by then, is
     planned [0, end) and split; every piece reads from the log start (only the first did before)."""
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import NewPartitions
 
-    kafka = apache_kafka
     topic = kafka.create_topic(f"newlow_{unique}", partitions=1)
     kafka.produce(topic, [(0, b"a", b"1")])
     cp, opts = str(tmp_path / "cp"), {"minPartitions": 4, "splitMinRecords": 1}

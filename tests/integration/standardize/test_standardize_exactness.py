@@ -36,12 +36,12 @@ def profile(name: str, title: str = "Engineer") -> bytes:
 
 
 def send(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes | None, int]]) -> None:
-    """(partition, key, value, timestamp ms), one record per produce batch (tansu's watermarks)."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1, "acks": "all"})
+    """(partition, key, value, timestamp ms), in order."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "acks": "all"})
     for part, key, value, ts in records:
         p.produce(topic, key=key, value=value, partition=part, timestamp=ts)
-        p.flush(10)
-    assert p.flush(10) == 0
+        p.poll(0)
+    assert p.flush(30) == 0
 
 
 def served(uri) -> dict[str, dict]:

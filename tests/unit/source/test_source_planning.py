@@ -116,7 +116,8 @@ def test_plan_new_partition_whose_log_start_moved_starts_at_log_start_without_er
 
 
 def test_plan_never_moves_backwards_when_watermark_is_under_reported():
-    # a broker reporting a high watermark below an offset already read (tansu) must not rewind
+    # a broker reporting a high watermark below an offset already read (a lagging replica's answer)
+    # must not rewind
     plan = plan_end_offsets({("t", 0): 10}, {("t", 0): wm(0, 10)}, max_rows=5, target={("t", 0): 8})
     assert plan.end == {("t", 0): 10}
 

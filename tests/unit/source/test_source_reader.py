@@ -1,8 +1,8 @@
 """The executor-side range reader against a simulated partition log (no services).
 
-The simulation covers what the embedded broker cannot produce: a log start that moved past the
-range (tansu has no DeleteRecords), a log truncated below the planned end, a client that does
-not advance its position past control records. The real broker is exercised in
+The simulation covers what a real broker produces only by chance: a log start that moved past the
+range while it was read, a log truncated below the planned end, a client that does not advance its
+position past control records. The real broker is exercised in
 tests/integration/source.
 """
 

@@ -66,7 +66,6 @@ REASONS_BY_KIND = {
                    "not a JSON object: number", "invalid JSON: Expecting value: line 1 column 1 (char 0)"},
     "missing_name": {"name: missing"},
     "duplicate_field": {"title: given twice", "name: given twice", "company: given twice"},
-    "missing_key": {"no key"},
 }
 
 
@@ -75,8 +74,6 @@ def test_oracle_reasons_follow_the_generators_malformed_kinds(seed):
     for rec in generate_changelog(30_000, 500, seed=seed, malformed_share=0.3, delete_share=0.0):
         if rec.kind == "upsert":
             assert (oracle.key_reason(rec.key), oracle.value_reason(rec.value)) == (None, None), rec
-        elif rec.kind == "missing_key":
-            reasons[rec.kind].add(oracle.key_reason(rec.key))
         else:
             assert oracle.key_reason(rec.key) is None
             reasons[rec.kind].add(oracle.value_reason(rec.value))
