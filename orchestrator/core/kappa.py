@@ -44,6 +44,7 @@ class Kappa:
         self._pipelines = dict(pipelines) if pipelines is not None else None
         self._admin: AdminClient | None = None
         self._lock = threading.Lock()
+        self._auth_errors: list[str] = []
 
     # -- registry and pipelines ---------------------------------------------------------------
     @property
@@ -104,8 +105,23 @@ class Kappa:
                 if self._admin is None:
                     from confluent_kafka.admin import AdminClient
 
-                    self._admin = AdminClient(self.kafka_config(), logger=KAFKA_LOGGER)
+                    self._admin = AdminClient({**self.kafka_config(), "error_cb": self._on_kafka_error},
+                                              logger=KAFKA_LOGGER)
         return self._admin
+
+    def _on_kafka_error(self, err) -> None:
+        """The admin client's errors: an authentication failure is kept to explain a failed call."""
+        from confluent_kafka import KafkaError
+
+        if err.code() == KafkaError._AUTHENTICATION and len(self._auth_errors) < 5:
+            self._auth_errors.append(err.str())
+
+    def authentication_failure(self) -> str | None:
+        """The broker's last refusal of this Kappa's credentials, if any (serves pending callbacks)."""
+        if self._admin is None:
+            return None
+        self._admin.poll(0)
+        return self._auth_errors[-1] if self._auth_errors else None
 
     def close(self) -> None:
         self._admin = None

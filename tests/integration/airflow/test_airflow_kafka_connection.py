@@ -1,10 +1,10 @@
 """Kafka settings through an Airflow Connection, on the real Airflow stack.
 
-`kafka_default` is created through Airflow's REST API with the session broker in its extra and a
-SASL password (SASL settings that ride along unused: security.protocol stays PLAINTEXT, so the
-job still reads the broker). A kappa_reprocess run then deploys and promotes a version: the job
-got the password (in its 0600 kafka.json, the only place a job reads it from), while the stack's
-own KAPPA_* environment has none. The password is in no task log, no job log, no registry row or
+`kafka_default` is created through Airflow's REST API with the session broker's SASL/SCRAM
+listener in its extra and the SCRAM user's login and password (the broker checks them: a wrong
+one fails the deploy). A kappa_reprocess run then deploys and promotes a version that reads
+through that listener: the job got the password (in its 0600 kafka.json, the only place a job
+reads it from), while the stack's own KAPPA_* environment has none. The password is in no task log, no job log, no registry row or
 audit entry, and no process's command line or environment. The connection is deleted after the
 test, so the other tests of the session keep the stack's settings.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import stat
-import uuid
 from pathlib import Path
 
 import psutil
@@ -38,14 +37,18 @@ def _proc_texts() -> list[str]:
     return texts
 
 
-def test_reprocess_takes_kafka_settings_from_the_airflow_connection(airflow, stack_jobs_stopped):
+def test_reprocess_takes_kafka_settings_from_the_airflow_connection(airflow, stack_jobs_stopped, broker):
+    from orchestrator.dev.broker import SCRAM_MECHANISM
+    from tests.conftest import SCRAM_USER
+
     bed = stack_jobs_stopped
-    secret = f"conn-pw-{uuid.uuid4().hex}"
+    secret = broker.scram_users[SCRAM_USER]
     assert secret not in json.dumps(bed.env())
     client = airflow.client()
-    client.set_connection("kafka_default", "kafka", password=secret, login="kappa-svc",
-                          extra={"bootstrap.servers": bed.bootstrap, "security.protocol": "PLAINTEXT",
-                                 "sasl.mechanism": "PLAIN", "client.id": "kappa-from-connection"})
+    client.set_connection("kafka_default", "kafka", password=secret, login=SCRAM_USER,
+                          extra={"bootstrap.servers": broker.sasl_bootstrap_servers,
+                                 "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": SCRAM_MECHANISM,
+                                 "client.id": "kappa-from-connection"})
     try:
         outcome = trigger.trigger_and_follow(airflow.url, "admin", "admin", "kappa_reprocess",
                                              {"pipeline": PIPELINE, "rules_version": "v1",
@@ -64,7 +67,7 @@ def test_reprocess_takes_kafka_settings_from_the_airflow_connection(airflow, sta
         kafka_file = paths.version_dir / "kafka.json"
         given = json.loads(kafka_file.read_text())
         assert (given["sasl.password"], given["sasl.username"], given["client.id"]) == (
-            secret, "kappa-svc", "kappa-from-connection")
+            secret, SCRAM_USER, "kappa-from-connection")
         assert stat.S_IMODE(kafka_file.stat().st_mode) == 0o600
         assert k.registry.get_alias(bed.alias(PIPELINE)).version == version
         registry_text = json.dumps([r.model_dump(mode="json") for r in k.registry.list_versions(PIPELINE)]

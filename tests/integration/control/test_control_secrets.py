@@ -1,15 +1,14 @@
-"""A recognisable SASL password in the Kafka config, a real standardize job started by `deploy`
-(Spark, the session's tansu broker): the password is nowhere but the version's 0600 `kafka.json`.
-Searched: every file under the kappa home, /proc/*/cmdline and /proc/*/environ of every process
-this user can read, the registry (versions, audit log), `kappa status` (text and JSON), every
-error message.
+"""Real credentials: the session broker's SASL/SCRAM listener checks them.
 
-Two runs. `plaintext`: the SASL settings ride along unused (security.protocol stays PLAINTEXT),
-so the job runs, catches up and is promoted. `sasl`: SASL_PLAINTEXT against tansu, which drops
-the SASL handshake ("broker transport failure"): `deploy` refuses (it cannot read the topic), so
-the version is allocated with plaintext settings and its job started with the SASL ones; the job
-cannot read, and whatever happens (it fails, or the wait times out), the messages that say so must
-not show the password either.
+`kappa.toml` holds the SCRAM user's password in `[kafka_config]`; a real standardize job started by
+`deploy` (Spark) reads the topic through that listener, catches up and is promoted. The password is
+nowhere but the version's 0600 `kafka.json` (and the kappa.toml the operator wrote). Searched:
+every file under the kappa home, /proc/*/cmdline and /proc/*/environ of every process this user
+can read, the registry (versions, audit log), `kappa status` (text and JSON), every message.
+
+A wrong password: `kappa deploy` fails with one line that names the listener and the settings to
+fix, shows no password, and leaves nothing behind: no version in the registry, no version folder,
+no job. (The Airflow Connection route: tests/integration/airflow/test_airflow_kafka_connection.py.)
 """
 
 from __future__ import annotations
@@ -24,28 +23,22 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.exceptions import KappaError
+from orchestrator.core.settings import resolve_settings
 from orchestrator.core.kappa import Kappa
-from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
-from orchestrator.jobctl import inspect_version, start_version, stop_version
+from orchestrator.dev.broker import SCRAM_MECHANISM
+from orchestrator.jobctl import inspect_version, stop_version
 from orchestrator.jobctl.health import CHILDREN
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.reconcile import reconcile
+from tests.conftest import SCRAM_USER
 from tests.pipelines import standardize_pipeline
 
 pytestmark = pytest.mark.integration
 
 DEADLINE = float(os.environ.get("KAPPA_TEST_READY_DEADLINE", "900"))
-#: How long the `sasl` run waits for a job that cannot authenticate (it may never fail by itself).
-SASL_WAIT = 60.0
-
-
-def _pipelines_file(path: Path, pipeline: str, topic: str) -> Path:
-    path.write_text(standardize_pipeline(pipeline, topic))
-    return path
 
 
 def _files_holding(root: Path, secret: bytes) -> dict[str, int]:
@@ -79,79 +72,75 @@ def _processes_holding(secret: bytes) -> list[str]:
     return hits
 
 
-def _kappa_status(home: Path, pipelines_file: Path, bootstrap: str, kafka_config: dict) -> str:
+def _kappa(config: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
-    env["KAPPA_KAFKA_CONFIG"] = json.dumps(kafka_config)   # the environment, never the command line
-    out = []
-    for extra in ([], ["--json"]):
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--home", str(home), "--pipelines-file",
-                               str(pipelines_file), "--bootstrap-servers", bootstrap, "status", *extra],
-                              capture_output=True, text=True, timeout=300, env=env)
-        out.append(proc.stdout + proc.stderr)
-    return "\n".join(out)
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "--config", str(config), *args],
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
-@pytest.mark.parametrize("protocol", ["PLAINTEXT", "SASL_PLAINTEXT"], ids=["plaintext", "sasl"])
-def test_a_sasl_password_is_only_in_the_0600_config_file(bootstrap, tmp_path, seed, protocol):
-    secret = f"kappa-sasl-{uuid.uuid4().hex}"
+def _setup(tmp_path: Path, broker, password: str, seed: int) -> tuple[str, Path, Path]:
+    """A topic with profiles (written through the plaintext listener), a pipelines file and a
+    kappa.toml that reads through the SCRAM listener with `password`."""
     unique = uuid.uuid4().hex[:8]
     pipeline, topic = f"sec_{unique}", f"sec_profiles_{unique}"
-    datagen.ensure_topic(bootstrap, topic, partitions=2)
-    datagen.produce(bootstrap, topic, datagen.generate_changelog(200, 60, seed=seed))
-    kafka_config = {"security.protocol": protocol, "sasl.mechanism": "PLAIN", "sasl.username": "kappa",
-                    "sasl.password": secret}
+    datagen.ensure_topic(broker.bootstrap_servers, topic, partitions=2)
+    datagen.produce(broker.bootstrap_servers, topic, datagen.generate_changelog(200, 60, seed=seed))
+    pipelines_file = tmp_path / "pipelines.toml"
+    pipelines_file.write_text(standardize_pipeline(pipeline, topic))
     home = tmp_path / "home"
-    pipelines_file = _pipelines_file(tmp_path / "pipelines.toml", pipeline, topic)
-    k = Kappa(Settings(home=home, pipelines_file=pipelines_file, bootstrap_servers=bootstrap,
-                       kafka_config=kafka_config))
+    config = tmp_path / "kappa.toml"
+    config.write_text(f"""home = "{home}"
+pipelines_file = "{pipelines_file}"
+bootstrap_servers = "{broker.sasl_bootstrap_servers}"
+
+[kafka_config]
+"security.protocol" = "SASL_PLAINTEXT"
+"sasl.mechanism" = "{SCRAM_MECHANISM}"
+"sasl.username" = "{SCRAM_USER}"
+"sasl.password" = "{password}"
+""")
+    return pipeline, home, config
+
+
+def _stop_everything(k: Kappa, pipeline: str) -> None:
+    for rec in k.registry.list_versions(pipeline):
+        if inspect_version(k, pipeline, rec.version).alive:
+            stop_version(k, pipeline, rec.version, actor="tests", reason="teardown", force=True,
+                         graceful_timeout=20, final_state=None)
+    for pid, proc in list(CHILDREN.items()):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        CHILDREN.pop(pid, None)
+
+
+def test_scram_credentials_from_kappa_toml_are_only_in_the_0600_config_file(broker, tmp_path, seed):
+    secret = broker.scram_users[SCRAM_USER]
+    pipeline, home, config = _setup(tmp_path, broker, secret, seed)
+    k = Kappa(resolve_settings(config, env={}))
+    assert k.settings.bootstrap_servers == broker.sasl_bootstrap_servers
     messages: list[str] = []
     try:
-        if protocol == "PLAINTEXT":
-            info = deploy(k, pipeline, "v1", actor="ops:secrets-test", reason="secrets")
-        else:
-            with pytest.raises(KappaError) as refused:
-                deploy(k, pipeline, "v1", actor="ops:secrets-test", reason="secrets")
-            print(f"{protocol}: deploy refused: {refused.value}")
-            messages.append(str(refused.value))
-            plain = {"security.protocol": "PLAINTEXT"}
-            with Kappa(Settings(home=home, pipelines_file=pipelines_file, bootstrap_servers=bootstrap,
-                                kafka_config=plain), registry=k.registry) as k_plain:
-                info = deploy(k_plain, pipeline, "v1", actor="ops:secrets-test", reason="secrets", start=False)
-                k_plain._registry = None     # k's registry: not closed by k_plain
-            try:
-                messages.append(start_version(k, pipeline, info.version, actor="ops:secrets-test").message)
-            except KappaError as e:           # the job may exit at once: its message is checked too
-                messages.append(str(e))
+        info = deploy(k, pipeline, "v1", actor="ops:secrets-test", reason="secrets")
         paths = k.paths(pipeline, info.version)
         messages.append(info.model_dump_json())
-        try:
-            r = wait_ready(k, pipeline, info.version, poll_seconds=1,
-                           deadline_seconds=DEADLINE if protocol == "PLAINTEXT" else SASL_WAIT,
-                           on_sample=lambda r: messages.append(r.model_dump_json()))
-            messages.append(r.summary())
-            if protocol == "PLAINTEXT":
-                messages.append(str(promote(k, pipeline, info.version, actor="ops:secrets-test", reason="secrets")))
-        except KappaError as e:
-            print(f"{protocol}: the wait ended with: {e}")
-            messages.append(str(e))
-            assert protocol == "SASL_PLAINTEXT", f"the plaintext job should become ready: {e}"
+        r = wait_ready(k, pipeline, info.version, poll_seconds=1, deadline_seconds=DEADLINE,
+                       on_sample=lambda r: messages.append(r.model_dump_json()))
+        assert r.ready, r.summary()
+        messages.append(r.summary())
+        messages.append(str(promote(k, pipeline, info.version, actor="ops:secrets-test", reason="secrets")))
         st = inspect_version(k, pipeline, info.version)
-        print(f"{protocol}: job {st.describe()}")
         messages.append(st.model_dump_json())
-        # While the job runs (or has just failed): the process list.
+        assert st.health == "running", st.describe()
+        # While the job runs: the process list.
         assert _processes_holding(secret.encode()) == []
-        messages.append(_kappa_status(home, pipelines_file, bootstrap, kafka_config))
+        for extra in ([], ["--json"]):
+            out = _kappa(config, "status", *extra)
+            assert out.returncode == 0, out.stderr
+            messages.append(out.stdout + out.stderr)
         messages.append(json.dumps(reconcile(k, actor="ops:secrets-test"), default=str))
     finally:
-        for rec in k.registry.list_versions(pipeline):
-            if inspect_version(k, pipeline, rec.version).alive:
-                stop_version(k, pipeline, rec.version, actor="tests", reason="teardown", force=True,
-                             graceful_timeout=20, final_state=None)
-        for pid, proc in list(CHILDREN.items()):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-            CHILDREN.pop(pid, None)
+        _stop_everything(k, pipeline)
     audit = [a.model_dump(mode="json") for a in k.registry.audit_log(pipeline, limit=None)]
     versions = [v.model_dump(mode="json") for v in k.registry.list_versions(pipeline)]
     k.close()
@@ -160,4 +149,25 @@ def test_a_sasl_password_is_only_in_the_0600_config_file(bootstrap, tmp_path, se
         assert secret not in text
     held = _files_holding(home, secret.encode())
     assert held == {str(paths.version_dir.relative_to(home) / "kafka.json"): 0o600}
-    assert "sasl.password" not in paths.log_file.read_text()       # job.log: not even the setting's name
+    assert "sasl.password" not in Path(paths.log_file).read_text()       # job.log: not even the setting's name
+
+
+def test_a_wrong_scram_password_is_one_line_and_starts_nothing(broker, tmp_path, seed):
+    wrong = f"wrong-{uuid.uuid4().hex}"
+    pipeline, home, config = _setup(tmp_path, broker, wrong, seed)
+    out = _kappa(config, "deploy", pipeline, "--rules", "v1", "--reason", "a wrong password")
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0] == (
+        f"Error: the Kafka broker's SASL_PLAINTEXT listener at {broker.sasl_bootstrap_servers} refused kappa's "
+        f"credentials (sasl.mechanism={SCRAM_MECHANISM}, sasl.username='{SCRAM_USER}'): fix sasl.username / "
+        f"sasl.password in the Kafka settings ([kafka_config] in kappa.toml, KAPPA_KAFKA_CONFIG, or the "
+        f"Airflow Connection kafka_default)")
+    assert wrong not in out.stdout + out.stderr
+    with Kappa(resolve_settings(config, env={})) as k:
+        assert k.registry.list_versions(pipeline) == []
+        assert k.registry.audit_log(pipeline, limit=None) == [] or all(
+            wrong not in json.dumps(a.model_dump(mode="json")) for a in k.registry.audit_log(pipeline, limit=None))
+    assert not (home / "state" / pipeline).exists() or not any((home / "state" / pipeline).iterdir())
+    assert _processes_holding(wrong.encode()) == []
