@@ -108,3 +108,16 @@ def served_diff(settings, alias: str, bootstrap: str, topic: str, rules_version:
     if why is None and rejects_path is not None:
         why = rejects_diff(DeltaTable(str(rejects_path)).to_pyarrow_table(), expected, log, topic)
     return why, served.num_rows
+
+
+def version_diff(table_path: str, rejects_path: str, bootstrap: str, topic: str,
+                 rules_version: str) -> tuple[str | None, int]:
+    """(None or what differs, rows) for one version's own table and rejects (not through an alias)
+    against the oracle under `rules_version`."""
+    from deltalake import DeltaTable
+
+    expected, log = expected_from_log(bootstrap, topic, rules_version)
+    got = DeltaTable(table_path).to_pyarrow_table()
+    why = table_diff(got, expected.table) or rejects_diff(DeltaTable(rejects_path).to_pyarrow_table(),
+                                                         expected, log, topic)
+    return why, got.num_rows

@@ -77,6 +77,11 @@ def _render_changes(console: Console, report: Mapping[str, Any], n: Any, old: An
     if report.get("rows_input_differs"):
         console.print(f"  rows whose input differs (live updates one version has read and the other not "
                       f"yet): {fmt_count(report.get('rows_input_differs'))}", highlight=False)
+    lost = report.get("keys_lost_to_compaction") or 0
+    if lost:
+        console.print(f"  keys lost to compaction: {fmt_count(lost)} (v{old} serves them; their latest record is "
+                      f"malformed and the log no longer holds their earlier value, so no reprocess can derive them; "
+                      f"not counted in the key-count check)", highlight=False)
     only_new, only_old = report.get("keys_only_new") or 0, report.get("keys_only_serving") or 0
     if only_new or only_old:
         console.print(f"  keys only in v{n}: {fmt_count(only_new)}, only in v{old}: {fmt_count(only_old)}",

@@ -1,5 +1,5 @@
 """The live setup of the control-plane integration tests: a compacted topic on the session's
-tansu broker, a kappa home, real standardize jobs spawned by the orchestrator, a live producer.
+Apache Kafka broker, a kappa home, real standardize jobs spawned by the orchestrator, a live producer.
 
 Everything started here is stopped by PID in `Live.close()` (jobs by `stop_version`, then any
 process group left behind), which the fixtures call in their teardown.
@@ -20,7 +20,7 @@ from orchestrator.jobctl.health import CHILDREN
 from orchestrator.core.settings import Settings
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
-from tests.served import served_diff
+from tests.served import served_diff, version_diff
 
 PIPELINE = "standardize"
 PARTITIONS = 4
@@ -107,10 +107,16 @@ class Live:
             CHILDREN.pop(pid, None)
 
 
-def served_equals_expected(live: Live, rules_version: str) -> tuple[bool, str]:
+def served_equals_expected(live: Live, rules_version: str, *, version: int | None = None) -> tuple[bool, str]:
     """(equal, explanation): the table the alias serves and the rejects of the version it serves,
-    exactly against the oracle's table and rejects for the log as it is now."""
+    exactly against the oracle's table and rejects for the log as it is now; with `version`, that
+    version's own table and rejects instead."""
     from orchestrator.serving import resolve_alias
+
+    if version is not None:
+        paths = live.k.paths(PIPELINE, version)
+        why, rows = version_diff(paths.table, paths.rejects, live.bootstrap, live.topic, rules_version)
+        return why is None, why or f"{rows} rows and the rejects equal"
 
     pointer = resolve_alias(live.alias, live.settings)
     rejects = live.k.paths(pointer["pipeline"], pointer["version"]).rejects

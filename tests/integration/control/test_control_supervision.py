@@ -1,14 +1,15 @@
-"""Issue 9, case 16 on the real stack: a standardize job (Spark, spawned by the orchestrator) rides
-out a paused broker, and a dead serving job comes back from its checkpoint through the supervisor;
-the served table ends exactly right (tests/served.py against the oracle) each time.
+"""A broker that fails and comes back, under standardize jobs spawned by the orchestrator (Spark):
+the jobs ride the outage out, or a dead one is restarted from its checkpoint by the supervisor,
+and the table ends exactly the oracle's (tests/served.py) each time, nothing duplicated or lost.
 
-The broker is a private tansu (memory storage) for this module, paused with SIGSTOP and resumed
-with SIGCONT: its log survives, so offsets stay what the checkpoint says. Stopping and restarting
-tansu would lose the log (memory storage), so the topic would have to be re-created and the same
-records re-produced; on Apache Kafka a restarted broker keeps its log and the clients see
-connection refused and leader elections (codes `_TRANSPORT`, `LEADER_NOT_AVAILABLE`), which the
-source waits out the same way (tests/unit/source/test_source_outage.py covers those codes).
-A pause is the harder case for a client: requests time out instead of being refused.
+The broker is a private Apache Kafka node for this module. It is stopped (a controlled shutdown)
+or killed with SIGKILL, and started again on the same data folder and ports: its log survives, so
+offsets stay what the checkpoints say. The clients see connection refused and leader elections
+(`_TRANSPORT`, `LEADER_NOT_AVAILABLE`), which the source waits out for `brokerOutageSeconds`
+(tests/unit/source/test_source_outage.py covers those codes). A backfill meets the outage at a
+known point: its first micro-batch is held before its commit (`KAPPA_TEST_HOLD_BEFORE_COMMIT`),
+the broker goes down, and the batch is released, so every later batch of the backfill needs the
+broker that is not there.
 
 Until reconcile calls `supervise_version` itself (the lead wires it), the supervisor's passes here
 call it directly for every running version whose job failed, as reconcile will.
@@ -21,6 +22,7 @@ import re
 import signal
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 
@@ -29,6 +31,7 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RUNNING
 from orchestrator.dev import datagen
+from jobs.lib.seedjob import HOLD_FILE, HOLD_HOOK
 from orchestrator.dev.broker import EmbeddedBroker
 from orchestrator.jobctl import inspect_version, read_launch
 from orchestrator.lifecycle.await_ready import wait_ready
@@ -42,22 +45,19 @@ pytestmark = pytest.mark.integration
 
 INITIAL = 2000
 KEYS = 600
-#: A minute: longer than the old source's three attempts against a paused broker (each a 10 s
-#: metadata or 15 s offsets request, 48 s at most in all: a 45 s pause was measured to pass on the
-#: old code), shorter than the default brokerOutageSeconds (120).
-PAUSE_SECONDS = 65.0
+#: How long the broker stays down for a job that must ride it out: several of the source's retries,
+#: well under the default brokerOutageSeconds (120).
+DOWN_SECONDS = 20.0
 #: The supervision test's jobs give up on the broker after this long, so the outage kills them.
 SHORT_OUTAGE = 10
 
 
 @pytest.fixture(scope="module")
 def private_broker(tmp_path_factory):
-    b = EmbeddedBroker(log_path=tmp_path_factory.mktemp("sup-broker") / "tansu.log").start()
+    b = EmbeddedBroker(tmp_path_factory.mktemp("sup-broker")).start()
     try:
         yield b
     finally:
-        if b.proc is not None:
-            os.kill(b.proc.pid, signal.SIGCONT)
         b.stop()
 
 
@@ -83,18 +83,17 @@ def live(private_broker, tmp_path_factory, module_seed):
         reg.close()
 
 
-class Paused:
-    """The broker frozen (SIGSTOP) until the block ends (SIGCONT), whatever happens inside."""
-
-    def __init__(self, broker: EmbeddedBroker):
-        self.pid = broker.proc.pid
-
-    def __enter__(self):
-        os.kill(self.pid, signal.SIGSTOP)
-        return self
-
-    def __exit__(self, *exc):
-        os.kill(self.pid, signal.SIGCONT)
+@contextmanager
+def broker_down(broker: EmbeddedBroker, how: str):
+    """The broker stopped (`stop`: a controlled shutdown; `kill`: SIGKILL) until the block ends,
+    then started again on its data folder and ports, whatever happens inside."""
+    pid = broker.pid
+    broker.stop() if how == "stop" else broker.kill()
+    try:
+        yield
+    finally:
+        broker.start()
+        assert broker.pid != pid
 
 
 def served_exactly(live: Live, what: str) -> None:
@@ -121,25 +120,51 @@ def serving_version(live: Live) -> int:
     return live.k.registry.get_alias(live.alias).version
 
 
-def test_a_running_job_rides_out_a_paused_broker_without_failing(live, private_broker):
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_serving_job_rides_out_a_broker_that_goes_down_and_comes_back(live, private_broker, how):
     v = serving_version(live)
     before = inspect_version(live.k, PIPELINE, v)
     assert before.health == "running", before.describe()
-    with Paused(private_broker):
-        # The outage itself is the time that must pass: the job's heartbeat goes on, its source
-        # waits. Any request the query makes in it fails for the whole pause.
-        time.sleep(PAUSE_SECONDS)
+    with broker_down(private_broker, how):
+        # The outage itself is the time that must pass: the job's heartbeat goes on, its source waits.
+        time.sleep(DOWN_SECONDS)
         during = inspect_version(live.k, PIPELINE, v)
         assert not during.failed, during.describe()
-    after = inspect_version(live.k, PIPELINE, v)
-    assert after.pid == before.pid and not after.failed, after.describe()
-    log_text = open(before.log_file, errors="replace").read()
-    assert "is unavailable" in log_text, "the job's source never saw the paused broker"
     live.produce(300, KEYS)
-    served_exactly(live, "after the pause")
-    final = inspect_version(live.k, PIPELINE, v)
-    assert final.pid == before.pid and final.health == "running", final.describe()
+    served_exactly(live, f"after the broker's {how} and start")
+    after = inspect_version(live.k, PIPELINE, v)
+    assert after.pid == before.pid and after.health == "running", after.describe()
+    log_text = open(before.log_file, errors="replace").read()
+    assert "is unavailable" in log_text, "the job's source never saw the broker gone"
     assert live.k.registry.audit_log(PIPELINE, limit=None, version=v, action="restart") == []
+
+
+def test_a_backfill_rides_out_a_broker_stopped_at_its_first_commit(live, private_broker, tmp_path, monkeypatch):
+    """The backfill of a new version, stopped at a known point: its first micro-batch is read and
+    held before its commit; the broker stops; the batch is released and commits; every later batch
+    of the backfill waits for the broker, which comes back after DOWN_SECONDS. The version catches
+    up with exactly the oracle's table, and its job never restarted."""
+    held = tmp_path / "held"
+    monkeypatch.setenv(HOLD_HOOK, "0")
+    monkeypatch.setenv(HOLD_FILE, str(held))
+    spec = live.k.pipeline(PIPELINE).model_copy(update={"max_records_per_batch": 300})
+    k = Kappa(live.k.settings, registry=live.k.registry, pipelines={PIPELINE: spec})
+    info = deploy(k, PIPELINE, "v1", actor="tests", reason="a backfill meets a broker outage")
+    monkeypatch.delenv(HOLD_HOOK)
+    wait_until(held.exists, "the first batch of the backfill to be held before its commit", DEADLINE, poll=0.2)
+    pid = inspect_version(k, PIPELINE, info.version).pid
+    with broker_down(private_broker, "stop"):
+        held.unlink()                                       # the batch commits; the next one needs the broker
+        time.sleep(DOWN_SECONDS)
+        st = inspect_version(k, PIPELINE, info.version)
+        assert not st.failed and st.pid == pid, st.describe()
+    assert wait_ready(k, PIPELINE, info.version, deadline_seconds=DEADLINE, poll_seconds=1).ready
+    ok, msg = served_equals_expected(live, "v1", version=info.version)
+    assert ok, msg
+    st = inspect_version(k, PIPELINE, info.version)
+    assert st.pid == pid and st.health == "running", st.describe()
+    assert "is unavailable" in open(st.log_file, errors="replace").read()
+    assert k.registry.audit_log(PIPELINE, limit=None, version=info.version, action="restart") == []
 
 
 def test_a_killed_serving_job_and_a_broker_outage_are_supervised_back_to_an_exact_table(live, private_broker):
@@ -160,8 +185,8 @@ def test_a_killed_serving_job_and_a_broker_outage_are_supervised_back_to_an_exac
     live.produce(300, KEYS)
     served_exactly(live, "after the kill -9 and the restart")
 
-    with Paused(private_broker):                            # longer than the job's brokerOutageSeconds
-        wait_until(lambda: inspect_version(k, PIPELINE, v).failed, "the job to give up on the paused broker",
+    with broker_down(private_broker, "kill"):              # longer than the job's brokerOutageSeconds
+        wait_until(lambda: inspect_version(k, PIPELINE, v).failed, "the job to give up on the missing broker",
                    DEADLINE, poll=1.0)
     st = inspect_version(k, PIPELINE, v)
     assert re.search(r"SourceError: broker unavailable: .*brokerOutageSeconds=10", st.error or ""), st.error
