@@ -6,11 +6,11 @@ docstring). `run_reprocess_bench` measures a reprocess against the fastest raw r
 log on the same machine; one run, on an embedded broker started for it (or on `bootstrap`):
 
 1. produce `records` member-profile changes over `keys` members into a `partitions`-partition
-   compacted topic. The producer batches (lz4) for speed, then sends the last record of each
-   partition on its own, because tansu reports a wrong high watermark for a batch of several
-   records (the base offset of the last batch + 1);
-2. the reference: one confluent-kafka consumer per core, each in its own process, the partitions
-   divided among them (`orchestrator.dev.benchref`); also one consumer alone, for comparison;
+   compacted topic (the broker's segment defaults, so the cleaner leaves it whole); the producer
+   batches (lz4) for speed;
+2. the references: Kafka's own `ConsumerPerformance` (the Java consumer) reading the topic; one
+   confluent-kafka consumer per core, each in its own process, the partitions divided among them
+   (`orchestrator.dev.benchref`); also one consumer alone, for comparison;
 3. a full standardize reprocess from offset zero into an empty Delta table, in a process of its
    own (`orchestrator.dev.benchjob`: the job as the runtime starts it, `build(ctx)`, so whatever
    data path the job has is what is measured). Spark start-up is timed on its own, then the
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.envvars import KAPPA_SPARK_MASTER
 from orchestrator.core.exceptions import BrokerError, ConfigError
-from orchestrator.dev.benchref import FETCH_TUNING, parallel_raw_consume, raw_consume
+from orchestrator.dev.benchref import FETCH_TUNING, consumer_performance, parallel_raw_consume, raw_consume
 from orchestrator.dev.benchutil import rate, ratio, write_figures
 
 if TYPE_CHECKING:
@@ -145,6 +145,10 @@ def breakdown_lines(f: dict) -> list[str]:
         lines.append(f"ratio to the reference ({ref['processes']} consumer processes): {f['ratio_to_reference']:.3f} "
                      f"of {ref['records_per_s']:,} records/s, {ref['mb_per_s']:.1f} MB/s"
                      + (f"; to one consumer: {f['ratio_to_one_consumer']:.3f}" if one else ""))
+    perf = f.get("consumer_performance")
+    if s and perf:
+        lines.append(f"ratio to Kafka's ConsumerPerformance: {f['ratio_to_consumer_performance']:.3f} of "
+                     f"{perf['records_per_s']:,} records/s, {perf['mb_per_s']:.1f} MB/s (values only)")
     b = f.get("time_breakdown_seconds")
     if b:
         phases = ", ".join(f"{k} {b.get('spark_' + k, 0):.2f}" for k in
@@ -177,7 +181,11 @@ def _print(console, f: dict) -> None:
         t.add_row(name, f"{r['records_per_s']:,}", f"{r['mb_per_s']:.1f}", f"{r['seconds']:.1f}", note)
 
     if f.get("produce"):
-        row("produce (lz4 batches)", f["produce"], f"{f['produce']['singles']} last records sent alone (tansu watermark)")
+        row("produce (lz4 batches)", f["produce"], "")
+    if f.get("consumer_performance"):
+        cp = f["consumer_performance"]
+        row("Kafka ConsumerPerformance", cp, f"Java consumer, fetch phase (whole run {cp['whole_seconds']:.1f} s "
+                                             f"with JVM start and group join); values only")
     if f.get("reference"):
         ref = f["reference"]
         row("raw read (reference)", ref, f"{ref['processes']} processes, one confluent-kafka consumer each, GC off")
@@ -240,18 +248,23 @@ def run_reprocess_bench(records: int = 2_000_000, keys: int = 500_000, partition
     changes = dict(seed=seed, value_size=value_size, malformed_share=malformed_share, delete_share=delete_share)
     try:
         if bootstrap is None:
-            broker = EmbeddedBroker(log_path=work / "tansu.log").start()
+            broker = EmbeddedBroker(work / "broker").start()
             bootstrap = broker.bootstrap_servers
             figures["pids_started"].append(broker.proc.pid)
         topic = f"bench_profiles_{time.time_ns() % 10**9}"
         figures["topic"] = topic
         ensure_topic(bootstrap, topic, partitions, config=kafka_config)
         console.print(f"producing {records:,} records (~{value_size} B values, {keys:,} keys, {partitions} partitions) "
-                      f"to {topic} on {bootstrap}: batched, then the last record of each partition alone "
-                      f"(tansu's high watermark is only right after a one-record batch)")
+                      f"to {topic} on {bootstrap} (lz4 batches)")
         stats = produce(bootstrap, topic, generate_changelog(records, keys, **changes),
                         batching=True, partitions=partitions, config=kafka_config)
-        figures["produce"] = {**rate(stats.records, stats.bytes, stats.seconds), "singles": stats.singles}
+        figures["produce"] = rate(stats.records, stats.bytes, stats.seconds)
+
+        console.print("reference: Kafka's ConsumerPerformance reading the topic...")
+        perf = consumer_performance(bootstrap, topic, records, kafka_config)
+        figures["consumer_performance"] = {**rate(perf["records"], perf["bytes"], perf["seconds"]),
+                                           "whole_seconds": round(perf["whole_seconds"], 2),
+                                           "bytes_counted": "values only"}
 
         n = reference_processes or os.cpu_count() or 1
         console.print(f"reference: {n} confluent-kafka consumer processes reading the partitions in parallel...")
@@ -261,7 +274,7 @@ def run_reprocess_bench(records: int = 2_000_000, keys: int = 500_000, partition
                                 "per_process": ref["per_process"]}
         if ref["records"] != records:
             raise BrokerError(f"the reference read {ref['records']:,} records of {topic}, {records:,} were "
-                              f"produced: the broker's high watermarks are off (a batched producer on tansu?)")
+                              f"produced: another producer wrote to the topic, or the cleaner compacted it")
         if single_consumer:
             console.print("and one consumer alone...")
             one = raw_consume(bootstrap, topic, kafka_config)
@@ -277,6 +290,8 @@ def run_reprocess_bench(records: int = 2_000_000, keys: int = 500_000, partition
         figures["reprocess"]["rejects"] = count_rows(job["rejects"])
         figures["ratio_to_reference"] = ratio(figures["reprocess"]["records_per_s"],
                                               figures["reference"]["records_per_s"])
+        figures["ratio_to_consumer_performance"] = ratio(figures["reprocess"]["records_per_s"],
+                                                         figures["consumer_performance"]["records_per_s"])
         if single_consumer:
             figures["ratio_to_one_consumer"] = ratio(figures["reprocess"]["records_per_s"],
                                                      figures["raw_consumer"]["records_per_s"])

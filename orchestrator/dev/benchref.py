@@ -9,6 +9,10 @@ is the read alone: total records over the time from the barrier to the last proc
 
 Each reader does what the job's reader must do at least: a `consume(10000)` loop over every
 message, with Python's garbage collector off, counting key and value bytes.
+
+`consumer_performance` is Kafka's own reference: `org.apache.kafka.tools.ConsumerPerformance` (the
+Java consumer, from the fetched JARs) reading the same topic; its figure is its fetch rate, which
+leaves out the JVM's start and the consumer group's join.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from typing import Any
 
 from orchestrator.core.exceptions import BrokerError, ConfigError
 
-__all__ = ["FETCH_TUNING", "assign_partitions", "raw_consume", "parallel_raw_consume", "read_partitions"]
+__all__ = ["FETCH_TUNING", "assign_partitions", "consumer_performance", "raw_consume", "parallel_raw_consume",
+           "read_partitions"]
 
 #: The raw consumer fetches like the Kafka source's consumers (jobs.lib.kafka), so the two
-#: compare fairly; librdkafka's default fetch.wait.max.ms (500) more than halves the rate on tansu.
+#: compare fairly; librdkafka's default fetch.wait.max.ms (500) slows a reader that waits for data.
 FETCH_TUNING = {"fetch.wait.max.ms": 100, "queued.min.messages": 200_000,
                 "max.partition.fetch.bytes": 8 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024}
 STALL_SECONDS = 600.0
@@ -181,3 +186,41 @@ def parallel_raw_consume(bootstrap: str, topic: str, processes: int | None = Non
     return {"records": sum(r["records"] for r in got), "bytes": sum(r["bytes"] for r in got),
             "seconds": end - start, "processes": len(procs), "per_process": per,
             "pids": [p.pid for p in procs]}
+
+
+def consumer_performance(bootstrap: str, topic: str, records: int, config: dict | None = None,
+                         timeout: float = 600.0) -> dict[str, Any]:
+    """Kafka's ConsumerPerformance over `records` records of `topic` (all it holds, from offset zero).
+
+    Returns records, bytes (as the tool counts them: values only) and seconds of its fetch phase,
+    plus its whole run (JVM start and group join included). Settings with secrets go through a
+    0600 file (`--command-config`), never the command line.
+    """
+    import tempfile
+
+    from orchestrator.dev.broker import kafka_tool
+
+    props = {k: v for k, v in (config or {}).items() if isinstance(v, (str, int, float, bool))}
+    fd, conf = tempfile.mkstemp(prefix="kafka-perf-", suffix=".properties")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+    start = time.perf_counter()
+    try:
+        out = kafka_tool("org.apache.kafka.tools.ConsumerPerformance",
+                         ["--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(records),
+                          "--timeout", str(int(timeout * 1000)), "--command-config", conf,
+                          "--group", f"kappa-bench-perf-{time.time_ns()}"], timeout=timeout + 60, jvm_jit=True)
+    finally:
+        os.unlink(conf)
+    whole = time.perf_counter() - start
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    header = next((i for i, ln in enumerate(lines) if ln.startswith("start.time")), None)
+    if header is None or header + 1 >= len(lines):
+        raise BrokerError(f"Kafka's ConsumerPerformance printed no figures for {topic}: {' | '.join(lines[-3:])}")
+    names = [c.strip() for c in lines[header].split(",")]
+    row = dict(zip(names, (c.strip() for c in lines[header + 1].split(","))))
+    n = int(float(row["data.consumed.in.nMsg"]))
+    mb = float(row["data.consumed.in.MB"])
+    fetch_ms = float(row["fetch.time.ms"])
+    return {"records": n, "bytes": int(mb * 1024 * 1024), "seconds": fetch_ms / 1000.0,
+            "whole_seconds": whole, "rebalance_ms": float(row.get("rebalance.time.ms", 0) or 0)}

@@ -280,8 +280,8 @@ def produce(bootstrap: str, topic: str, records: Iterable[ChangeRecord], *, conf
     from confluent_kafka import Producer
 
     n_parts = partitions or topic_partitions(bootstrap, topic, config)
-    base = {"bootstrap.servers": bootstrap, "enable.idempotence": False, "acks": "all",
-            "max.in.flight.requests.per.connection": 1}
+    # idempotence keeps the order of a partition's records with several requests in flight
+    base = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"}
     settings = {**base, **(BATCHING if batching else {"linger.ms": 5}), **(config or {})}
     producer = Producer(settings)
     errors: list[str] = []
