@@ -1,6 +1,6 @@
 """`kappa demo` end to end as a subprocess: the story it tells, the system it leaves, and no process left.
 
-The demo runs on the real embedded stack (tansu, local Spark jobs, Delta tables, SQLite registry)
+The demo runs on the real embedded stack (Apache Kafka, local Spark jobs, Delta tables, SQLite registry)
 in the test's own home. Sizes are smaller than the demo's defaults to keep the suite's time
 reasonable; the flow is the same. A second test interrupts the demo with SIGINT (Ctrl-C) while
 its first job runs and checks that the cleanup still stops everything by PID.
@@ -78,6 +78,14 @@ def test_demo_end_to_end(tmp_path, artifacts_dir):
         assert header in out, header
     assert "cleanup.policy=compact" in out
     assert re.search(r"produced 40,000 records", out)
+    assert "embedded broker (Apache Kafka, KRaft, log cleaner on)" in out
+    # the cleaner compacts the topic before v1 reads it (the demo's topic settings, a live producer)
+    flat = re.sub(r"\s+", " ", out)    # rich wraps long lines at the console's width
+    m = re.search(r"the topic holds ([\d,]+) records so far; waiting for the log cleaner.*?compacted: ([\d,]+) "
+                  r"records readable now, of ([\d,]+) written", flat)
+    assert m, out[:3000]
+    written, after = int(m[1].replace(",", "")), int(m[2].replace(",", ""))
+    assert m[1] == m[3] and written >= 40_000 and after < written
     assert re.search(r"standardize v2: lag +[\d,]+ \(", out), "no lag line of v2"
     assert "promoted standardize v1: alias 'member_profiles_std' moved from nothing to v1" in out
     assert "validation report: standardize v2 (rules v2) against serving v1 (rules v1)" in out

@@ -94,7 +94,7 @@ def test_a_reprocess_of_a_compacted_log_is_exact_and_counts_the_keys_compaction_
         assert why is None, f"v1 before compaction: {why}"
 
         _allow_cleaning(bootstrap, topic)
-        readable, compacted = datagen.wait_for_compaction(bootstrap, topic, len(whole), timeout=120)
+        readable, compacted = datagen.wait_for_compaction(bootstrap, topic, len(whole), stable=True, timeout=120)
         assert compacted, f"the cleaner did not compact {topic} within 120 s ({readable} records readable)"
         now = list(datagen.iter_log(bootstrap, topic))
         assert log_offsets(k, [topic]) == offsets_before, "compaction moved a log start or end offset"
