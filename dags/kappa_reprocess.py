@@ -57,7 +57,9 @@ POKE = timedelta(seconds=form.poke_seconds())
                                    description="Total lag at or under which the version counts as caught up; "
                                                "empty: the pipeline's catchup_threshold."),
         "auto_promote": Param(True, type="boolean", title="Promote automatically when ready",
-                              description="Off: the run ends with the version ready; promote it with kappa_promote."),
+                              description="On: the run promotes the version as soon as it is ready and passes "
+                                          "its checks. Off: the run ends with the version ready and unpromoted; "
+                                          "its promote task says how to promote it with kappa_promote."),
         "grace_period_seconds": form.grace_period_param(),
         "catchup_deadline_minutes": form.deadline_minutes_param(
             CATCHUP_DEADLINE_SECONDS, "The run fails if the version is not ready this long after it started."),

@@ -277,10 +277,10 @@ def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: st
                      outlet_events: Any = None) -> dict[str, Any] | None:
     """Promote when auto-promote is on; otherwise say how to promote and return None."""
     if not auto_promote:
+        conf = json.dumps({"pipeline": pipeline, "version": version})
         log.info("%s v%s is ready and NOT promoted (auto-promote is off). To promote it, trigger kappa_promote "
-                 "with {\"pipeline\": %r, \"version\": %s}, or run `kappa promote %s %s` or "
-                 "`kappa trigger promote %s %s`.", pipeline, version, pipeline, version, pipeline, version,
-                 pipeline, version)
+                 "with this configuration JSON: %s, or run `kappa promote %s %s` or `kappa trigger promote %s %s`.",
+                 pipeline, version, conf, pipeline, version, pipeline, version)
         return None
     return promote(pipeline, version, reason, user=user, run_id=run_id, dag_id=dag_id, outlet_events=outlet_events)
 

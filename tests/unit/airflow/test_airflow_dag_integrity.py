@@ -125,6 +125,9 @@ def test_form_offers_declared_pipelines_and_rules_files(clean_kappa_env):
     versions = available_rules("titles")
     assert versions and params.get_param("rules_version").schema["enum"] == [None, *versions]
     assert params["auto_promote"] is True
+    # the switch's help holds true in either position: it says what each position does
+    help_text = params.get_param("auto_promote").description
+    assert help_text.startswith("On: ") and "Off: " in help_text
     for dag_id in ("kappa_promote", "kappa_rollback"):
         assert parse().dags[dag_id].params.get_param("pipeline").schema["enum"] == declared
 

@@ -3,6 +3,8 @@ and the refusals that need no broker (unknown pipeline, unknown rules version)."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchestrator.airflow import params, tasks
@@ -122,6 +124,9 @@ def test_promote_if_asked_off_says_how(kappa_env, caplog):
     with caplog.at_level(logging.INFO, logger="kappa.airflow"):
         assert tasks.promote_if_asked("std_a", 4, False, "why", user="alice", run_id="r") is None
     assert "kappa promote std_a 4" in caplog.text and "NOT promoted" in caplog.text
+    # the configuration to paste into kappa_promote's trigger form is JSON as it stands
+    conf = caplog.text.split("with this configuration JSON: ", 1)[1].split(", or run", 1)[0]
+    assert json.loads(conf) == {"pipeline": "std_a", "version": 4}
 
 
 @pytest.mark.parametrize("after, done", [(299.5, False), (300.0, True), (300.5, True)])
