@@ -12,7 +12,7 @@ P = "standardize"
 def test_status_shows_lag_seconds(run, seeded, monkeypatch):
     seeded.registry.set_state(P, 2, "caught_up")
     monkeypatch.setattr(lag_mod, "log_offsets", lambda k, topics, timeout=10.0: {("member_profiles", 0): (0, 90)})
-    monkeypatch.setattr(lag_mod, "group_offsets", lambda k, g, timeout=10.0: {})
+    monkeypatch.setattr(lag_mod, "group_offsets", lambda k, g, topics, timeout=10.0: {})
     monkeypatch.setattr(lag_mod, "checkpoint_next_offsets", lambda path: ({("member_profiles", 0): 30}, 4))
     monkeypatch.setattr(lag_mod, "oldest_unread_age", lambda k, details, *, now, timeout: 42.0)
     result = run("status", P)

@@ -90,7 +90,7 @@ class FakeLog:
             return {tp: (self.starts[tp], self.ends[tp]) for tp in self.ends}
 
         monkeypatch.setattr(lag_mod, "log_offsets", log_offsets)
-        monkeypatch.setattr(lag_mod, "group_offsets", lambda k, g, timeout=10.0: dict(self.group))
+        monkeypatch.setattr(lag_mod, "group_offsets", lambda k, g, topics, timeout=10.0: dict(self.group))
         monkeypatch.setattr(lag_mod, "checkpoint_next_offsets",
                             lambda path: (dict(self.checkpoint), 7) if self.checkpoint else (None, None))
         return self

@@ -148,7 +148,8 @@ class World:
 
     # -- fakes ------------------------------------------------------------------------------------
     def install(self, mp) -> "World":
-        """Fake broker (offsets, topic configs, group deletion) and fake jobs, through `mp` (a MonkeyPatch)."""
+        """Fake broker (offsets, group offsets, topic configs, group deletion) and fake jobs, through `mp`
+        (a MonkeyPatch)."""
         self.log.install(mp)
         log = self.log
 
@@ -166,8 +167,14 @@ class World:
                      str(paths.checkpoint), "--template", str(self.template), "--", sys.executable, str(FAKE_JOB),
                      "--run-dir", str(paths.run_dir), "--behaviour", self.next_behaviour], "local")
 
+        def group_offsets(k, group_id, topics, timeout=10.0):  # the group's offsets add nothing here
+            if log.down:
+                raise BrokerError("cannot read the committed offsets: the Kafka broker at 127.0.0.1:9 is unreachable")
+            return {}
+
         admin = FakeAdmin(log)
         mp.setattr(lag_mod, "checkpoint_next_offsets", checkpoint_next_offsets)
+        mp.setattr(lag_mod, "group_offsets", group_offsets)
         mp.setattr(lag_mod, "topic_partitions", topic_partitions)
         mp.setattr(launch, "job_command", job_command)
         mp.setattr(Kappa, "admin", lambda self: admin)
