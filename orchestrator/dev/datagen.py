@@ -387,20 +387,15 @@ def iter_log(bootstrap: str, topic: str, *, config: dict | None = None,
         consumer.close()
 
 
-def wait_for_compaction(bootstrap: str, topic: str, below: int, *, stable: bool = False, timeout: float = 90.0,
-                        poll: float = 2.0, config: dict | None = None) -> tuple[int, bool]:
-    """Wait until the log cleaner has compacted `topic`: fewer than `below` records readable (and,
-    with `stable`, the same count twice in a row: every partition cleaned, nothing produced
-    meanwhile). Returns (records readable now, compacted). The active segment of a partition is
-    never cleaned: a segment closes only when a record arrives `segment.ms` after its first one,
-    so something must keep producing (the demo's live producer, a test's last records)."""
+def wait_for_compaction(bootstrap: str, topic: str, below: int, *, timeout: float = 90.0, poll: float = 2.0,
+                        config: dict | None = None) -> tuple[int, bool]:
+    """Wait until the log cleaner has compacted `topic`: fewer than `below` records readable.
+    Returns (records readable now, compacted). The active segment of a partition is never cleaned:
+    a segment closes only when a record arrives `segment.ms` after its first one, so something must
+    keep producing (the demo's live producer)."""
     deadline = time.monotonic() + timeout
-    last = None
     while True:
         now = sum(1 for _ in iter_log(bootstrap, topic, config=config))
-        if now < below and (not stable or now == last):
-            return now, True
-        if time.monotonic() > deadline:
-            return now, False
-        last = now
+        if now < below or time.monotonic() > deadline:
+            return now, now < below
         time.sleep(poll)

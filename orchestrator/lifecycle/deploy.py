@@ -112,7 +112,8 @@ def code_ref() -> str:
         return f"kappa-{orchestrator.__version__}"
 
 
-def _topic_policies(k: Kappa, topics: tuple[str, ...]) -> dict[str, str | None]:
+def _topic_policies(k: Kappa, topics: tuple[str, ...]) -> dict[str, tuple[str | None, bool]]:
+    """{topic: (cleanup.policy, whether it is the broker's default rather than the topic's own)}."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     from orchestrator.observe.lag import _kafka_error, topic_partitions
@@ -124,7 +125,7 @@ def _topic_policies(k: Kappa, topics: tuple[str, ...]) -> dict[str, str | None]:
         out = {}
         for res, fut in futures.items():
             entry = fut.result().get("cleanup.policy")
-            out[res.name] = entry.value if entry is not None else None
+            out[res.name] = (None, True) if entry is None else (entry.value, bool(getattr(entry, "is_default", False)))
         return out
     except Exception as e:
         raise _kafka_error("topic configurations", k, e) from None
@@ -133,11 +134,13 @@ def _topic_policies(k: Kappa, topics: tuple[str, ...]) -> dict[str, str | None]:
 def check_topics(k: Kappa, spec: PipelineSpec, *, force: bool = False) -> list[str]:
     """Every source topic exists and is compacted; a delete-policy topic only with `force`."""
     warnings = []
-    for topic, policy in _topic_policies(k, tuple(spec.topics)).items():
-        policies = {p.strip() for p in (policy or "delete").split(",")}
+    for topic, (policy, default) in _topic_policies(k, tuple(spec.topics)).items():
+        effective = policy or "delete"
+        policies = {p.strip() for p in effective.split(",")}
         if policies == {"compact"}:
             continue
-        shown = f"cleanup.policy={policy}" if policy else "no cleanup.policy (the broker default, delete)"
+        # Apache Kafka reports a topic without a policy of its own as the broker's default, "delete"
+        shown = f"no cleanup.policy (the broker default, {effective})" if default else f"cleanup.policy={policy}"
         why = (f"source topic {topic!r} of pipeline {spec.name!r} has {shown}: the broker deletes old "
                f"records of such a topic, so reading it from offset zero cannot rebuild the whole table")
         if not force:

@@ -2,7 +2,8 @@
 
 A broker restart, a rolling upgrade, a leader election or a network blip shows up in a client as
 connection refused (``_TRANSPORT``, ``_ALL_BROKERS_DOWN``), requests timing out (``_TIMED_OUT``,
-``REQUEST_TIMED_OUT``: a paused or overloaded broker) or no leader for a partition. None of them
+``REQUEST_TIMED_OUT``: a paused or overloaded broker) or no leader for a partition (``_NOENT``, "No
+leaders found", while a single broker restarts). None of them
 says anything about the query: the same request succeeds once the broker is back. So the driver's
 metadata and offset requests (`jobs.lib.kafka.broker`) and the executors' range reads
 (`jobs.lib.kafka.reading`) wait them out with backoff for ``brokerOutageSeconds`` (default 120)
@@ -49,7 +50,7 @@ def _codes() -> tuple[frozenset[int], frozenset[int]]:
             "_WAIT_COORD", "_NODE_UPDATE", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "LEADER_NOT_AVAILABLE",
             "NOT_LEADER_FOR_PARTITION", "NOT_LEADER_OR_FOLLOWER", "BROKER_NOT_AVAILABLE",
             "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR",
-            "NOT_ENOUGH_REPLICAS", "KAFKA_STORAGE_ERROR")
+            "NOT_ENOUGH_REPLICAS", "KAFKA_STORAGE_ERROR", "_NOENT")
         _BAD_INPUT_CODES = of(
             "_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "TOPIC_AUTHORIZATION_FAILED",
             "CLUSTER_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "_SSL", "_INVALID_ARG",

@@ -76,4 +76,4 @@ def test_profile_settings_join_as_a_process(bootstrap, unique, tmp_path):
     assert {e.split(":")[0] for *_, e in rejected} == {
         "field 'name' is missing",
         "field 'visibility' is 'everyone', expected one of public, connections, private",
-        "value is not JSON", "null key", "key is not UTF-8 (invalid continuation byte at byte 0)"}
+        "value is not JSON", "key is not UTF-8 (invalid continuation byte at byte 0)"}

@@ -22,7 +22,8 @@ PIPELINE = "standardize"
 def policies(monkeypatch):
     """The source topics' cleanup.policy as the broker would report it (compacted unless a test says)."""
     found: dict[str, str | None] = {}
-    monkeypatch.setattr(deploy_mod, "_topic_policies", lambda k, topics: {t: found.get(t, "compact") for t in topics})
+    monkeypatch.setattr(deploy_mod, "_topic_policies",
+                        lambda k, topics: {t: (found.get(t, "compact"), found.get(t, "compact") is None) for t in topics})
     return found
 
 

@@ -95,7 +95,7 @@ def bed(tmp_path, clean_env, monkeypatch):
                                env={}))
     admin = FakeAdmin()
     monkeypatch.setattr(Kappa, "admin", lambda self: admin)
-    monkeypatch.setattr(deploy_mod, "_topic_policies", lambda k, topics: {t: "compact" for t in topics})
+    monkeypatch.setattr(deploy_mod, "_topic_policies", lambda k, topics: {t: ("compact", False) for t in topics})
     try:
         yield Bed(k, home, pipelines, FakeLog({0: 100, 1: 50}).install(monkeypatch), install_fake_jobs(monkeypatch),
                   admin)

@@ -21,7 +21,7 @@ def kr(k):
 @pytest.fixture
 def policies(monkeypatch):
     found = {TOPIC: "compact"}
-    monkeypatch.setattr(deploy_mod, "_topic_policies", lambda k, topics: {t: found[t] for t in topics})
+    monkeypatch.setattr(deploy_mod, "_topic_policies", lambda k, topics: {t: (found[t], found[t] is None) for t in topics})
     return found
 
 

@@ -53,12 +53,18 @@ def timed_out() -> KafkaException:
     return KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to query partition leaders: Local: Timed out"))
 
 
+def leaderless() -> KafkaException:
+    """What list_offsets answers while a single broker restarts: its partitions have no leader yet."""
+    return KafkaException(KafkaError(KafkaError._NOENT, "Failed to query partition leaders: No leaders found"))
+
+
 class FakeAdmin:
     """Enough of AdminClient: `down` calls fail as an unreachable broker would (each costs the
     request's timeout on the clock), then it answers; `error` makes every call fail with it."""
 
-    def __init__(self, clock: FakeClock, topics=("t",), down: int = 0, error=None):
+    def __init__(self, clock: FakeClock, topics=("t",), down: int = 0, error=None, offsets_error=timed_out):
         self.clock, self.topics, self.down, self.error = clock, set(topics), down, error
+        self.offsets_error = offsets_error
         self.calls = 0
 
     def _fail(self, exc, timeout):
@@ -87,7 +93,7 @@ class FakeAdmin:
 
             def result():
                 if failing:
-                    raise timed_out()
+                    raise self.offsets_error()
                 return SimpleNamespace(offset=10 * (tp.partition + 1))
             f.result = result
             return f
@@ -125,6 +131,16 @@ def test_watermarks_ride_out_requests_timing_out(monkeypatch, clock):
     wms = b.watermarks([("t", 0), ("t", 1)])
     assert {tp: (w.low, w.high) for tp, w in wms.items()} == {("t", 0): (10, 10), ("t", 1): (20, 20)}
     assert clock.now >= 60
+
+
+def test_watermarks_ride_out_partitions_without_a_leader(monkeypatch, clock):
+    """A broker stopped and started again: its partitions have no leader for a while (`_NOENT`, "No
+    leaders found"). The job used to fail after 3 attempts (seen on Apache Kafka)."""
+    admin = FakeAdmin(clock, down=6, offsets_error=leaderless)
+    b = broker(monkeypatch, admin)
+    wms = b.watermarks([("t", 0), ("t", 1)])
+    assert {tp: (w.low, w.high) for tp, w in wms.items()} == {("t", 0): (10, 10), ("t", 1): (20, 20)}
+    assert admin.down == 0 and admin.calls > 6   # every leaderless answer was waited out
 
 
 def test_an_outage_longer_than_broker_outage_seconds_fails_with_the_unavailable_error(monkeypatch, clock):
