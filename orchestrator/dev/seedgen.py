@@ -183,7 +183,9 @@ def create_topics(bootstrap: str, topics: dict[str, int], *, compacted: Iterable
                   config: dict | None = None, timeout: float = 15.0) -> None:
     """Create topics (name -> partitions); `compacted` ones with cleanup.policy=compact (and the
     broker's segment defaults: the expected tables of the stream-table joins are computed from every
-    record produced, so the cleaner must not race them). A topic that already exists is fine."""
+    record produced, so the cleaner must not race them); the others keep their records for ever
+    (`retention.ms=-1`: the generated events carry historical timestamps, which the broker's time
+    retention would delete at its next check). A topic that already exists is fine."""
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -191,7 +193,7 @@ def create_topics(bootstrap: str, topics: dict[str, int], *, compacted: Iterable
     admin = AdminClient({"bootstrap.servers": bootstrap, **(config or {})})
     futures = admin.create_topics([
         NewTopic(name, num_partitions=n, replication_factor=1,
-                 config={"cleanup.policy": "compact"} if name in compacted else {})
+                 config={"cleanup.policy": "compact"} if name in compacted else {"retention.ms": "-1"})
         for name, n in topics.items()], operation_timeout=timeout)
     for name, fut in futures.items():
         try:

@@ -34,6 +34,14 @@ class Broker:
         self._committer = None
         self.commit_failed = False  # set by the commit callback; the next commit then retries
 
+    def _new_admin(self) -> None:
+        """A fresh AdminClient after an outage: one that saw a broker restart can keep its partitions'
+        leaders unknown in its metadata cache and answer "No leaders found" long after the broker is back
+        (seen on Apache Kafka: 120 s of it, then the job failed)."""
+        from confluent_kafka.admin import AdminClient
+
+        self.admin = AdminClient(self.settings.admin_config())
+
     def _retry(self, what: str, fn, attempts: int = 3):
         """`fn()`, retried: while the broker is unavailable (`jobs.lib.kafka.outage`) with backoff
         for brokerOutageSeconds; other Kafka errors `attempts` times; bad input (a SourceError
@@ -54,6 +62,7 @@ class Broker:
                 if is_unavailable(e):
                     outage = outage or Outage(self.settings, what)
                     outage.wait(e)  # raises once brokerOutageSeconds have passed
+                    self._new_admin()
                     continue
                 failures += 1
                 if failures >= attempts:

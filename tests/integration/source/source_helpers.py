@@ -25,7 +25,8 @@ class Kafka:
     def create_topic(self, name: str, partitions: int = 1) -> str:
         from confluent_kafka.admin import NewTopic
 
-        self.admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=30)
+        # retention.ms=-1: tests write historical timestamps, which time retention would delete
+        self.admin.create_topics([NewTopic(name, partitions, 1, config={"retention.ms": "-1"})])[name].result(timeout=30)
         self.wait_partitions(name, partitions)
         return name
 

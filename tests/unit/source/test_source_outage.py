@@ -143,6 +143,19 @@ def test_watermarks_ride_out_partitions_without_a_leader(monkeypatch, clock):
     assert admin.down == 0 and admin.calls > 6   # every leaderless answer was waited out
 
 
+def test_a_client_that_keeps_the_leaders_unknown_is_replaced(monkeypatch, clock):
+    """A client that saw the broker restart can answer "No leaders found" for good; the source asks a
+    fresh one after each wait (the old code retried the stale client until brokerOutageSeconds)."""
+    stale = FakeAdmin(clock, down=10**6, offsets_error=leaderless)
+    fresh = FakeAdmin(clock)
+    clients = iter([stale, fresh])
+    monkeypatch.setattr(confluent_kafka.admin, "AdminClient", lambda conf: next(clients))
+    b = Broker(SourceSettings.from_options({"kafka.bootstrap.servers": "fake:1", "subscribe": "t"}))
+    wms = b.watermarks([("t", 0), ("t", 1)])
+    assert {tp: (w.low, w.high) for tp, w in wms.items()} == {("t", 0): (10, 10), ("t", 1): (20, 20)}
+    assert stale.calls == 1 and clock.now < 60
+
+
 def test_an_outage_longer_than_broker_outage_seconds_fails_with_the_unavailable_error(monkeypatch, clock):
     admin = FakeAdmin(clock, down=10**6)
     b = broker(monkeypatch, admin, brokerOutageSeconds="45")
