@@ -202,7 +202,7 @@ def _keys_lost_to_compaction(new, old, keys: list[str], rejects_uri: str) -> int
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if len(keys) != 1 or _schema_names(rejects_uri) is None:
+    if len(keys) != 1 or "key" not in (_schema_names(rejects_uri) or []):
         return 0
     only_old = old.select(keys).join(new.select(keys), keys=keys, join_type="left anti")
     if only_old.num_rows == 0:

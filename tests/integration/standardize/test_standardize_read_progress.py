@@ -105,7 +105,7 @@ def test_standardize_lag_goes_down_during_the_backfill_and_ready_waits_for_its_c
     stored = [s.total for s in k.registry.lag_samples(PIPELINE, version)]
     assert stored[-len(during):] == [1] * len(during) and max(stored) < total
     # the consumer group and the checkpoint still say "nothing committed": the log start, or nothing yet
-    assert set(group_offsets(k, paths.group_id).values()) <= {0}
+    assert set(group_offsets(k, paths.group_id, k.pipeline(PIPELINE).topics).values()) <= {0}
     assert not (Path(paths.checkpoint) / "commits" / "0").exists()
 
     held.unlink()   # the batch commits
