@@ -113,10 +113,12 @@ def _reading(uri: str, fn, *args):
 
 
 def _read_table(uri: str, columns: list[str] | None = None):
+    """The table's rows; called only after its schema was read, so a table that is gone now was
+    removed meanwhile (a concurrent retire) and reading it is refused, never an empty answer."""
     from deltalake import DeltaTable
 
     if not DeltaTable.is_deltatable(str(uri)):
-        return None
+        raise FileNotFoundError("its Delta log is gone")
     return DeltaTable(str(uri)).to_pyarrow_table(columns=columns)
 
 

@@ -344,6 +344,34 @@ def test_promote_of_a_version_whose_table_a_retire_deletes_meanwhile_is_refused(
     assert k.registry.get_version(PIPELINE, v2).state == "caught_up"
 
 
+def test_promote_of_a_version_whose_serving_table_a_retire_removes_whole_meanwhile_is_refused(k, fake_log, monkeypatch):
+    """The stress test's third failure: the retire removed a table's folder, Delta log included, between
+    the report's schema read and its data read; the data read found no table and compare_tables raised
+    AttributeError ('NoneType' object has no attribute 'column_names') instead of a refusal."""
+    import shutil
+
+    from orchestrator.lifecycle import report as report_mod
+
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    old_table = Path(k.paths(PIPELINE, v1).table)
+    real_count = report_mod._count_rows
+    counted = []
+
+    def count_then_removed(uri):      # the retire lands after both schema reads, before the data reads
+        out = real_count(uri)
+        counted.append(uri)
+        if Path(uri) == old_table:
+            shutil.rmtree(old_table)
+        return out
+
+    monkeypatch.setattr(report_mod, "_count_rows", count_then_removed)
+    with pytest.raises(NotReadyError, match=r"report: cannot read the table .*retired or deleted meanwhile"):
+        promote(k, PIPELINE, v2, actor="bob", reason="new rules")
+    assert str(old_table) in map(str, counted)
+    assert k.registry.get_version(PIPELINE, v2).state == "caught_up"
+
 
 @pytest.mark.parametrize("when", ["before_the_write", "at_the_rename"])
 def test_promote_of_a_version_whose_folder_a_retire_deletes_while_the_report_is_written_is_refused(
