@@ -13,7 +13,8 @@ from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRI
                                      KAPPA_SPARK_MASTER)
 
 __all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
-           "cds_archive_path", "driver_java_options", "create_cds_archive", "build_session"]
+           "cds_archive_path", "driver_java_options", "create_cds_archive", "connector_jars", "DELTA_CONF",
+           "build_session"]
 
 JAVA17_CANDIDATES = (
     "/usr/lib/jvm/java-17-openjdk-amd64",
@@ -23,6 +24,15 @@ JAVA17_CANDIDATES = (
 )
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: delta-spark in every session: its SQL (MERGE, OPTIMIZE, VACUUM, DESCRIBE HISTORY) and its catalog,
+#: new tables with deletion vectors (a MERGE marks rows instead of rewriting files), and the Delta log
+#: replayed in a few tasks (Spark's default of 50 costs a second per read of a small table here).
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
 #: The driver JVM compiles with C1 only: a driver mostly plans and calls back into Python, and C2's
 #: compile threads compete with start-up for the cores (with the CDS archive, 1.9 s less start-up on
 #: 2 cores; the standardize backfill measured no slower).
@@ -134,14 +144,27 @@ def default_shuffle_partitions(master: str) -> int:
     return 2
 
 
+def connector_jars() -> list[str]:
+    """The JARs of Spark's Kafka connector and delta-spark, fetched from Maven Central by
+    `deploy/dev.sh setup` (`orchestrator.core.jars`), pruned of what pyspark ships; JarsError, one
+    line naming the setup, when they were never fetched. They go to ``spark.jars``, which also ships
+    them to a standalone cluster's executors."""
+    from orchestrator.core.jars import require_jars
+
+    return sorted(str(p) for p in require_jars("spark").glob("*.jar"))
+
+
 def cds_archive_path() -> Path:
-    """Where the driver JVM's class-data-sharing archive lives: one per Spark version and JDK (a
-    stale archive is only ignored by the JVM, never an error, but a new one is made per version)."""
+    """Where the driver JVM's class-data-sharing archive lives: one per Spark version, JDK and set
+    of connector JARs (an archive of another classpath is only ignored by the JVM, never an error,
+    but it saves nothing, so a new one is made)."""
     import pyspark
+
+    from orchestrator.core.jars import jar_dir
 
     java = Path(find_java17() or "java").resolve().name
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "kappa" / f"spark-{pyspark.__version__}-{_install_id()}-{java}.jsa"
+    return cache / "kappa" / f"spark-{pyspark.__version__}-{_install_id()}-{java}-{jar_dir('spark').name}.jsa"
 
 
 def driver_java_options(extra: str = "") -> str:
@@ -171,13 +194,17 @@ def create_cds_archive(force: bool = False, timeout: float = 300.0) -> Path | No
     code = ("import sys; from jobs.lib.session import build_session as b; "
             "s = b('kappa-cds', extra={'spark.driver.extraJavaOptions': sys.argv[1]}); "
             "jvm = s.sparkContext._gateway.proc; "
-            "s.range(1000).selectExpr('id % 7 AS k').groupBy('k').count().collect(); s.stop(); "
+            "s.range(1000).selectExpr('id % 7 AS k').groupBy('k').count().collect(); "
+            "p = sys.argv[2]; s.range(10).write.format('delta').save(p); "
+            "s.sql(f'MERGE INTO delta.`{p}` t USING (SELECT 3L id) u ON t.id = u.id WHEN MATCHED THEN DELETE'); "
+            "s.read.format('delta').load(p).count(); s.stop(); "
             "jvm.stdin.close(); jvm.wait(120)")  # the JVM writes the archive as it exits
     opts = f"-XX:ArchiveClassesAtExit={tmp} -Xlog:cds=off -Xlog:cds+dynamic=off"
     env = {**os.environ, **spark_env()}
+    scratch = tempfile.mkdtemp(prefix="kappa-cds-")
     try:
-        subprocess.run([sys.executable, "-c", code, opts], env=env, timeout=timeout, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-c", code, opts, str(Path(scratch) / "t")], env=env, timeout=timeout,
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not Path(tmp).is_file():
             return None
         os.replace(tmp, archive)  # atomic: a concurrent start sees the old archive or the new one
@@ -186,16 +213,19 @@ def create_cds_archive(force: bool = False, timeout: float = 300.0) -> Path | No
         return None
     finally:
         Path(tmp).unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def build_session(app_name: str = "kappa", master: str | None = None, local_dir: str | None = None,
                   shuffle_partitions: int | None = None, extra: dict[str, str] | None = None):
-    """A SparkSession with the Kafka source registered and the RocksDB state store on.
+    """A SparkSession with Spark's Kafka connector and delta-spark (`connector_jars`, `DELTA_CONF`), the
+    kappa Kafka source registered and the RocksDB state store on.
 
     Runs on the driver. `master` defaults to KAPPA_SPARK_MASTER or local[2]; `shuffle_partitions`
     to `default_shuffle_partitions`.
     """
     prepare_environment()
+    jars = connector_jars()   # before the JVM starts: missing JARs are one line, not a ClassNotFound
     from pyspark.sql import SparkSession
 
     from jobs.lib.kafka import KafkaDataSource
@@ -220,6 +250,10 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
     if local_dir:
         builder = builder.config("spark.local.dir", local_dir)
     extra = dict(extra or {})
+    own_jars = [j for j in str(extra.pop("spark.jars", "")).split(",") if j]
+    builder = builder.config("spark.jars", ",".join(jars + own_jars))
+    for k, v in DELTA_CONF.items():
+        builder = builder.config(k, v)
     builder = builder.config("spark.driver.extraJavaOptions",
                              driver_java_options(extra.pop("spark.driver.extraJavaOptions", "")))
     for k, v in extra.items():

@@ -105,20 +105,16 @@ def check_against_generator(output, rejects: int, changes) -> dict[str, Any]:
 
 def read_delta(uri: str):
     """A Delta table as Arrow, read with delta-rs as any reader would."""
-    from deltalake import DeltaTable
+    from orchestrator.core.tables import read_table
 
-    return DeltaTable(str(uri)).to_pyarrow_table()
+    return read_table(uri)
 
 
 def count_rows(uri: str) -> int:
     """Rows of a Delta table; 0 if there is none (a job writes no rejects table without rejects)."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    from orchestrator.core import tables
 
-    try:
-        return DeltaTable(str(uri)).to_pyarrow_dataset().count_rows()
-    except TableNotFoundError:
-        return 0
+    return tables.count_rows(uri)
 
 
 def reprocess_figures(job: dict, total_bytes: int, records: int) -> dict[str, Any]:

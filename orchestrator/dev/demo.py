@@ -314,10 +314,9 @@ class Demo:
 
     # -- rows -----------------------------------------------------------------------------------
     def _table(self, version: int):
-        from deltalake import DeltaTable
+        from orchestrator.core.tables import read_table
 
-        return DeltaTable(str(self.k.paths(PIPELINE, version).table)).to_pyarrow_table(
-            columns=["member_id", "title_raw", "title"])
+        return read_table(self.k.paths(PIPELINE, version).table, ["member_id", "title_raw", "title"])
 
     def sample_ids(self, version: int) -> list[str]:
         t = self._table(version)
@@ -345,10 +344,11 @@ class Demo:
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        from orchestrator.core.tables import read_table
         from orchestrator.serving import open_alias, resolve_alias
 
         pointer = resolve_alias(self.alias, self.k.settings)
-        t = open_alias(self.alias, self.k.settings).to_pyarrow_table()
+        t = read_table(open_alias(self.alias, self.k.settings))
         cols = [c for c in SHOW_COLUMNS if c in t.column_names]
         t = t.filter(pc.is_in(t.column("member_id"), value_set=pa.array(ids, pa.string()))).select(cols)
         rows = {r["member_id"]: r for r in t.to_pylist()}

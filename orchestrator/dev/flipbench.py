@@ -55,7 +55,7 @@ def _read_loop(warehouse: str, alias: str, column: str | None, should_stop, on_f
 
     `record`: a file to write each read down in (module docstring), line by line as it happens.
     """
-    from deltalake import DeltaTable
+    from orchestrator.core.tables import read_table
 
     path = pointer_path(warehouse, alias)
     reads = errors = 0
@@ -70,7 +70,7 @@ def _read_loop(warehouse: str, alias: str, column: str | None, should_stop, on_f
                 if text is None:
                     raise FileNotFoundError(f"pointer {path} missing")
                 pointer = json.loads(text)
-                rows = DeltaTable(pointer["table"]).to_pyarrow_table(columns=[column] if column else None).num_rows
+                rows = read_table(pointer["table"], [column] if column else None).num_rows
                 reads += 1
                 seen[str(pointer["version"])] = seen.get(str(pointer["version"]), 0) + 1
                 if reads == 1 and on_first_read is not None:

@@ -152,6 +152,7 @@ def _poll(k, alias: str, probes: Probes, state: dict) -> None:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
+    from orchestrator.core.tables import read_table
     from orchestrator.serving import resolve_alias
 
     table = resolve_alias(alias, k.settings)["table"]
@@ -165,7 +166,8 @@ def _poll(k, alias: str, probes: Probes, state: dict) -> None:
     if not ids:
         state["version"] = dt.version()
         return
-    t = dt.to_pyarrow_table(columns=["member_id", PROBE_COLUMN], filters=[("member_id", "in", ids)])
+    quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
+    t = read_table(dt, ["member_id", PROBE_COLUMN], predicate=f"member_id IN ({quoted})")
     now = time.monotonic()
     state["version"] = dt.version()
     t = t.filter(pc.is_valid(t.column(PROBE_COLUMN)))

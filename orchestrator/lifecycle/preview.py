@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError, SinkError
 from orchestrator.core.kappa import Kappa
+from orchestrator.core.tables import read_table
 from orchestrator.lifecycle.report import TOP_CHANGES, compare_tables
 
 __all__ = ["RulesPreview", "preview_rules", "served_pointer"]
@@ -132,7 +133,7 @@ def preview_rules(k: Kappa, pipeline: str, rules_version: str, *, top: int = TOP
             + "; a rules preview needs the raw values the rules apply to")
     columns = keys + [c for _, f in pairs for c in (f"{f}_raw", f)]
     try:
-        served = dt.to_pyarrow_table(columns=columns)
+        served = read_table(dt, columns)
     except Exception as e:  # a data file gone (vacuumed, retired meanwhile)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SinkError(f"cannot read the served table {pointer['table']}: {first}; see "

@@ -115,11 +115,11 @@ def _reading(uri: str, fn, *args):
 def _read_table(uri: str, columns: list[str] | None = None):
     """The table's rows; called only after its schema was read, so a table that is gone now was
     removed meanwhile (a concurrent retire) and reading it is refused, never an empty answer."""
-    from deltalake import DeltaTable
+    from orchestrator.core.tables import is_table, read_table
 
-    if not DeltaTable.is_deltatable(str(uri)):
+    if not is_table(uri):
         raise FileNotFoundError("its Delta log is gone")
-    return DeltaTable(str(uri)).to_pyarrow_table(columns=columns)
+    return read_table(uri, columns)
 
 
 def _read(uri: str, columns: list[str] | None = None):
@@ -127,11 +127,9 @@ def _read(uri: str, columns: list[str] | None = None):
 
 
 def _names(uri: str) -> list[str] | None:
-    from deltalake import DeltaTable
+    from orchestrator.core.tables import column_names
 
-    if not DeltaTable.is_deltatable(str(uri)):
-        return None
-    return [f.name for f in DeltaTable(str(uri)).schema().fields]
+    return column_names(uri)
 
 
 def _schema_names(uri: str) -> list[str] | None:
@@ -139,7 +137,7 @@ def _schema_names(uri: str) -> list[str] | None:
 
 
 def _count_rows(uri: str) -> int:
-    from jobs.lib.delta_sink import count_rows
+    from orchestrator.core.tables import count_rows
 
     return _reading(uri, count_rows)
 

@@ -49,3 +49,21 @@ def test_driver_options_use_the_archive_only_once_it_exists(cache):
     assert f"-XX:SharedArchiveFile={archive}" in opts and "-Xlog:cds=off" in opts
     # making an archive: the dump option is not combined with using one
     assert "-XX:SharedArchiveFile" not in session.driver_java_options(f"-XX:ArchiveClassesAtExit={archive}.new")
+
+
+def test_a_session_without_the_connector_jars_is_one_line_naming_the_setup(cache):
+    """Spark's Kafka connector and delta-spark are fetched by the setup; without them no JVM starts."""
+    from orchestrator.core.jars import JarsError
+
+    with pytest.raises(JarsError) as err:
+        session.build_session("kappa-no-jars")
+    message = str(err.value)
+    assert "\n" not in message and "deploy/dev.sh setup" in message
+    assert "Spark's Kafka connector and delta-spark" in message and str(cache) in message
+
+
+def test_the_archive_is_made_per_set_of_connector_jars(cache):
+    """An archive of another classpath saves nothing: a changed pom (new JAR folder) gets its own."""
+    from orchestrator.core.jars import jar_dir
+
+    assert session.cds_archive_path().name.endswith(f"-{jar_dir('spark').name}.jsa")

@@ -1,0 +1,56 @@
+"""Reading a version's Delta tables from the control plane (validation report, rules preview, key
+counts, demo, benchmarks), with delta-rs.
+
+The jobs write with delta-spark, whose tables carry deletion vectors: a MERGE marks the rows it
+replaces instead of rewriting their files. `DeltaTable.scan` honours them (delta-rs's DataFusion
+reader); `to_pyarrow_table` and `to_pyarrow_dataset` refuse such a table, and reading the data
+files another way (a Parquet glob, `file_uris()`) would return the replaced rows too. So every read
+here goes through `scan`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["is_table", "read_table", "count_rows", "column_names"]
+
+
+def is_table(uri: str | Path) -> bool:
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(str(uri))
+
+
+def read_table(table: Any, columns: list[str] | None = None, predicate: str | None = None):
+    """The live rows of a Delta table (a URI or an open `DeltaTable`) as a pyarrow Table."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    dt = table if isinstance(table, DeltaTable) else DeltaTable(str(table))
+    schema = pa.schema(dt.schema())
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
+    batches = list(dt.scan(columns=columns, predicate=predicate))
+    out = pa.Table.from_batches([pa.record_batch(b) for b in batches]) if batches else schema.empty_table()
+    return out.cast(schema) if out.schema != schema else out
+
+
+def count_rows(uri: str | Path) -> int:
+    """Live rows of a Delta table; 0 if there is no table at `uri` (no micro-batch committed yet)."""
+    if not is_table(uri):
+        return 0
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(str(uri))
+    first = dt.schema().fields[0].name
+    return sum(b.num_rows for b in dt.scan(columns=[first]))
+
+
+def column_names(uri: str | Path) -> list[str] | None:
+    """The table's columns; None if there is no table at `uri`."""
+    if not is_table(uri):
+        return None
+    from deltalake import DeltaTable
+
+    return [f.name for f in DeltaTable(str(uri)).schema().fields]
