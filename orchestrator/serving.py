@@ -244,22 +244,26 @@ def set_serving_states(k: Kappa, pipeline: str, new_version: int, old_version: i
     """Repair the states after a flip whose transaction did not move them (a flip made by an older kappa).
 
     A flip made with `flip_alias(serve=True)` moved them itself. Each move here is a
-    compare-and-swap from the state just read, made only while the alias still says so; a move
-    that loses a race is left to whoever won it. A recorded error is kept, never erased.
+    compare-and-swap from the state just read, made only while the alias still says so, checked in
+    the move's own transaction (`set_state(served_by=...)`): a flip that lands between this read of
+    the alias and the move must not be undone by it (two versions serving). A move that loses a
+    race is left to whoever won it. A recorded error is kept, never erased.
     """
     reg = k.registry
-    alias = reg.get_alias(k.pipeline(pipeline).alias)
+    name = k.pipeline(pipeline).alias
+    alias = reg.get_alias(name)
     if alias is None or alias.pipeline != pipeline or alias.version != new_version:
         return
     rec = reg.get_version(pipeline, new_version)
     try:
         if rec.state in (VersionState.CAUGHT_UP, VersionState.STANDBY):
             details = {kk: v for kk, v in rec.details.items() if kk != "standby_since"}
-            reg.set_state(pipeline, new_version, VersionState.SERVING, expected=rec.state, details=details)
+            reg.set_state(pipeline, new_version, VersionState.SERVING, expected=rec.state, details=details,
+                          served_by=(name, True))
         if old_version is not None and old_version != new_version:
             old = reg.get_version(pipeline, old_version)
             if old.state == VersionState.SERVING:
                 reg.set_state(pipeline, old_version, VersionState.STANDBY, expected=VersionState.SERVING,
-                              details={**old.details, "standby_since": time.time()})
+                              details={**old.details, "standby_since": time.time()}, served_by=(name, False))
     except ConflictError:
         pass  # another operation moved it meanwhile; its move stands

@@ -283,11 +283,15 @@ class Registry(LeaseOps):
         return None if row is None else VersionRecord.from_row(row)
 
     def set_state(self, pipeline: str, n: int, state: str, *, expected: str | Iterable[str] | None = None,
-                  audit: dict[str, Any] | None = None, **fields: Any) -> VersionRecord:
+                  audit: dict[str, Any] | None = None, served_by: tuple[str, bool] | None = None,
+                  **fields: Any) -> VersionRecord:
         """Move a version to `state`; with `expected`, only if it is in that state (or one of them).
 
         `audit` (the keyword arguments of `audit`: action, actor, reason, outcome, details) is
         recorded in the same transaction, so a crash cannot leave the move without its entry.
+        `served_by` = (alias, True): only while `alias` points at the version; (alias, False): only
+        while it does not. The alias is read (and on PostgreSQL locked) in the same transaction, so a
+        flip that commits meanwhile cannot leave two versions serving or none (ConflictError instead).
         """
         state = _check_state(state)
         expected_states: tuple[str, ...] | None = None
@@ -312,6 +316,16 @@ class Registry(LeaseOps):
         if expected_states is not None:
             where.append(versions.c.state.in_(expected_states))
         with self._tx(f"setting {pipeline} v{n} to {state}", write=True) as conn:
+            if served_by is not None:
+                alias_name, must = served_by
+                points = conn.execute(sa.select(aliases.c.pipeline, aliases.c.version)
+                                      .where(aliases.c.alias == alias_name).with_for_update()).first()
+                serves = points is not None and points.pipeline == pipeline and points.version == n
+                if serves != must:
+                    raise ConflictError(
+                        f"{pipeline} v{n} was not moved to {state}: alias {alias_name!r} "
+                        f"{'no longer points' if must else 'points'} at it now (another flip meanwhile); "
+                        f"that flip's states stand")
             count = conn.execute(versions.update().where(*where).values(**values)).rowcount
             row = conn.execute(sa.select(versions).where(versions.c.pipeline == pipeline,
                                                          versions.c.version == n)).first()

@@ -286,3 +286,30 @@ def test_case15_a_start_cut_off_before_the_launch_is_not_stuck(k, fake_log, fake
     assert action["kind"] in ("mark_failed", "restart")
     assert states(k)[v] != "created"
     end_children()
+
+
+def test_a_flip_between_the_state_repair_s_alias_read_and_its_move_is_not_undone(k, fake_jobs, fake_log, monkeypatch):
+    """The stress test's TwoServing [1, 7]: `set_serving_states` (a noop promote, a finished interrupted
+    flip, reconcile) read the alias on v2; a rollback flipped it to v1 (v1 serving, v2 standby) before
+    the repair moved v2 from standby to serving, and two versions served. The repair's move now checks
+    the alias in its own transaction and leaves the rollback's states alone."""
+    from orchestrator.serving import set_serving_states
+
+    v1, v2 = serving_pair(k, fake_log)
+    reg = k.registry
+    real_get_version = reg.get_version
+    flipped = []
+
+    def rollback_lands_first(pipeline, n):
+        if n == v2 and not flipped:          # right after the repair read the alias, before its move
+            reg.flip_alias(ALIAS, PIPELINE, expected_version=v2, new_version=v1, actor="bob", reason="rollback",
+                           serve=True, action="rollback")
+            flipped.append(v1)
+        return real_get_version(pipeline, n)
+
+    monkeypatch.setattr(reg, "get_version", rollback_lands_first)
+    set_serving_states(k, PIPELINE, v2, v1)
+    assert flipped == [v1]
+    states = {r.version: r.state for r in reg.list_versions(PIPELINE)}
+    assert (states[v1], states[v2]) == ("serving", "standby"), states
+    assert [v for v, s in states.items() if s == "serving"] == [v1] == [reg.get_alias(ALIAS).version]
