@@ -22,6 +22,17 @@ def is_table(uri: str | Path) -> bool:
     return DeltaTable.is_deltatable(str(uri))
 
 
+def _open(uri: str | Path):
+    """The table at `uri`, its log read once; None if there is no table there."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(str(uri))
+    except TableNotFoundError:
+        return None
+
+
 def read_table(table: Any, columns: list[str] | None = None, predicate: str | None = None):
     """The live rows of a Delta table (a URI or an open `DeltaTable`) as a pyarrow Table."""
     import pyarrow as pa
@@ -38,19 +49,14 @@ def read_table(table: Any, columns: list[str] | None = None, predicate: str | No
 
 def count_rows(uri: str | Path) -> int:
     """Live rows of a Delta table; 0 if there is no table at `uri` (no micro-batch committed yet)."""
-    if not is_table(uri):
+    dt = _open(uri)
+    if dt is None:
         return 0
-    from deltalake import DeltaTable
-
-    dt = DeltaTable(str(uri))
     first = dt.schema().fields[0].name
     return sum(b.num_rows for b in dt.scan(columns=[first]))
 
 
 def column_names(uri: str | Path) -> list[str] | None:
     """The table's columns; None if there is no table at `uri`."""
-    if not is_table(uri):
-        return None
-    from deltalake import DeltaTable
-
-    return [f.name for f in DeltaTable(str(uri)).schema().fields]
+    dt = _open(uri)
+    return None if dt is None else [f.name for f in dt.schema().fields]

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.envvars import KAPPA_SPARK_MASTER
 from orchestrator.core.exceptions import BrokerError, ConfigError
+from orchestrator.core.tables import count_rows, read_table
 from orchestrator.dev.benchref import FETCH_TUNING, consumer_performance, parallel_raw_consume, raw_consume
 from orchestrator.dev.benchutil import rate, ratio, write_figures
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["FETCH_TUNING", "raw_consume", "expected_raw", "compare_raw", "check_against_generator",
-           "count_rows", "read_delta", "validate_sizes", "breakdown_lines", "run_reprocess_bench",
+           "validate_sizes", "breakdown_lines", "run_reprocess_bench",
            "run_deploy_bench", "main"]
 RAW_COLUMNS = ("member_id", "name", "title_raw", "company_raw", "location")
 NOT_CHECKED = "title and company (the rules' output): the test suite checks them against its golden file"
@@ -101,20 +102,6 @@ def check_against_generator(output, rejects: int, changes) -> dict[str, Any]:
     generator's records (ChangeRecord, in produce order)."""
     expected, malformed = expected_raw(changes)
     return compare_raw(output, rejects, expected, malformed)
-
-
-def read_delta(uri: str):
-    """A Delta table as Arrow, read with delta-rs as any reader would."""
-    from orchestrator.core.tables import read_table
-
-    return read_table(uri)
-
-
-def count_rows(uri: str) -> int:
-    """Rows of a Delta table; 0 if there is none (a job writes no rejects table without rejects)."""
-    from orchestrator.core import tables
-
-    return tables.count_rows(uri)
 
 
 def reprocess_figures(job: dict, total_bytes: int, records: int) -> dict[str, Any]:
@@ -293,7 +280,7 @@ def run_reprocess_bench(records: int = 2_000_000, keys: int = 500_000, partition
                                                      figures["raw_consumer"]["records_per_s"])
         if verify:
             console.print("checking the output's raw columns and the rejects against the generated records...")
-            figures["check"] = check_against_generator(read_delta(job["output"]), figures["reprocess"]["rejects"],
+            figures["check"] = check_against_generator(read_table(job["output"]), figures["reprocess"]["rejects"],
                                                        generate_changelog(records, keys, **changes))
     finally:
         if broker is not None:

@@ -84,7 +84,8 @@ def run_cluster_bench(sizes: list[int] | tuple[int, ...] = (1_000_000, 4_000_000
     from rich.console import Console
 
     from jobs.lib.rules import rules_path
-    from orchestrator.dev.bench import compare_raw, count_rows, expected_raw, read_delta
+    from orchestrator.core.tables import count_rows, read_table
+    from orchestrator.dev.bench import compare_raw, expected_raw
     from orchestrator.dev.benchjob import run_in_child
     from orchestrator.dev.broker import EmbeddedBroker
     from orchestrator.dev.datagen import ensure_topic, generate_changelog, produce
@@ -146,7 +147,7 @@ def run_cluster_bench(sizes: list[int] | tuple[int, ...] = (1_000_000, 4_000_000
                 if verify:
                     if size not in expected:
                         expected[size] = expected_raw(generate_changelog(**gen[size]))
-                    run["check"] = compare_raw(read_delta(job["output"]), count_rows(job["rejects"]), *expected[size])
+                    run["check"] = compare_raw(read_table(job["output"]), count_rows(job["rejects"]), *expected[size])
                 console.print(f"  {run['records_per_s']:,} records/s, {run['mb_per_s']:.1f} MB/s in "
                               f"{run['seconds']:.1f} s (start-up {job['startup']:.1f} s); driver peak "
                               f"{run['driver_peak_mb']:,} MB"
