@@ -1,6 +1,7 @@
 """Lag samples with their lag in seconds, and the registry figures the metrics endpoint reads.
 
-Functions over a `Registry` (they use its transactions): `add_lag_sample` stores a reading with
+`LagSampleOps` (mixed into `Registry`) stores, lists and prunes samples. Functions over a
+`Registry` (they use its transactions): `add_lag_sample` stores a reading with
 its `lag_seconds` (schema step 4) in one insert; `latest_lag_samples` is the newest sample of every
 version (the "now" of the lag gauges); `audit_counts` counts audit entries by action, outcome and
 pipeline (flips and job restarts are audit entries, so their counts survive any process).
@@ -19,7 +20,36 @@ from orchestrator.registry.records import LagSampleRecord
 from orchestrator.registry.schema import audit_log, lag_samples_table, versions
 from orchestrator.registry.values import _json, _ts
 
-__all__ = ["add_lag_sample", "audit_counts", "latest_lag_samples"]
+__all__ = ["LagSampleOps", "add_lag_sample", "audit_counts", "latest_lag_samples"]
+
+
+class LagSampleOps:
+    """Mixed into `Registry` (which provides `_tx` and `_missing_version`)."""
+
+    def add_lag_sample(self, pipeline: str, n: int, total: int | None, partitions: dict[str, Any],
+                       at: Any = None, lag_seconds: float | None = None) -> LagSampleRecord:
+        """Store one lag reading; `total` and `lag_seconds` None mean unknown (never zero)."""
+        return add_lag_sample(self, pipeline, n, total, partitions, at=at, lag_seconds=lag_seconds)
+
+    def lag_samples(self, pipeline: str, n: int, limit: int | None = None, since: Any = None
+                    ) -> list[LagSampleRecord]:
+        """The most recent `limit` samples (all if None) at or after `since`, oldest first."""
+        t = lag_samples_table
+        q = sa.select(t).where(t.c.pipeline == pipeline, t.c.version == n)
+        if since is not None:
+            q = q.where(t.c.at >= _ts(since, "since"))
+        q = q.order_by(t.c.at.desc(), t.c.id.desc())
+        if limit is not None:
+            q = q.limit(limit)
+        with self._tx(f"reading lag samples of {pipeline} v{n}", write=False) as conn:
+            rows = conn.execute(q).all()
+        return [LagSampleRecord.from_row(r) for r in reversed(rows)]
+
+    def prune_lag_samples(self, older_than: Any) -> int:
+        """Delete every lag sample taken before `older_than` (all pipelines); the number deleted."""
+        cutoff = _ts(older_than, "older_than")
+        with self._tx("pruning old lag samples", write=True) as conn:
+            return conn.execute(lag_samples_table.delete().where(lag_samples_table.c.at < cutoff)).rowcount or 0
 
 
 def add_lag_sample(reg: Any, pipeline: str, n: int, total: int | None, partitions: dict[str, Any], *,

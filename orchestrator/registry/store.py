@@ -41,20 +41,21 @@ from orchestrator.core.names import validate_alias_name, validate_pipeline_name,
 from orchestrator.core.paths import VersionPaths
 from orchestrator.core.states import FLIP_TARGETS, IN_FLIGHT, VersionState
 from orchestrator.registry.engine import create_engine, transaction
+from orchestrator.registry.lagsamples import LagSampleOps
 from orchestrator.registry.leases import LeaseOps
-from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord, LagSampleRecord,
+from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord,
                                            PipelineRecord, VersionRecord)
 from orchestrator.registry.values import (SET_STATE_FIELDS, _actor, _by, _check_state, _json, _render, _ts,
                                           field_values)
 from orchestrator.registry.schema import (HEAD, alias_history, aliases, apply_migrations, audit_log,
-                                          lag_samples_table, pipelines, schema_version, versions)
+                                          pipelines, schema_version, versions)
 
 __all__ = ["Registry", "SET_STATE_FIELDS"]
 
 S = VersionState
 
 
-class Registry(LeaseOps):
+class Registry(LeaseOps, LagSampleOps):
     """One registry database. Thread-safe: each call takes its own pooled connection.
 
     `Registry(url)` brings the schema to head (`migrate()`, idempotent) unless `auto_migrate=False`.
@@ -523,32 +524,3 @@ class Registry(LeaseOps):
         with self._tx(f"reading the history of alias {alias!r}", write=False) as conn:
             rows = conn.execute(q).all()
         return [AliasHistoryRecord.from_row(r) for r in reversed(rows)]
-
-    # -- lag samples ----------------------------------------------------------------------------
-
-    def add_lag_sample(self, pipeline: str, n: int, total: int | None, partitions: dict[str, Any],
-                       at: Any = None, lag_seconds: float | None = None) -> LagSampleRecord:
-        """Store one lag reading; `total` and `lag_seconds` None mean unknown (never zero)."""
-        from orchestrator.registry.lagsamples import add_lag_sample
-
-        return add_lag_sample(self, pipeline, n, total, partitions, at=at, lag_seconds=lag_seconds)
-
-    def lag_samples(self, pipeline: str, n: int, limit: int | None = None, since: Any = None
-                    ) -> list[LagSampleRecord]:
-        """The most recent `limit` samples (all if None) at or after `since`, oldest first."""
-        q = sa.select(lag_samples_table).where(lag_samples_table.c.pipeline == pipeline,
-                                               lag_samples_table.c.version == n)
-        if since is not None:
-            q = q.where(lag_samples_table.c.at >= _ts(since, "since"))
-        q = q.order_by(lag_samples_table.c.at.desc(), lag_samples_table.c.id.desc())
-        if limit is not None:
-            q = q.limit(limit)
-        with self._tx(f"reading lag samples of {pipeline} v{n}", write=False) as conn:
-            rows = conn.execute(q).all()
-        return [LagSampleRecord.from_row(r) for r in reversed(rows)]
-
-    def prune_lag_samples(self, older_than: Any) -> int:
-        """Delete every lag sample taken before `older_than` (all pipelines); the number deleted."""
-        cutoff = _ts(older_than, "older_than")
-        with self._tx("pruning old lag samples", write=True) as conn:
-            return conn.execute(lag_samples_table.delete().where(lag_samples_table.c.at < cutoff)).rowcount or 0

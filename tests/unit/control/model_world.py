@@ -292,6 +292,15 @@ class World:
     def forget_pending(self) -> None:
         self._pending = None
 
+    def expire_leases(self) -> None:
+        """Let the leases of verbs that crashed run out, as their time-to-live does: until then reconcile
+        leaves such a version to its (dead) holder, so a stop cut off after marking it stopped while a
+        crashed start held its lease keeps its job running for that long."""
+        reg = self.k.registry
+        for rec in reg.list_versions(self.pipeline):
+            if rec.lease_held():
+                reg.take_lease(self.pipeline, rec.version, owner=rec.lease_owner, expected=(rec.state,), ttl=-1)
+
     def execute(self, name: str, *, hooks: bool = True, **args: Any) -> Outcome:
         """Run one verb with the pending crash or race armed; its outcome, unchecked.
 

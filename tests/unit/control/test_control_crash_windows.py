@@ -1,4 +1,4 @@
-"""Three windows the control-plane model test (test_control_model.py) found, each forced here.
+"""Windows the control-plane model test (test_control_model.py) found, each forced here.
 
 1. A stop cut off right after it marked the version stopped, or a start cut off right after its
    lease moved the version to starting, left the state change with no audit entry: the state and
@@ -9,6 +9,9 @@
    id that the job's processes carry in their environment, and `inspect_version` finds the job.
 3. Two retires of one version deleting its files at once: the second's rmtree failed on files
    the first had already deleted, and the one that finished second failed its final state change.
+4. A start cut off after launching the job (its lease still fresh) and a stop cut off after marking
+   the version stopped left a job running for a stopped version: reconcile stops it once the dead
+   start's lease runs out (the model's final reconcile now comes after the leases ran out).
 
 The jobs are fake job processes; the interleavings are forced with crash points and a hook.
 """
@@ -64,6 +67,27 @@ def test_a_stop_cut_off_after_marking_the_version_leaves_its_audit_entry(k, fake
     assert live(pid)                         # cut off before the signal: the job still runs ...
     reconcile(k, actor="cron")               # ... until reconcile stops the job of a stopped version
     assert not inspect_version(k, PIPELINE, v).alive and not live(pid)
+
+
+def test_a_job_left_by_a_dead_start_and_a_cut_off_stop_is_stopped_once_the_dead_start_s_lease_runs_out(
+        k, fake_jobs):
+    # found by the model: a deploy dies after launching v's job (its lease still fresh), then a
+    # retire dies after marking v stopped. The job runs for a stopped version; reconcile leaves a
+    # version with a fresh lease to its holder, so the job is stopped when that lease runs out.
+    v = allocate(k).version
+    with crashpoints.armed_at("start.launched"), pytest.raises(crashpoints.KappaCrashed):
+        start_version(k, PIPELINE, v, actor="deployer")
+    pid = inspect_version(k, PIPELINE, v).pid
+    with crashpoints.armed_at("stop.marked"), pytest.raises(crashpoints.KappaCrashed):
+        stop_version(k, PIPELINE, v, actor="retirer")
+    rec = k.registry.get_version(PIPELINE, v)
+    assert rec.state == "stopped" and rec.lease_held() and live(pid)
+    reconcile(k, actor="cron")
+    assert live(pid)                         # the lease's holder is left to finish
+    k.registry.take_lease(PIPELINE, v, owner=rec.lease_owner, expected=("stopped",), ttl=-1)  # it runs out
+    reconcile(k, actor="cron")
+    wait_for(lambda: not live(pid), 15, f"the stray job {pid} to be gone")
+    assert not inspect_version(k, PIPELINE, v).alive and k.registry.get_version(PIPELINE, v).state == "stopped"
 
 
 def test_a_start_cut_off_after_taking_its_lease_leaves_its_audit_entry(k, fake_jobs):

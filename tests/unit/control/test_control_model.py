@@ -169,10 +169,12 @@ def machine(root: Path, url_for):
             self.world.race_next(n, verb, v=v, flag=flag)
 
         def teardown(self):
-            """The broker back and one reconcile: everything must be consistent again."""
+            """The broker back, the crashed verbs' leases run out, and one reconcile: everything must be
+            consistent again."""
             try:
                 self.world.log.down = False
                 self.world.forget_pending()
+                self.world.expire_leases()
                 self._step("reconcile")
             finally:
                 try:
