@@ -45,7 +45,7 @@ from orchestrator.registry.lagsamples import LagSampleOps
 from orchestrator.registry.leases import LeaseOps
 from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord,
                                            PipelineRecord, VersionRecord)
-from orchestrator.registry.values import (SET_STATE_FIELDS, _actor, _by, _check_state, _json, _render, _ts,
+from orchestrator.registry.values import (SET_STATE_FIELDS, _actor, _by, _check_state, _json, _render,
                                           field_values)
 from orchestrator.registry.schema import (HEAD, alias_history, aliases, apply_migrations, audit_log,
                                           pipelines, schema_version, versions)
