@@ -2,63 +2,50 @@
 
     python -m jobs.standardize --pipeline standardize --version 3 --rules jobs/rules/titles/v2.toml ...
 
-Input and output are described with the transform, in `jobs.lib.profiles`: values are JSON
-profiles keyed by member id, the output is upserted by member_id, a tombstone deletes the member,
-and a record that cannot be used goes to the rejects table with its partition, offset and reason
-and leaves the member as it was.
+An ordinary Structured Streaming query, as a Spark user writes it:
+
+* source: Spark's Kafka source over the compacted topic (``format("kafka")``, options from kappa's
+  runtime, `jobs.lib.runtime.stream`); a version's first micro-batch is its whole backfill;
+* transformation (`transform`), DataFrame functions in the JVM: the JSON profile parsed with
+  ``try_parse_json`` (`jobs.lib.profiles.parse_records`: values and keys the JVM cannot vouch for go
+  to the exact Python parser, which gives the reject reason), the latest record per member by the
+  key order, the rules as Spark expressions (`jobs.lib.rules.Rules.column`);
+* sink: delta-spark, from foreachBatch (`jobs.lib.sink.DeltaTables`): the rejects appended with their
+  partition, offset and reason, then the profiles MERGEd by member_id (a tombstone deletes the
+  member), each commit idempotent by Delta's application transaction.
 
 The rules file is loaded and validated before Spark starts (`main`): a bad file ends the process
 with the RulesError message, status failed, exit 1, and nothing written. Its content hash goes
 into the status and every output commit's metadata.
 
-The data path (DESIGN.md): the query reads ``format("kappa_kafka_ranges")``, whose micro-batch rows
-are the offset ranges Spark planned, and `jobs.lib.bucketed.UpsertBatches` maps them over Spark
-tasks that read, parse, apply the rules and stage their rows by bucket, then over tasks that merge
-each touched bucket into a new data file; the driver commits one Delta transaction per micro-batch
-(`jobs.lib.bucketed.table`). The records never pass through the driver or the JVM.
-
-A version's first micro-batch is its whole backfill (offset zero to the log end when it starts,
-no per-partition caps, see the Kafka source's ``backfill`` option); later micro-batches follow the
-live log under ``maxOffsetsPerTrigger``. While the backfill runs, its tasks report how far they have
-read under ``<checkpoint>/kappa-read-progress`` (`jobs.lib.kafka.progress`), so the version's lag
-goes down before the batch commits; reports a dead run left there are dropped when the query starts.
-
-Options (``[pipelines.<name>.options]``, passed as ``--extra``): ``buckets`` (32: the table's bucket
-count, fixed when the table is created), ``key_order`` (``partition``: refuse a key seen in two
-partitions; ``timestamp``: order by record timestamp, partition, offset), ``max_records_per_task``
-(125000), ``vacuum_hours`` (1: how long files a commit replaced are kept for readers).
+Options (``[pipelines.<name>.options]``, passed as ``--extra``): ``key_order`` (``partition``:
+refuse a key seen in two partitions; ``timestamp``: order by record timestamp, partition, offset),
+``backfill`` (``one-batch``: a version's first pass is one micro-batch; ``capped``: capped by
+``maxOffsetsPerTrigger`` like the live tail), ``source_options`` (options of Spark's Kafka source,
+or ``kafka.*`` client settings).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-import pyarrow as pa
-
-from jobs.lib.bucketed.batch import CRASH_HOOK, UpsertBatches
-from jobs.lib.bucketed.table import BucketedTable
-from jobs.lib.bucketed.tasks import KEY_ORDERS
-from jobs.lib.delta_sink import REJECTS_SCHEMA
-from jobs.lib.kafka.options import SourceSettings
-from jobs.lib.kafka.progress import clear as clear_progress, progress_dir
-from jobs.lib.kafka.ranges import RANGES_NAME, TASK_RECORDS, KafkaRangesDataSource
-from jobs.lib.profiles import INPUT_COLUMNS, KEY_COLUMNS, OUTPUT_SCHEMA, BatchResult, transform_batch
+from jobs.lib.profiles import DELETED, KEY_COLUMNS, REJECT_COLUMNS, parse_records
 from jobs.lib.rules import Rules, load_rules
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
+from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, start_stream
+from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, DeltaTables, crash_if_asked, latest_per_key, pause_if_asked
 from orchestrator.core.exceptions import ConfigError, KappaError, RulesError
 from orchestrator.core.names import app_id
 
-__all__ = ["CRASH_HOOK", "DEFAULT_BUCKETS", "JobOptions", "load_job_rules", "job_options", "transform",
-           "make_writer", "start_query", "build", "main"]
+__all__ = ["CRASH_HOOK", "JobOptions", "load_job_rules", "transform", "StandardizeBatches", "start_query",
+           "build", "main"]
 
 log = logging.getLogger("kappa.standardize")
-
-DEFAULT_BUCKETS = 32
 
 
 def load_job_rules(path: str | None) -> Rules:
@@ -71,7 +58,7 @@ def load_job_rules(path: str | None) -> Rules:
 class JobOptions:
     """The job's own options (``--extra``), validated before Spark starts."""
 
-    KNOWN = ("buckets", "key_order", "max_records_per_task", "vacuum_hours", "source_options")
+    KNOWN = ("key_order", "backfill", "source_options")
 
     def __init__(self, extra: dict | None):
         extra = dict(extra or {})
@@ -79,73 +66,112 @@ class JobOptions:
         if unknown:
             raise ConfigError(f"--extra: unknown standardize option(s) {', '.join(map(repr, unknown))}; "
                               f"known: {', '.join(self.KNOWN)}")
-        self.buckets = _positive_int(extra, "buckets", DEFAULT_BUCKETS, 1024)
-        self.max_records_per_task = _positive_int(extra, "max_records_per_task", TASK_RECORDS, 2**40)
         self.key_order = str(extra.get("key_order", "partition"))
         if self.key_order not in KEY_ORDERS:
             raise ConfigError(f"--extra: key_order must be one of {', '.join(KEY_ORDERS)}, got {self.key_order!r}")
+        self.backfill = str(extra.get("backfill", "one-batch"))
+        if self.backfill not in BACKFILL_MODES:
+            raise ConfigError(f"--extra: backfill must be one of {', '.join(BACKFILL_MODES)}, got {self.backfill!r}")
+        source = extra.get("source_options") or {}
+        if not isinstance(source, dict):
+            raise ConfigError(f"--extra: source_options must be a table of options, got {source!r}")
+        check_source_options(source)
+
+
+def transform(records: Any, rules: Rules, key_order: str) -> tuple[Any, Any, Any]:
+    """One micro-batch of Kafka records -> (rows per record, rejects, one row per touched member).
+
+    The last has the output table's columns and `DELETED` (a tombstone); rejects have the rejects
+    table's columns but the batch id."""
+    from pyspark.sql import functions as F
+
+    parsed = parse_records(records)
+    rejects = parsed.where(F.col("error").isNotNull()).select(
+        F.col("key").cast("binary"), F.col("value").cast("binary"), "topic", F.col("partition").cast("int"),
+        F.col("offset").cast("long"), "error")
+    good = parsed.where(F.col("error").isNull()).select(
+        "member_id", "name", F.col("title").alias("title_raw"), F.col("company").alias("company_raw"), "location",
+        F.col("partition").cast("int").alias("source_partition"), F.col("offset").alias("source_offset"),
+        F.col("timestamp").alias("source_timestamp"), DELETED)
+    latest = latest_per_key(good, KEY_COLUMNS[0], key_order)
+    out = latest.select(
+        "member_id", "name", "title_raw", rules.column("titles", F.col("title_raw")).alias("title"),
+        "company_raw", rules.column("companies", F.col("company_raw")).alias("company"), "location",
+        "source_partition", "source_offset", "source_timestamp", DELETED)
+    return parsed, rejects, out
+
+
+class StandardizeBatches:
+    """The foreachBatch function: transform, then rejects and profiles into Delta. Runs on the driver."""
+
+    def __init__(self, spark: Any, args: Any, rules: Rules, options: JobOptions,
+                 on_batch: Callable[..., None] | None = None):
+        self.rules = rules
+        self.options = options
+        self.on_batch = on_batch
+        self.tables = DeltaTables(args.output, args.rejects, app_id(args.pipeline, args.version),
+                                  KEY_COLUMNS[0], key_order=options.key_order, checkpoint=str(args.checkpoint),
+                                  metadata={"pipeline": args.pipeline, "pipeline_version": str(args.version),
+                                            "rules_hash": rules.content_hash, "rules_file": str(rules.path)})
+        self.skipped: list[int] = []
+        self.timings: list[dict[str, float]] = []
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        if self.tables.committed(batch_id):
+            log.info("micro-batch %d is in the table already (a replay after a crash): skipped", batch_id)
+            self.skipped.append(batch_id)
+            return
+        t0 = time.perf_counter()
+        sc = batch.sparkSession.sparkContext
+        sc.setJobDescription(f"kappa standardize: micro-batch {batch_id}")
+        records = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        held = [records]
         try:
-            self.vacuum_hours = float(extra.get("vacuum_hours", 1.0))
-        except (TypeError, ValueError):
-            raise ConfigError(f"--extra: vacuum_hours must be a number of hours, got {extra.get('vacuum_hours')!r}") from None
-        if self.vacuum_hours < 0:
-            raise ConfigError(f"--extra: vacuum_hours must be 0 or more, got {self.vacuum_hours}")
+            parsed, rejects, out = transform(records, self.rules, self.options.key_order)
+            parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+            held.append(parsed)
+            counts = parsed.agg(F.count(F.lit(1)), F.count("error")).first()
+            rows_in, n_rejects = int(counts[0]), int(counts[1])
+            t1 = time.perf_counter()
+            out = out.persist(StorageLevel.MEMORY_AND_DISK)
+            held.append(out)
+            rows_out = out.count()
+            t2 = time.perf_counter()
+            self.tables.check_key_order(out, parsed.where(F.col("error").isNull()).select(
+                "member_id", F.col("partition").alias("source_partition")))
+            pause_if_asked("commit", batch_id)
+            from jobs.lib.seedjob import hold_if_asked
 
+            hold_if_asked(batch_id, log)
+            self.tables.write_rejects(batch_id, rejects.withColumn("batch_id", F.lit(batch_id).cast("long"))
+                                      .select(*REJECT_COLUMNS))
+            t3 = time.perf_counter()
+            self.tables.upsert(batch_id, out, DELETED)
+            t4 = time.perf_counter()
+        finally:
+            for df in held:
+                df.unpersist()
+        crash_if_asked(batch_id)
+        self.timings.append({"read_parse_dedupe_rules": t2 - t0, "rejects": t3 - t2, "merge_commit": t4 - t3})
+        log.info("micro-batch %d: %d records, %d members upserted or deleted, %d rejects (%.2f s)", batch_id,
+                 rows_in, rows_out, n_rejects, t4 - t0)
+        if self.on_batch is not None:
+            from orchestrator.core.tables import count_rows
 
-def _positive_int(extra: dict, name: str, default: int, most: int) -> int:
-    raw = extra.get(name, default)
-    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= most:
-        raise ConfigError(f"--extra: {name} must be a whole number from 1 to {most}, got {raw!r}")
-    return raw
-
-
-def job_options(extra: dict | None) -> JobOptions:
-    return JobOptions(extra)
-
-
-def transform(rules: Rules, records: pa.Table, batch_id: int) -> BatchResult:
-    """Runs in Spark tasks: one offset range's records -> upserts and rejects (`jobs.lib.profiles`)."""
-    return transform_batch(records.select(INPUT_COLUMNS), rules, batch_id)
-
-
-def make_writer(args: Any, rules: Rules, source_options: dict, *, options: JobOptions | None = None,
-                on_batch: Callable[..., None] | None = None,
-                on_read: Callable[[int, int, int], None] | None = None) -> UpsertBatches:
-    """The foreachBatch callable for the job's arguments (runtime contract) and validated rules."""
-    options = options or JobOptions(getattr(args, "extra", None))
-    table = BucketedTable(args.output, args.rejects, app_id(args.pipeline, args.version),
-                          OUTPUT_SCHEMA, buckets=options.buckets, key_column=KEY_COLUMNS[0], rejects_schema=REJECTS_SCHEMA,
-                          vacuum_hours=options.vacuum_hours,
-                          metadata={"pipeline": args.pipeline, "version": args.version,
-                                    "rules_hash": rules.content_hash, "rules_file": str(rules.path)})
-    crash = os.environ.get(CRASH_HOOK)
-    settings = SourceSettings.from_options({k: v for k, v in source_options.items()
-                                            if k.lower() != "maxrecordspertask"})
-    return UpsertBatches(table, settings, partial(transform, rules), KEY_COLUMNS[0], key_order=options.key_order,
-                         on_batch=on_batch, on_read=on_read, crash_after=int(crash) if crash else None,
-                         checkpoint=str(args.checkpoint), task_records=options.max_records_per_task,
-                         progress=progress_dir(args.checkpoint))
+            self.on_batch(batch_id, rows_in, rows_out, n_rejects, count_rows(self.tables.rejects_uri))
 
 
 def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigger: dict, *,
-                on_batch: Callable[..., None] | None = None,
-                on_read: Callable[[int, int, int], None] | None = None) -> tuple[Any, UpsertBatches]:
-    """Start the standardize query; returns (query, its foreachBatch writer). Used by `build`, the
+                on_batch: Callable[..., None] | None = None) -> tuple[Any, StandardizeBatches]:
+    """Start the standardize query; returns (query, its foreachBatch function). Used by `build`, the
     benchmarks and the tests, so that all of them run the job's own data path."""
     options = JobOptions(getattr(args, "extra", None))
-    spark.dataSource.register(KafkaRangesDataSource)
-    writer = make_writer(args, rules, source_options, options=options, on_batch=on_batch, on_read=on_read)
-    if writer.progress:
-        clear_progress(writer.progress)   # the query has not started: reports found now are a dead run's
-    reader = spark.readStream.format(RANGES_NAME).option("maxRecordsPerTask", str(options.max_records_per_task))
-    for k, v in source_options.items():
-        reader = reader.option(k, v)
-    query = (reader.load().writeStream
-             .queryName(f"standardize_{args.pipeline}_v{args.version}")
-             .foreachBatch(writer)
-             .option("checkpointLocation", str(args.checkpoint))
-             .trigger(**trigger)
-             .start())
+    writer = StandardizeBatches(spark, args, rules, options, on_batch=on_batch)
+    query = start_stream(spark, source_options, writer, checkpoint=str(args.checkpoint), trigger=trigger,
+                         name=f"standardize_{args.pipeline}_v{args.version}", backfill=options.backfill)
     return query, writer
 
 
@@ -153,17 +179,8 @@ def build(ctx: JobContext, rules: Rules | None = None) -> Any:
     """Start the standardize query (runtime contract)."""
     rules = rules or load_job_rules(ctx.args.rules)
     ctx.rules_hash = rules.content_hash
-
-    def on_read(batch_id: int, done: int, total: int) -> None:
-        ctx.status.update(reading={"batch_id": batch_id, "records_read": done, "records_total": total})
-
-    def on_batch(batch_id: int, *counts: Any) -> None:
-        ctx.record_batch(batch_id, *counts)
-        if ctx.status.data.get("reading"):
-            ctx.status.update(reading=None)
-
-    query, writer = start_query(ctx.spark, ctx.args, rules, ctx.source_options(), ctx.trigger_kwargs(),
-                                on_batch=on_batch, on_read=on_read)
+    query, writer = start_query(ctx.spark, ctx.args, rules, ctx.kafka_options(), ctx.trigger_kwargs(),
+                                on_batch=ctx.record_batch)
     ctx.stage_timings = writer.timings   # per-batch seconds by stage, for the benchmarks
     return query
 

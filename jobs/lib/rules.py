@@ -101,6 +101,26 @@ class FieldRules:
     unmatched: str
     keep: str
 
+    def column(self, raw: Any) -> Any:
+        """These rules as a Spark expression over the string column `raw`, evaluated in the JVM but for
+        the normalisation (Unicode NFKC and case folding, which Spark has no function for): a pandas
+        UDF that normalises each distinct value of its input once. The exact and alias spellings are
+        a map lookup, the regex rules ``rlike`` in priority order (Java's regex with Unicode classes,
+        ``(?U)``, as Python's str patterns), the ``keep`` policy a whitespace collapse. Equal to
+        `standardize` on every value (tests/unit/standardize/test_standardize_rules_spark.py)."""
+        from pyspark.sql import functions as F
+
+        key = _normalizer(self.keep)(raw)
+        out = F.lit(None).cast("string")
+        if self.unmatched == "keep":
+            out = F.trim(F.regexp_replace(raw, _PY_WHITESPACE, " "))
+        for rule in reversed(self.regex):
+            out = F.when(key.rlike("(?U)" + rule.pattern.pattern), F.lit(rule.canonical)).otherwise(out)
+        if self.lookup:
+            pairs = [F.lit(x) for k, v in sorted(self.lookup.items()) for x in (k, v)]
+            out = F.coalesce(F.try_element_at(F.create_map(*pairs), key), out)
+        return F.when(raw.isNull() | (key == ""), F.lit(None).cast("string")).otherwise(out)
+
     def standardize(self, raw: str | None) -> str | None:
         if raw is None:
             return None
@@ -114,6 +134,24 @@ class FieldRules:
             if rule.pattern.search(key):
                 return rule.canonical
         return " ".join(raw.split()) if self.unmatched == "keep" else None
+
+
+#: What Python's str.split() splits on, as a Java regex: Unicode White_Space and U+001C..U+001F, which
+#: Python counts as whitespace and Unicode does not.
+_PY_WHITESPACE = r"(?U)[\s\x{1c}-\x{1f}]+"
+
+
+def _normalizer(keep: str):
+    """A pandas UDF: `normalize` of each distinct value of a string column (nulls stay null)."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+    from pyspark.util import PythonEvalType
+
+    def normalize_column(values: pd.Series) -> pd.Series:
+        distinct = values.dropna().unique()
+        return values.map({v: normalize(v, keep) for v in distinct})
+
+    return F.pandas_udf(normalize_column, "string", PythonEvalType.SQL_SCALAR_PANDAS_UDF)
 
 
 class Rules:
@@ -149,6 +187,11 @@ class Rules:
             cache.clear()
         cache[raw] = out
         return out
+
+    def column(self, section: str, raw: Any) -> Any:
+        """The Spark expression of `standardize` over the column `raw` (`FieldRules.column`)."""
+        field = self.fields.get(section)
+        return raw if field is None else field.column(raw)
 
     def standardize_title(self, raw: str | None) -> str | None:
         return self.standardize("titles", raw)

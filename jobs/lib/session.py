@@ -13,7 +13,7 @@ from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRI
                                      KAPPA_SPARK_MASTER)
 
 __all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
-           "cds_archive_path", "driver_java_options", "create_cds_archive", "connector_jars", "DELTA_CONF",
+           "cds_archive_path", "driver_java_options", "create_cds_archive", "connector_jars", "DELTA_CONF", "REDACTION",
            "build_session"]
 
 JAVA17_CANDIDATES = (
@@ -24,6 +24,12 @@ JAVA17_CANDIDATES = (
 )
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: Spark's redaction patterns (conf values, and the options of a query's plan) widened to the Kafka
+#: client's ``sasl.jaas.config``, which carries the SASL password (`jobs.lib.runtime.stream`).
+REDACTION = {
+    "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas",
+    "spark.sql.redaction.options.regex": r"(?i)url|secret|password|token|jaas",
+}
 #: delta-spark in every session: its SQL (MERGE, OPTIMIZE, VACUUM, DESCRIBE HISTORY) and its catalog,
 #: new tables with deletion vectors (a MERGE marks rows instead of rewriting files), and the Delta log
 #: replayed in a few tasks (Spark's default of 50 costs a second per read of a small table here).
@@ -252,7 +258,7 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
     extra = dict(extra or {})
     own_jars = [j for j in str(extra.pop("spark.jars", "")).split(",") if j]
     builder = builder.config("spark.jars", ",".join(jars + own_jars))
-    for k, v in DELTA_CONF.items():
+    for k, v in {**DELTA_CONF, **REDACTION}.items():
         builder = builder.config(k, v)
     builder = builder.config("spark.driver.extraJavaOptions",
                              driver_java_options(extra.pop("spark.driver.extraJavaOptions", "")))

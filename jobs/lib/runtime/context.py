@@ -72,6 +72,25 @@ class JobContext:
         opts = {k: v for k, v in opts.items() if canonical_option(k) not in named}
         return {**opts, **overrides}
 
+    def kafka_options(self, topics: list[str] | str | None = None) -> dict[str, str]:
+        """The options of Spark's Kafka source for this version (`jobs.lib.runtime.stream.kafka_options`):
+        ``--extra`` ``source_options`` override them."""
+        from jobs.lib.runtime.stream import kafka_options
+
+        if topics is None:
+            topics = self.args.topics_list
+        if not isinstance(topics, str):
+            topics = ",".join(topics)
+        try:
+            cores = max(1, int(self.spark.sparkContext.defaultParallelism))
+        except Exception:
+            cores = None
+        overrides = {str(k): v if isinstance(v, str) else json.dumps(v)
+                     for k, v in (self.extra.get("source_options") or {}).items()}
+        return kafka_options(self.args.bootstrap_servers, topics, kafka_config=self.args.kafka_config,
+                             max_offsets_per_trigger=self.args.max_records_per_batch, min_partitions=cores,
+                             overrides=overrides)
+
     def read_stream(self, topics: list[str] | str | None = None) -> Any:
         """A streaming DataFrame over ``topics`` (default: all of ``--topics``); schema in the contract.
 

@@ -76,17 +76,23 @@ class JobPaths:
                 "--max-records-per-batch", str(max_records), "--trigger", "available-now", "--master", "local[2]"]
 
 
-def bucket_layout_diff(uri, table) -> str | None:
-    """None when every row of a kappa table sits in the bucket of its key: CRC-32 of the key's
-    UTF-8 bytes modulo the bucket count the table records (the layout's contract, recomputed here)."""
-    import zlib
-
+def commits(uri) -> list[dict]:
+    """The kappa metadata (Delta userMetadata) of every commit of a table that has some, oldest first."""
     from deltalake import DeltaTable
 
-    n = json.loads(DeltaTable(str(uri)).metadata().description)["kappa"]["buckets"]
-    wrong = [(k, b) for k, b in zip(table["member_id"].to_pylist(), table["key_bucket"].to_pylist())
-             if zlib.crc32(k.encode("utf-8")) % n != b]
-    return f"{len(wrong)} rows in the wrong bucket, e.g. {wrong[:3]}" if wrong else None
+    out = []
+    for h in reversed(DeltaTable(str(uri)).history()):
+        meta = json.loads(h.get("userMetadata") or "null")
+        if isinstance(meta, dict) and "batch_id" in meta:
+            out.append(meta)
+    return out
+
+
+def read_sorted(uri):
+    """A Delta table's live rows (deletion vectors honoured), sorted by member id."""
+    from orchestrator.core.tables import read_table
+
+    return read_table(uri).sort_by("member_id")
 
 
 def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, timeout: float = 900):
@@ -110,11 +116,11 @@ def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, ti
 def run_in_process(spark, bootstrap: str, topic: str, args: Namespace, rules, *, max_records: int = 1500,
                    source: dict | None = None, **kw):
     """The standardize query (the job's own `start_query`) on the shared session, available-now,
-    driven to its end; returns its foreachBatch writer (timings, skipped batches)."""
+    driven to its end; returns its foreachBatch function (timings, skipped batches)."""
+    from jobs.lib.runtime.stream import kafka_options
     from jobs.standardize import start_query
 
-    options = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
-               "maxOffsetsPerTrigger": str(max_records), **(source or {})}
+    options = kafka_options(bootstrap, topic, max_offsets_per_trigger=max_records, min_partitions=2, overrides=source)
     query, writer = start_query(spark, args, rules, options, {"availableNow": True}, **kw)
     try:
         query.awaitTermination()

@@ -1,0 +1,212 @@
+"""Spark's Kafka source and the triggers, as kappa's runtime supplies them to every job.
+
+A job reads ``spark.readStream.format("kafka")`` with the version's options (`kafka_options`):
+``subscribe``, ``startingOffsets=earliest``, ``kafka.isolation.level=read_committed``,
+``minPartitions`` (the cores, so a large batch is split into that many tasks at least),
+``maxOffsetsPerTrigger`` (the live tail's cap) and the ``kafka.*`` client settings. Settings given
+in librdkafka's names (kappa.toml's ``[kafka]``, the 0600 file of the version) are translated to the
+Java client's: ``sasl.username``/``sasl.password`` become a ``sasl.jaas.config`` for the mechanism,
+which Spark redacts from its plans, logs and UI (`jobs.lib.session.REDACTION` widens its patterns to it).
+
+Backfill in one pass (`start_stream`): a version whose checkpoint has no committed batch reads from
+offset zero to the log end of the moment it starts in ONE micro-batch: ``Trigger.AvailableNow``
+without ``maxOffsetsPerTrigger``, so no per-partition cap lets a sparse partition run ahead of a dense
+one in event time. Then the same checkpoint goes on with the job's own trigger and the cap. A job
+restarted mid-backfill replays batch 0 with the end offsets Spark logged for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from orchestrator.core.exceptions import ConfigError
+
+__all__ = ["BACKFILL_MODES", "SPARK_OPTIONS", "check_source_options", "java_kafka_config", "kafka_options", "needs_backfill", "start_stream",
+           "ChainedQuery"]
+
+log = logging.getLogger("kappa.runtime")
+
+#: Options of Spark's Kafka source that kappa's options may set (names are case-insensitive there).
+SPARK_OPTIONS = ("subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets", "failOnDataLoss",
+                 "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
+                 "maxRecordsPerPartition", "includeHeaders", "kafkaConsumer.pollTimeoutMs",
+                 "fetchOffset.numRetries", "fetchOffset.retryIntervalMs", "groupIdPrefix",
+                 "startingOffsetsByTimestamp", "startingTimestamp", "startingOffsetsByTimestampStrategy")
+
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+#: librdkafka names that the Java client spells otherwise.
+_RENAMED = {"sasl.mechanisms": "sasl.mechanism"}
+#: Settings the source owns (Spark refuses them as options).
+_OWNED = {"group.id", "auto.offset.reset", "enable.auto.commit", "key.deserializer", "value.deserializer",
+          "interceptor.classes", "enable.partition.eof"}
+
+
+def _jaas_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def java_kafka_config(config: dict[str, Any] | None) -> dict[str, str]:
+    """kappa's Kafka client settings (librdkafka names) as the Java client's, without the prefix."""
+    out: dict[str, str] = {}
+    config = {str(k): str(v) for k, v in (config or {}).items()}
+    username, password = config.pop("sasl.username", None), config.pop("sasl.password", None)
+    for k, v in config.items():
+        name = _RENAMED.get(k, k)
+        if name not in _OWNED:
+            out[name] = v
+    if username is not None or password is not None:
+        mechanism = out.get("sasl.mechanism", "PLAIN").upper()
+        module = _LOGIN_MODULES.get(mechanism)
+        if module is None:
+            raise ConfigError(f"kafka setting sasl.mechanism {mechanism!r} with sasl.username/sasl.password: "
+                              f"kappa knows {', '.join(_LOGIN_MODULES)}; give sasl.jaas.config yourself for others")
+        out["sasl.mechanism"] = mechanism
+        out["sasl.jaas.config"] = (f"{module} required username={_jaas_quote(username or '')} "
+                                   f"password={_jaas_quote(password or '')};")
+    return out
+
+
+def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | None = None,
+                  max_offsets_per_trigger: int | None = None, min_partitions: int | None = None,
+                  overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """The options of Spark's Kafka source for one version (see the module); `overrides` (the
+    pipeline's ``source_options``) last."""
+    opts = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topics, "startingOffsets": "earliest",
+            "kafka.isolation.level": "read_committed"}
+    if max_offsets_per_trigger:
+        opts["maxOffsetsPerTrigger"] = str(int(max_offsets_per_trigger))
+    if min_partitions:
+        opts["minPartitions"] = str(int(min_partitions))
+    for k, v in java_kafka_config(kafka_config).items():
+        opts[f"kafka.{k}"] = v
+    lower = {k.lower(): k for k in opts}
+    check_source_options(overrides or {})
+    for k, v in (overrides or {}).items():
+        opts.pop(lower.get(k.lower(), k), None)
+        opts[k] = str(v)
+    return opts
+
+
+def check_source_options(options: dict) -> None:
+    """ConfigError, one line, for a ``source_options`` name that Spark's Kafka source does not take."""
+    known = {o.lower() for o in SPARK_OPTIONS}
+    for k in options:
+        if not (str(k).lower().startswith("kafka.") or str(k).lower() in known):
+            raise ConfigError(f"source_options: unknown option {k!r} of Spark's Kafka source; known: "
+                              f"{', '.join(SPARK_OPTIONS)} and kafka.* client settings")
+
+
+def needs_backfill(checkpoint: str | Path) -> bool:
+    """True while the checkpoint has no committed micro-batch: the version's first pass is to come."""
+    commits = Path(checkpoint) / "commits"
+    return not commits.is_dir() or not any(p.name.isdigit() for p in commits.iterdir())
+
+
+def _reader(spark: Any, options: dict[str, str]) -> Any:
+    reader = spark.readStream.format("kafka")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def _start(spark: Any, options: dict[str, str], transform: Callable[[Any], Any], sink: Callable[[Any, int], None],
+           checkpoint: str, trigger: dict, name: str) -> Any:
+    return (transform(_reader(spark, options)).writeStream.queryName(name).foreachBatch(sink)
+            .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
+
+
+BACKFILL_MODES = ("one-batch", "capped")
+
+
+def start_stream(spark: Any, options: dict[str, str], sink: Callable[[Any, int], None], *, checkpoint: str,
+                 trigger: dict, name: str, transform: Callable[[Any], Any] = lambda df: df,
+                 backfill: str = "one-batch") -> Any:
+    """Start the version's query (see the module for the backfill); returns a StreamingQuery, or a
+    `ChainedQuery` of the backfill and the live query that behaves as one. ``backfill="capped"``: the
+    first pass is capped by ``maxOffsetsPerTrigger`` too (several batches; for a log too large to read
+    in one, at the price of event-time skew between partitions)."""
+    if backfill not in BACKFILL_MODES:
+        raise ConfigError(f"backfill must be one of {', '.join(BACKFILL_MODES)}, got {backfill!r}")
+    if backfill == "capped" or not needs_backfill(checkpoint):
+        return _start(spark, options, transform, sink, checkpoint, trigger, name)
+    uncapped = {k: v for k, v in options.items() if k.lower() != "maxoffsetspertrigger"}
+    first = _start(spark, uncapped, transform, sink, checkpoint, {"availableNow": True}, name)
+    if trigger.get("availableNow"):
+        return first
+    return ChainedQuery(first, lambda: _start(spark, options, transform, sink, checkpoint, trigger, name))
+
+
+class ChainedQuery:
+    """The backfill query, then the live one on the same checkpoint, seen as one StreamingQuery."""
+
+    def __init__(self, first: Any, then: Callable[[], Any]):
+        self._lock = threading.Lock()
+        self._current = first
+        self._then: Callable[[], Any] | None = then
+        self._stopped = False
+
+    def _advance(self) -> Any:
+        with self._lock:
+            q = self._current
+            if self._then is not None and not self._stopped and not q.isActive and q.exception() is None:
+                log.info("backfill committed: the query goes on with the live trigger")
+                then, self._then = self._then, None
+                self._current = then()
+            return self._current
+
+    @property
+    def id(self) -> Any:
+        return self._current.id
+
+    @property
+    def runId(self) -> Any:
+        return self._current.runId
+
+    @property
+    def name(self) -> Any:
+        return self._current.name
+
+    @property
+    def isActive(self) -> bool:
+        return self._advance().isActive
+
+    @property
+    def status(self) -> Any:
+        return self._current.status
+
+    @property
+    def recentProgress(self) -> Any:
+        return self._current.recentProgress
+
+    @property
+    def lastProgress(self) -> Any:
+        return self._current.lastProgress
+
+    def awaitTermination(self, timeout: float | None = None) -> Any:
+        q = self._advance()
+        out = q.awaitTermination(timeout) if timeout is not None else q.awaitTermination()
+        if not q.isActive and self._then is not None:
+            q = self._advance()
+            if timeout is None:
+                return q.awaitTermination()
+            return q is not None and not q.isActive
+        return out
+
+    def exception(self) -> Any:
+        return self._current.exception()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            q = self._current
+        q.stop()
+
+    def processAllAvailable(self) -> None:
+        self._advance().processAllAvailable()

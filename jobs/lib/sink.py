@@ -1,0 +1,249 @@
+"""Idempotent Delta writes from `foreachBatch`, with delta-spark.
+
+Runs on the driver, inside the foreachBatch function; the data stays in Spark. Every commit carries
+Delta's application transaction (``txnAppId`` = `kappa.<pipeline>.v<N>`, ``txnVersion`` = the
+micro-batch id, set through the session settings that DML reads too) and, as ``userMetadata``, a
+JSON object with the pipeline, its version, the rules hash, the batch id and the batch's end
+offsets from Spark's offset log. Spark commits a micro-batch to its checkpoint only after
+foreachBatch returns, so a crash in between replays the batch on restart: Delta skips a write whose
+transaction version it has already committed, and `committed(batch_id)` asks the output table first,
+so a replayed batch costs nothing.
+
+Rejects are written first (an append to the rejects table), the output second (the first batch into
+an empty table an append, every later one a MERGE: tombstones delete, the rest update or insert),
+each with its own transaction, so a crash between the two does not write the rejects twice.
+
+`upsert` keeps the latest record per key by the table's key order first (`KEY_ORDERS`): within a
+Kafka partition the higher offset wins; a key seen in two partitions has no order Kafka defines, so
+under ``partition`` (default) the batch is refused with the keys named (found in the batch, or
+against the partition the table holds for it), and under ``timestamp`` records order by (record
+timestamp, partition, offset), against the table's row too, so a stale value from another
+partition never wins.
+
+Test hooks, for tests that force a crash window instead of racing it:
+``KAPPA_TEST_PAUSE_AT=commit:<batch id>`` with ``KAPPA_TEST_PAUSE_FILE=<path>``: the batch is read
+and transformed, then the job writes the file and waits there for ever, before its commits, for the
+test to kill it. ``KAPPA_TEST_CRASH_AFTER_COMMIT=<batch id>``: the process dies right after that
+batch's Delta commits, before Spark records it in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from orchestrator.core.exceptions import SinkError
+
+__all__ = ["KEY_ORDERS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "batch_end_offsets",
+           "pause_if_asked", "crash_if_asked", "latest_per_key"]
+
+log = logging.getLogger("kappa.sink")
+
+KEY_ORDERS = ("partition", "timestamp")
+PAUSE_HOOK = "KAPPA_TEST_PAUSE_AT"
+PAUSE_FILE = "KAPPA_TEST_PAUSE_FILE"
+CRASH_HOOK = "KAPPA_TEST_CRASH_AFTER_COMMIT"
+#: Keys named in a key-order refusal, at most.
+MAX_CONFLICTS = 5
+
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def pause_if_asked(point: str, batch_id: int) -> None:
+    """The pause hook (see the module): stop here for ever if the environment asks for it."""
+    want = os.environ.get(PAUSE_HOOK)
+    if not want or want != f"{point}:{batch_id}":
+        return
+    path = os.environ.get(PAUSE_FILE)
+    log.error("%s=%s: pausing at %s of micro-batch %d until killed", PAUSE_HOOK, want, point, batch_id)
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
+    while True:
+        time.sleep(1)
+
+
+def crash_if_asked(batch_id: int) -> None:
+    """The crash hook (see the module): die at once after this batch's commits."""
+    if os.environ.get(CRASH_HOOK) == str(batch_id):
+        log.error("%s=%s: dying after the Delta commit of micro-batch %d", CRASH_HOOK, batch_id, batch_id)
+        logging.shutdown()
+        os._exit(137)
+
+
+def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict | None:
+    """The end offsets Spark planned for `batch_id` ({topic: {partition: offset}}), from the offset log
+    it writes before the batch runs; None if the checkpoint has no such entry."""
+    path = Path(checkpoint) / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    merged: dict[str, dict[str, int]] = {}
+    for line in lines[2:]:       # "v1", the batch's metadata, then one line per source
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            for topic, parts in doc.items():
+                if isinstance(parts, dict):
+                    merged.setdefault(topic, {}).update({str(p): int(o) for p, o in parts.items()})
+    return merged or None
+
+
+def _order(prefix: str, key_order: str) -> list[Any]:
+    from pyspark.sql import functions as F
+
+    cols = ["source_partition", "source_offset"]
+    if key_order == "timestamp":
+        cols = ["source_timestamp", *cols]
+    return [F.coalesce(F.col(f"{prefix}{c}").cast("long"), F.lit(-2**62)) for c in cols]
+
+
+def latest_per_key(rows: Any, key: str, key_order: str) -> Any:
+    """One row per key: the last by the key order (see the module)."""
+    from pyspark.sql import functions as F
+
+    order = F.struct(*[c.alias(f"o{i}") for i, c in enumerate(_order("", key_order))])
+    packed = F.struct(*[F.col(c) for c in rows.columns])
+    return rows.groupBy(key).agg(F.max_by(packed, order).alias("__r")).select("__r.*")
+
+
+class DeltaTables:
+    """The output and rejects tables of one pipeline version, written from foreachBatch."""
+
+    def __init__(self, table_uri: str, rejects_uri: str | None, app_id: str, key: str, *,
+                 key_order: str = "partition", metadata: dict | None = None, checkpoint: str | None = None):
+        if key_order not in KEY_ORDERS:
+            raise SinkError(f"key_order must be one of {', '.join(KEY_ORDERS)}, got {key_order!r}")
+        self.table_uri = str(table_uri)
+        self.rejects_uri = str(rejects_uri) if rejects_uri else None
+        self.app_id = app_id
+        self.key = key
+        self.key_order = key_order
+        self.metadata = dict(metadata or {})
+        self.checkpoint = checkpoint
+
+    # -- reading the tables' transaction state ---------------------------------------------------
+    def _txn_version(self, uri: str) -> int | None:
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(uri):
+            return None
+        return DeltaTable(uri).transaction_version(self.app_id)
+
+    def committed(self, batch_id: int) -> bool:
+        """Whether the output table holds this batch already (a replay after a crash). SinkError if it
+        holds a batch of that id planned with other end offsets: the table was written from another
+        checkpoint, and skipping by id would lose records, writing would apply some twice."""
+        done = self._txn_version(self.table_uri)
+        if done is None or done < batch_id:
+            return False
+        ours = batch_end_offsets(self.checkpoint, batch_id) if self.checkpoint else None
+        theirs = self._recorded_end_offsets(batch_id)
+        if ours is not None and theirs is not None and ours != theirs:
+            raise SinkError(
+                f"the table {self.table_uri} already holds micro-batch {batch_id} with end offsets {theirs}, but "
+                f"this query planned it to end at {ours}: the checkpoint is not the one the table was written from. "
+                f"Restart from the table's checkpoint, or deploy a new version")
+        return True
+
+    def _recorded_end_offsets(self, batch_id: int) -> dict | None:
+        """The end offsets the output table's commit of `batch_id` recorded (its userMetadata)."""
+        from deltalake import DeltaTable
+
+        for h in DeltaTable(self.table_uri).history():
+            try:
+                meta = json.loads(h.get("userMetadata") or "{}")
+            except ValueError:
+                continue
+            if isinstance(meta, dict) and meta.get("batch_id") == batch_id:
+                return meta.get("end_offsets")
+        return None
+
+    def exists(self) -> bool:
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(self.table_uri)
+
+    @contextlib.contextmanager
+    def _transaction(self, session: Any, batch_id: int) -> Iterator[None]:
+        """Delta's idempotent-write settings and the commit's metadata for one write, in `session`: the
+        micro-batch's own (foreachBatch hands a clone of the query's session)."""
+        conf = session.conf
+        meta = {**self.metadata, "batch_id": batch_id}
+        if self.checkpoint:
+            meta["end_offsets"] = batch_end_offsets(self.checkpoint, batch_id)
+        conf.set(_TXN_APP, self.app_id)
+        conf.set(_TXN_VERSION, str(batch_id))
+        conf.set(_USER_METADATA, json.dumps(meta, sort_keys=True, separators=(",", ":")))
+        try:
+            yield
+        finally:
+            for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
+                conf.unset(k)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def write_rejects(self, batch_id: int, rejects: Any) -> None:
+        """Append the batch's rejects (created empty by the first batch, so readers always find it)."""
+        if self.rejects_uri is None:
+            return
+        done = self._txn_version(self.rejects_uri)
+        if done is not None and done >= batch_id:
+            return
+        with self._transaction(rejects.sparkSession, batch_id):
+            rejects.write.format("delta").mode("append").save(self.rejects_uri)
+
+    def check_key_order(self, latest: Any, rows: Any) -> None:
+        """Under ``partition``: refuse keys this batch holds in two partitions, or in another partition
+        than the table's row of them (SinkError naming them)."""
+        from pyspark.sql import functions as F
+
+        if self.key_order != "partition":
+            return
+        within = (rows.groupBy(self.key).agg(F.count_distinct("source_partition").alias("n"))
+                  .where("n > 1").select(self.key).limit(MAX_CONFLICTS).collect())
+        conflicts = [f"{r[0]} (partitions of this micro-batch)" for r in within]
+        if not conflicts and self.exists():
+            table = latest.sparkSession.read.format("delta").load(self.table_uri).select(
+                self.key, F.col("source_partition").alias("__p"))
+            moved = (latest.select(self.key, "source_partition").join(table, self.key)
+                     .where("__p <> source_partition").limit(MAX_CONFLICTS).collect())
+            conflicts = [f"{r[0]} (partition {r[2]} in the table, {r[1]} now)" for r in moved]
+        if conflicts:
+            raise SinkError(
+                f"key(s) found in more than one Kafka partition, whose order Kafka does not define: "
+                f"{', '.join(conflicts)}. Fix the producers' partitioner, or set key_order = \"timestamp\" in the "
+                f"pipeline's options to order such records by timestamp, then partition, then offset")
+
+    def upsert(self, batch_id: int, latest: Any, deleted: str) -> None:
+        """Write one row per touched key (`latest`, with the boolean column `deleted`) into the table."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        columns = [c for c in latest.columns if c != deleted]
+        session = latest.sparkSession
+        with self._transaction(session, batch_id):
+            if not self.exists():
+                latest.where(~F.col(deleted)).select(*columns).write.format("delta").mode("append") \
+                    .save(self.table_uri)
+                return
+            later = F.lit(True)
+            if self.key_order == "timestamp":
+                later = F.struct(*_order("s.", "timestamp")) > F.struct(*_order("t.", "timestamp"))
+            (DeltaTable.forPath(session, self.table_uri).alias("t")
+             .merge(latest.alias("s"), f"t.`{self.key}` = s.`{self.key}`")
+             .whenMatchedDelete(condition=F.col(f"s.{deleted}") & later)
+             .whenMatchedUpdate(condition=~F.col(f"s.{deleted}") & later,
+                                set={c: F.col(f"s.`{c}`") for c in columns})
+             .whenNotMatchedInsert(condition=~F.col(f"s.{deleted}"),
+                                   values={c: F.col(f"s.`{c}`") for c in columns})
+             .execute())
