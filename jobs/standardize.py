@@ -140,22 +140,24 @@ class StandardizeBatches:
             held.append(out)
             rows_out = out.count()
             t2 = time.perf_counter()
-            self.tables.check_key_order(out, parsed.where(F.col("error").isNull()).select(
+            self.tables.check_key_order(batch_id, out, parsed.where(F.col("error").isNull()).select(
                 "member_id", F.col("partition").alias("source_partition")))
-            pause_if_asked("commit", batch_id)
+            pause_if_asked("read", batch_id)
             from jobs.lib.seedjob import hold_if_asked
 
             hold_if_asked(batch_id, log)
             self.tables.write_rejects(batch_id, rejects.withColumn("batch_id", F.lit(batch_id).cast("long"))
                                       .select(*REJECT_COLUMNS))
             t3 = time.perf_counter()
+            pause_if_asked("commit", batch_id)
             self.tables.upsert(batch_id, out, DELETED)
             t4 = time.perf_counter()
         finally:
             for df in held:
                 df.unpersist()
         crash_if_asked(batch_id)
-        self.timings.append({"read_parse_dedupe_rules": t2 - t0, "rejects": t3 - t2, "merge_commit": t4 - t3})
+        self.timings.append({"batch_id": batch_id, "read_parse_count": t1 - t0, "dedupe_rules": t2 - t1,
+                             "rejects": t3 - t2, "merge_commit": t4 - t3})
         log.info("micro-batch %d: %d records, %d members upserted or deleted, %d rejects (%.2f s)", batch_id,
                  rows_in, rows_out, n_rejects, t4 - t0)
         if self.on_batch is not None:

@@ -21,9 +21,9 @@ timestamp, partition, offset), against the table's row too, so a stale value fro
 partition never wins.
 
 Test hooks, for tests that force a crash window instead of racing it:
-``KAPPA_TEST_PAUSE_AT=commit:<batch id>`` with ``KAPPA_TEST_PAUSE_FILE=<path>``: the batch is read
-and transformed, then the job writes the file and waits there for ever, before its commits, for the
-test to kill it. ``KAPPA_TEST_CRASH_AFTER_COMMIT=<batch id>``: the process dies right after that
+``KAPPA_TEST_PAUSE_AT=<point>:<batch id>`` with ``KAPPA_TEST_PAUSE_FILE=<path>``: at ``read`` (the
+batch read, parsed and counted, nothing written) or ``commit`` (the rejects committed, the output
+not) the job writes the file and waits there for ever, for the test to kill it. ``KAPPA_TEST_CRASH_AFTER_COMMIT=<batch id>``: the process dies right after that
 batch's Delta commits, before Spark records it in the checkpoint.
 """
 
@@ -202,7 +202,7 @@ class DeltaTables:
         with self._transaction(rejects.sparkSession, batch_id):
             rejects.write.format("delta").mode("append").save(self.rejects_uri)
 
-    def check_key_order(self, latest: Any, rows: Any) -> None:
+    def check_key_order(self, batch_id: int, latest: Any, rows: Any) -> None:
         """Under ``partition``: refuse keys this batch holds in two partitions, or in another partition
         than the table's row of them (SinkError naming them)."""
         from pyspark.sql import functions as F
@@ -220,7 +220,7 @@ class DeltaTables:
             conflicts = [f"{r[0]} (partition {r[2]} in the table, {r[1]} now)" for r in moved]
         if conflicts:
             raise SinkError(
-                f"key(s) found in more than one Kafka partition, whose order Kafka does not define: "
+                f"micro-batch {batch_id}: key(s) found in more than one Kafka partition, whose order Kafka does not define: "
                 f"{', '.join(conflicts)}. Fix the producers' partitioner, or set key_order = \"timestamp\" in the "
                 f"pipeline's options to order such records by timestamp, then partition, then offset")
 
