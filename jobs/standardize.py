@@ -38,7 +38,7 @@ from jobs.lib.profiles import DELETED, KEY_COLUMNS, REJECT_COLUMNS, parse_record
 from jobs.lib.rules import Rules, load_rules
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
 from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, start_stream
-from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, DeltaTables, crash_if_asked, latest_per_key, pause_if_asked
+from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, PARTITIONS, DeltaTables, crash_if_asked, latest_per_key, pause_if_asked
 from orchestrator.core.exceptions import ConfigError, KappaError, RulesError
 from orchestrator.core.names import app_id
 
@@ -97,7 +97,8 @@ def transform(records: Any, rules: Rules, key_order: str) -> tuple[Any, Any, Any
     out = latest.select(
         "member_id", "name", "title_raw", rules.column("titles", F.col("title_raw")).alias("title"),
         "company_raw", rules.column("companies", F.col("company_raw")).alias("company"), "location",
-        "source_partition", "source_offset", "source_timestamp", DELETED)
+        "source_partition", "source_offset", "source_timestamp", DELETED,
+        *([PARTITIONS] if PARTITIONS in latest.columns else []))
     return parsed, rejects, out
 
 
@@ -140,8 +141,7 @@ class StandardizeBatches:
             held.append(out)
             rows_out = out.count()
             t2 = time.perf_counter()
-            self.tables.check_key_order(batch_id, out, parsed.where(F.col("error").isNull()).select(
-                "member_id", F.col("partition").alias("source_partition")))
+            self.tables.check_key_order(batch_id, out)
             pause_if_asked("read", batch_id)
             from jobs.lib.seedjob import hold_if_asked
 

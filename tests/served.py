@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from orchestrator.core.tables import read_table
 from tests.oracle.standardize import Expected, expected_table
 
 __all__ = ["REJECTS_SCHEMA", "expected_from_log", "rejects_diff", "schema_diff", "served_diff", "table_diff"]
@@ -40,12 +41,7 @@ def schema_diff(got: pa.Schema, expected: pa.Schema, what: str = "served") -> st
 
 
 def table_diff(got: pa.Table, expected: pa.Table, key: str = "member_id") -> str | None:
-    """None when `got`, sorted by `key`, equals `expected` (sorted by `key`) schema and rows; else what differs.
-
-    The layout column `key_bucket` of kappa's bucketed tables is not part of the derivation: it is
-    checked by the layout tests and left out here."""
-    if "key_bucket" in got.column_names and "key_bucket" not in expected.column_names:
-        got = got.drop_columns(["key_bucket"])
+    """None when `got`, sorted by `key`, equals `expected` (sorted by `key`) schema and rows; else what differs."""
     why = schema_diff(got.schema, expected.schema)
     if why:
         return why
@@ -98,15 +94,13 @@ def served_diff(settings, alias: str, bootstrap: str, topic: str, rules_version:
                 rejects_path: Path | None = None) -> tuple[str | None, int]:
     """(None or what differs, rows served) for the table `alias` serves (through its pointer file)
     against the oracle under `rules_version`; with `rejects_path`, that rejects table too."""
-    from deltalake import DeltaTable
-
     from orchestrator.serving import open_alias
 
     expected, log = expected_from_log(bootstrap, topic, rules_version)
-    served = open_alias(alias, settings).to_pyarrow_table()
+    served = read_table(open_alias(alias, settings))
     why = table_diff(served, expected.table)
     if why is None and rejects_path is not None:
-        why = rejects_diff(DeltaTable(str(rejects_path)).to_pyarrow_table(), expected, log, topic)
+        why = rejects_diff(read_table(str(rejects_path)), expected, log, topic)
     return why, served.num_rows
 
 
@@ -114,10 +108,8 @@ def version_diff(table_path: str, rejects_path: str, bootstrap: str, topic: str,
                  rules_version: str) -> tuple[str | None, int]:
     """(None or what differs, rows) for one version's own table and rejects (not through an alias)
     against the oracle under `rules_version`."""
-    from deltalake import DeltaTable
-
     expected, log = expected_from_log(bootstrap, topic, rules_version)
-    got = DeltaTable(table_path).to_pyarrow_table()
-    why = table_diff(got, expected.table) or rejects_diff(DeltaTable(rejects_path).to_pyarrow_table(),
+    got = read_table(table_path)
+    why = table_diff(got, expected.table) or rejects_diff(read_table(rejects_path),
                                                          expected, log, topic)
     return why, got.num_rows

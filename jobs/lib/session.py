@@ -243,6 +243,7 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
         SparkSession.builder.appName(app_name)
         .master(master)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")   # logs get the job's lines, not progress bars
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 
 from orchestrator.core.exceptions import SinkError
 
-__all__ = ["KEY_ORDERS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "batch_end_offsets",
+__all__ = ["KEY_ORDERS", "PARTITIONS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "batch_end_offsets",
            "pause_if_asked", "crash_if_asked", "latest_per_key"]
 
 log = logging.getLogger("kappa.sink")
@@ -108,13 +108,23 @@ def _order(prefix: str, key_order: str) -> list[Any]:
     return [F.coalesce(F.col(f"{prefix}{c}").cast("long"), F.lit(-2**62)) for c in cols]
 
 
+#: The column `latest_per_key` adds under key order ``partition``: how many partitions the batch
+#: holds the key in (more than one is refused, `DeltaTables.check_key_order`).
+PARTITIONS = "__partitions"
+
+
 def latest_per_key(rows: Any, key: str, key_order: str) -> Any:
-    """One row per key: the last by the key order (see the module)."""
+    """One row per key: the last by the key order (see the module); under ``partition``, with
+    `PARTITIONS`, the number of partitions the key was seen in."""
     from pyspark.sql import functions as F
 
     order = F.struct(*[c.alias(f"o{i}") for i, c in enumerate(_order("", key_order))])
     packed = F.struct(*[F.col(c) for c in rows.columns])
-    return rows.groupBy(key).agg(F.max_by(packed, order).alias("__r")).select("__r.*")
+    aggs = [F.max_by(packed, order).alias("__r")]
+    if key_order == "partition":
+        aggs.append(F.count_distinct("source_partition").alias(PARTITIONS))
+    out = rows.groupBy(key).agg(*aggs)
+    return out.select("__r.*", *([PARTITIONS] if key_order == "partition" else []))
 
 
 class DeltaTables:
@@ -202,34 +212,33 @@ class DeltaTables:
         with self._transaction(rejects.sparkSession, batch_id):
             rejects.write.format("delta").mode("append").save(self.rejects_uri)
 
-    def check_key_order(self, batch_id: int, latest: Any, rows: Any) -> None:
-        """Under ``partition``: refuse keys this batch holds in two partitions, or in another partition
-        than the table's row of them (SinkError naming them)."""
+    def check_key_order(self, batch_id: int, latest: Any) -> None:
+        """Under ``partition``: refuse keys this batch holds in two partitions (SinkError naming them).
+        A key the table holds from another partition is refused by the MERGE itself (`upsert`)."""
         from pyspark.sql import functions as F
 
         if self.key_order != "partition":
             return
-        within = (rows.groupBy(self.key).agg(F.count_distinct("source_partition").alias("n"))
-                  .where("n > 1").select(self.key).limit(MAX_CONFLICTS).collect())
-        conflicts = [f"{r[0]} (partitions of this micro-batch)" for r in within]
-        if not conflicts and self.exists():
-            table = latest.sparkSession.read.format("delta").load(self.table_uri).select(
-                self.key, F.col("source_partition").alias("__p"))
-            moved = (latest.select(self.key, "source_partition").join(table, self.key)
-                     .where("__p <> source_partition").limit(MAX_CONFLICTS).collect())
-            conflicts = [f"{r[0]} (partition {r[2]} in the table, {r[1]} now)" for r in moved]
-        if conflicts:
-            raise SinkError(
-                f"micro-batch {batch_id}: key(s) found in more than one Kafka partition, whose order Kafka does not define: "
-                f"{', '.join(conflicts)}. Fix the producers' partitioner, or set key_order = \"timestamp\" in the "
-                f"pipeline's options to order such records by timestamp, then partition, then offset")
+        within = latest.where(F.col(PARTITIONS) > 1).select(self.key).limit(MAX_CONFLICTS).collect()
+        if within:
+            self._refuse(batch_id, [f"{r[0]} (partitions of this micro-batch)" for r in within])
+
+    def _refuse(self, batch_id: int, conflicts: list[str]) -> None:
+        raise SinkError(
+            f"micro-batch {batch_id}: key(s) found in more than one Kafka partition, whose order Kafka does not "
+            f"define: {', '.join(conflicts)}. Fix the producers' partitioner, or set key_order = \"timestamp\" in "
+            f"the pipeline's options to order such records by timestamp, then partition, then offset")
 
     def upsert(self, batch_id: int, latest: Any, deleted: str) -> None:
-        """Write one row per touched key (`latest`, with the boolean column `deleted`) into the table."""
+        """Write one row per touched key (`latest`, with the boolean column `deleted`) into the table.
+
+        Under key order ``partition`` the MERGE's first clause fails it (``raise_error``, so nothing is
+        committed) on a key whose row in the table came from another partition: the refusal costs no
+        extra read of the table."""
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
-        columns = [c for c in latest.columns if c != deleted]
+        columns = [c for c in latest.columns if c not in (deleted, PARTITIONS)]
         session = latest.sparkSession
         with self._transaction(session, batch_id):
             if not self.exists():
@@ -237,13 +246,29 @@ class DeltaTables:
                     .save(self.table_uri)
                 return
             later = F.lit(True)
+            merge = (DeltaTable.forPath(session, self.table_uri).alias("t")
+                     .merge(latest.alias("s"), f"t.`{self.key}` = s.`{self.key}`"))
             if self.key_order == "timestamp":
                 later = F.struct(*_order("s.", "timestamp")) > F.struct(*_order("t.", "timestamp"))
-            (DeltaTable.forPath(session, self.table_uri).alias("t")
-             .merge(latest.alias("s"), f"t.`{self.key}` = s.`{self.key}`")
-             .whenMatchedDelete(condition=F.col(f"s.{deleted}") & later)
-             .whenMatchedUpdate(condition=~F.col(f"s.{deleted}") & later,
-                                set={c: F.col(f"s.`{c}`") for c in columns})
-             .whenNotMatchedInsert(condition=~F.col(f"s.{deleted}"),
-                                   values={c: F.col(f"s.`{c}`") for c in columns})
-             .execute())
+            else:
+                moved = F.concat(F.lit(_MOVED), F.col(f"s.`{self.key}`").cast("string"), F.lit(" (partition "),
+                                 F.col("t.source_partition").cast("string"), F.lit(" in the table, "),
+                                 F.col("s.source_partition").cast("string"), F.lit(" now)"))
+                merge = merge.whenMatchedUpdate(condition=F.col("t.source_partition") != F.col("s.source_partition"),
+                                                set={self.key: F.raise_error(moved).cast("string")})
+            merge = (merge.whenMatchedDelete(condition=F.col(f"s.{deleted}") & later)
+                     .whenMatchedUpdate(condition=~F.col(f"s.{deleted}") & later,
+                                        set={c: F.col(f"s.`{c}`") for c in columns})
+                     .whenNotMatchedInsert(condition=~F.col(f"s.{deleted}"),
+                                           values={c: F.col(f"s.`{c}`") for c in columns}))
+            try:
+                merge.execute()
+            except Exception as e:
+                text = str(e)
+                if _MOVED not in text:
+                    raise
+                self._refuse(batch_id, [text.split(_MOVED, 1)[1].split(")", 1)[0] + ")"])
+
+
+#: Marks the MERGE's refusal of a key that moved partitions, so `upsert` can name the key.
+_MOVED = "kappa: key moved partitions: "

@@ -25,6 +25,7 @@ from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.serving import read_pointer
+from orchestrator.core.tables import read_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -41,9 +42,7 @@ def kappa_cli(bed, *args: str) -> subprocess.CompletedProcess:
 
 
 def table_rows(path):
-    from deltalake import DeltaTable
-
-    return DeltaTable(str(path)).to_pyarrow_table().sort_by("member_id")
+    return read_table(str(path)).sort_by("member_id")
 
 
 def state_of(bed) -> dict:
@@ -70,7 +69,7 @@ def assert_pointer(bed, version: int) -> None:
         table = k.paths(PIPELINE, version).table
         assert (pointer["alias"], pointer["pipeline"], pointer["version"], pointer["table"]) == (
             bed.alias(PIPELINE), PIPELINE, version, str(table))
-        assert open_alias(bed.alias(PIPELINE), k.settings).to_pyarrow_table().sort_by("member_id").equals(
+        assert read_table(open_alias(bed.alias(PIPELINE), k.settings)).sort_by("member_id").equals(
             table_rows(table))
 
 

@@ -33,6 +33,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from tests.waiting import wait_until
 from tests.pipelines import standardize_pipeline
+from orchestrator.core.tables import read_table
 
 pytestmark = pytest.mark.integration
 
@@ -123,9 +124,7 @@ def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
 
 
 def table_rows(path: Path) -> pa.Table:
-    from deltalake import DeltaTable
-
-    return DeltaTable(str(path)).to_pyarrow_table().sort_by("member_id")
+    return read_table(str(path)).sort_by("member_id")
 
 
 def gone(pid: int) -> bool:
@@ -223,7 +222,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     assert reg.alias_history(bed.alias) == history_before
     from orchestrator.serving import open_alias
 
-    assert open_alias(bed.alias, k.settings).to_pyarrow_table().sort_by("member_id").equals(kept_tables[4])
+    assert read_table(open_alias(bed.alias, k.settings)).sort_by("member_id").equals(kept_tables[4])
 
     audit = [(e.version, e.actor, e.outcome, e.reason) for e in reg.audit_log(p, action="retire")]
     assert audit == [(1, ACTOR, "ok", "never served"), (2, ACTOR, "ok", "retention: keep the last 2"),

@@ -32,6 +32,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.serving import open_alias
 from seedjob_helpers import expected_hourly, expected_joined, expected_pairs, ts
+from orchestrator.core.tables import read_table
 
 pytestmark = pytest.mark.integration
 
@@ -72,11 +73,9 @@ def control_plane(bootstrap, tmp_path):
         wait_ready(k, pipeline, info.version, deadline_seconds=DEADLINE, poll_seconds=1)
         promoted = promote(k, pipeline, info.version, actor="tests", reason="serve it")
         assert promoted.flipped and k.registry.get_alias(spec.alias).version == info.version
-        from deltalake import DeltaTable
-
-        rejects = DeltaTable(str(k.paths(pipeline, info.version).rejects)).to_pyarrow_table().to_pylist()
+        rejects = read_table(k.paths(pipeline, info.version).rejects).to_pylist()
         return Served(k, pipeline, info.version, tuple(info.warnings), promoted,
-                      open_alias(spec.alias, settings).to_pyarrow_table(),
+                      read_table(open_alias(spec.alias, settings)),
                       sorted((r["topic"], r["partition"], r["offset"], r["error"]) for r in rejects))
 
     try:

@@ -16,6 +16,7 @@ import pytest
 from orchestrator.dev.datagen import iter_log
 from orchestrator.jobctl.process import create_time
 from tests.oracle.standardize import OUTPUT_SCHEMA, expected_table
+from orchestrator.core.tables import read_table
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +41,7 @@ def _all_gone(pids: list[int], since: float) -> list[int]:
 
 
 def _read(uri):
-    from deltalake import DeltaTable
-
-    return DeltaTable(str(uri)).to_pyarrow_table()
+    return read_table(str(uri))
 
 
 def test_reprocess_bench_small(tmp_path, bootstrap, seed):

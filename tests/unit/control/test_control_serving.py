@@ -11,6 +11,7 @@ import pytest
 from control_helpers import ALIAS, PIPELINE, allocate, profiles, write_table
 from orchestrator.core.exceptions import NotFoundError, SinkError
 from orchestrator.serving import open_alias, publish_current, resolve_alias, write_pointer
+from orchestrator.core.tables import read_table
 
 
 def test_resolve_an_unpublished_alias_names_the_file_and_the_fix(k):
@@ -39,10 +40,10 @@ def test_publish_current_writes_what_the_registry_says_and_marks_it(k):
     assert p["version"] == v1 and p["table"] == str(k.paths(PIPELINE, v1).table)
     assert resolve_alias(ALIAS, k.settings) == p
     assert k.registry.get_alias(ALIAS).published_version == v1
-    assert open_alias(ALIAS, k.settings).to_pyarrow_table()["title"].to_pylist() == ["SWE"]
+    assert read_table(open_alias(ALIAS, k.settings))["title"].to_pylist() == ["SWE"]
     k.registry.flip_alias(ALIAS, PIPELINE, expected_version=v1, new_version=v2, actor="t", reason="r")
     publish_current(k, ALIAS)
-    assert open_alias(ALIAS, k.settings).to_pyarrow_table()["title"].to_pylist() == ["Software Engineer"]
+    assert read_table(open_alias(ALIAS, k.settings))["title"].to_pylist() == ["Software Engineer"]
 
 
 def _published_state(k) -> tuple[int, int, int]:
@@ -179,7 +180,7 @@ def test_the_served_comparison_of_the_live_tests_forgives_no_column_type_row_or_
     from Delta in any row order equals the oracle's; an extra, missing or recast column, a
     nullability, a cell, or a reject's reason, position or copy does not."""
     import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
 
     from orchestrator.dev.datagen import LogRecord, generate_changelog
     from tests.oracle.standardize import expected_table
@@ -190,7 +191,7 @@ def test_the_served_comparison_of_the_live_tests_forgives_no_column_type_row_or_
     exp = expected_table(log, "v1")
     assert exp.rejects and exp.table.num_rows > 10
     write_deltalake(str(tmp_path / "t"), exp.table)
-    served = DeltaTable(str(tmp_path / "t")).to_pyarrow_table()
+    served = read_table(str(tmp_path / "t"))
     n, names = exp.table.num_rows, exp.table.column_names
     assert table_diff(served.take(list(reversed(range(n)))), exp.table) is None
 
