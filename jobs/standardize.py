@@ -27,6 +27,7 @@ or ``kafka.*`` client settings).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -37,8 +38,9 @@ from typing import Any, Callable
 from jobs.lib.profiles import DELETED, KEY_COLUMNS, REJECT_COLUMNS, parse_records
 from jobs.lib.rules import Rules, load_rules
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
-from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, start_stream
-from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, PARTITIONS, DeltaTables, crash_if_asked, latest_per_key, pause_if_asked
+from jobs.lib.runtime.backfill import BackfillProgress
+from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, needs_backfill, start_stream
+from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, PARTITIONS, DeltaTables, batch_end_offsets, crash_if_asked, latest_per_key, pause_if_asked
 from orchestrator.core.exceptions import ConfigError, KappaError, RulesError
 from orchestrator.core.names import app_id
 
@@ -114,6 +116,7 @@ class StandardizeBatches:
                                   KEY_COLUMNS[0], key_order=options.key_order, checkpoint=str(args.checkpoint),
                                   metadata={"pipeline": args.pipeline, "pipeline_version": str(args.version),
                                             "rules_hash": rules.content_hash, "rules_file": str(rules.path)})
+        self.checkpoint = str(args.checkpoint)
         self.skipped: list[int] = []
         self.timings: list[dict[str, float]] = []
 
@@ -126,32 +129,40 @@ class StandardizeBatches:
             self.skipped.append(batch_id)
             return
         t0 = time.perf_counter()
-        sc = batch.sparkSession.sparkContext
-        sc.setJobDescription(f"kappa standardize: micro-batch {batch_id}")
+        spark = batch.sparkSession
+        group = f"kappa-{self.tables.app_id}-batch-{batch_id}"
+        spark.sparkContext.setJobGroup(group, f"kappa standardize: micro-batch {batch_id}")
+        progress = contextlib.nullcontext()
+        end = batch_end_offsets(self.checkpoint, batch_id)
+        if needs_backfill(self.checkpoint) and end:
+            progress = BackfillProgress(spark, self.checkpoint, group, end)   # lag moves while batch 0 is read
         records = batch.persist(StorageLevel.MEMORY_AND_DISK)
         held = [records]
         try:
-            parsed, rejects, out = transform(records, self.rules, self.options.key_order)
-            parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-            held.append(parsed)
-            counts = parsed.agg(F.count(F.lit(1)), F.count("error")).first()
-            rows_in, n_rejects = int(counts[0]), int(counts[1])
-            t1 = time.perf_counter()
-            out = out.persist(StorageLevel.MEMORY_AND_DISK)
-            held.append(out)
-            rows_out = out.count()
-            t2 = time.perf_counter()
-            self.tables.check_key_order(batch_id, out)
-            pause_if_asked("read", batch_id)
-            from jobs.lib.seedjob import hold_if_asked
+            with progress:
+                parsed, rejects, out = transform(records, self.rules, self.options.key_order)
+                parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+                held.append(parsed)
+                counts = parsed.agg(F.count(F.lit(1)), F.count("error")).first()
+                rows_in, n_rejects = int(counts[0]), int(counts[1])
+                if isinstance(progress, BackfillProgress):
+                    progress.read()
+                t1 = time.perf_counter()
+                out = out.persist(StorageLevel.MEMORY_AND_DISK)
+                held.append(out)
+                rows_out = out.count()
+                t2 = time.perf_counter()
+                self.tables.check_key_order(batch_id, out)
+                pause_if_asked("read", batch_id)
+                from jobs.lib.seedjob import hold_if_asked
 
-            hold_if_asked(batch_id, log)
-            self.tables.write_rejects(batch_id, rejects.withColumn("batch_id", F.lit(batch_id).cast("long"))
-                                      .select(*REJECT_COLUMNS))
-            t3 = time.perf_counter()
-            pause_if_asked("commit", batch_id)
-            self.tables.upsert(batch_id, out, DELETED)
-            t4 = time.perf_counter()
+                hold_if_asked(batch_id, log)
+                self.tables.write_rejects(batch_id, rejects.withColumn("batch_id", F.lit(batch_id).cast("long"))
+                                          .select(*REJECT_COLUMNS))
+                t3 = time.perf_counter()
+                pause_if_asked("commit", batch_id)
+                self.tables.upsert(batch_id, out, DELETED)
+                t4 = time.perf_counter()
         finally:
             for df in held:
                 df.unpersist()
@@ -181,6 +192,7 @@ def build(ctx: JobContext, rules: Rules | None = None) -> Any:
     """Start the standardize query (runtime contract)."""
     rules = rules or load_job_rules(ctx.args.rules)
     ctx.rules_hash = rules.content_hash
+    ctx.commit_offsets = True
     query, writer = start_query(ctx.spark, ctx.args, rules, ctx.kafka_options(), ctx.trigger_kwargs(),
                                 on_batch=ctx.record_batch)
     ctx.stage_timings = writer.timings   # per-batch seconds by stage, for the benchmarks

@@ -35,6 +35,8 @@ class JobContext:
         self._reported: dict[int, tuple[int, int, int]] = {}
         self._counted_batches: set[int] = set()
         self._rules_hash: str | None = None
+        self._group_lock = threading.Lock()
+        self._group_end: dict | None = None
 
     @property
     def rules_hash(self) -> str | None:
@@ -153,6 +155,37 @@ class JobContext:
             if end is not None and fields["batch_id"] == batch_id:
                 fields["end_offsets"] = end
             self.status.update(**fields)
+        if end is not None and self.commit_offsets:
+            self._commit_to_group(end)
+
+    #: Whether finished batches' end offsets go to the version's consumer group (jobs on Spark's
+    #: Kafka source, which never commits; kappa's own source commits them itself).
+    commit_offsets = False
+
+    def _commit_to_group(self, end: dict) -> None:
+        """The batch's end offsets to the version's consumer group, so Kafka's own tools
+        (``kafka-consumer-groups --describe``) show the lag kappa shows. Off the listener's thread."""
+        from jobs.lib.kafka import commit_group_offsets
+
+        args = self.args
+        if not args.group_id:
+            return
+
+        with self._lock:
+            self._group_end = end          # the newest batch's; a slower commit of an older one yields
+
+        def commit() -> None:
+            with self._group_lock:         # one commit at a time, always of the newest end offsets
+                latest = self._group_end
+                if latest is None:
+                    return
+                self._group_end = None
+                try:
+                    commit_group_offsets(args.bootstrap_servers, args.group_id, latest, args.kafka_config)
+                except Exception as e:  # noqa: BLE001 - the checkpoint is the truth; the group is for tools
+                    log.warning("cannot commit offsets to the consumer group %s: %s", args.group_id, e)
+
+        threading.Thread(target=commit, name="kappa-group-commit", daemon=True).start()
 
 
 def _source_end_offsets(progress: dict) -> dict | None:

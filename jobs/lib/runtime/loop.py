@@ -17,6 +17,7 @@ from typing import Any, Callable
 from jobs.lib.kafka import checkpoint_offsets, commit_group_offsets, last_committed_batch
 from jobs.lib.kafka.progress import backfill_reading
 from jobs.lib.runtime.args import parse_args
+from jobs.lib.runtime.backfill import clear_when_committed
 from jobs.lib.runtime.context import JobContext, ProgressListener
 from jobs.lib.runtime.status import RunState, Status, summarize_error
 from jobs.lib.session import build_session
@@ -111,6 +112,8 @@ def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -
                 if stop_file.exists():
                     stop_event.set()
                 reading = _backfill_reading(args.checkpoint)
+                if reading is None:
+                    clear_when_committed(args.checkpoint)
                 if reading is not None or shown:
                     status.update(reading=reading)
                     shown = reading is not None

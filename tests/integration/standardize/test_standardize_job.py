@@ -126,3 +126,34 @@ def test_bad_job_options_fail_before_anything_starts(paths, extra, message):
     assert code == 1 and f"job standardize v1 failed before starting: {message}" in log
     assert read_status(paths.run_dir)["error"].startswith(message)
     assert not paths.output.parent.exists() and not paths.checkpoint.exists()
+
+
+def test_kafka_consumer_groups_shows_the_lag_the_checkpoint_gives(bootstrap, changelog, paths, seed):
+    """Spark's Kafka source never commits; the job's runtime commits each finished batch's end offsets
+    to the version's consumer group, so Kafka's own ConsumerGroupCommand describes the same lag per
+    partition as the checkpoint against the log end."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from orchestrator.dev.broker import kafka_tool
+    from orchestrator.dev.datagen import generate_changelog, produce
+
+    code, log = run_job_process(paths.argv(bootstrap, changelog.topic, rules_path("titles", "v2")),
+                                paths.run_dir / "job.log")
+    assert code == 0, log[-3000:]
+    produce(bootstrap, changelog.topic, generate_changelog(300, 1000, seed=seed + 1, first_new=False))
+    group = paths.args(bootstrap, changelog.topic, V2.path).group_id
+    described = kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                           ["--bootstrap-server", bootstrap, "--describe", "--group", group])
+    rows = [line.split() for line in described.splitlines() if line.startswith(f"{group} ")]
+    tool = {int(r[2]): (int(r[3]), int(r[4]), int(r[5])) for r in rows if r[1] == changelog.topic}
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kappa-test-watermarks"})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(changelog.topic, p), timeout=10)[1] for p in range(4)}
+    finally:
+        consumer.close()
+    checkpoint = {int(p): o for p, o in checkpoint_offsets(paths.checkpoint)[changelog.topic].items()}
+    assert set(tool) == set(range(4)), described
+    assert {p: (c, e, lag) for p, (c, e, lag) in tool.items()} == {
+        p: (checkpoint[p], ends[p], ends[p] - checkpoint[p]) for p in range(4)}
+    assert sum(lag for _c, _e, lag in tool.values()) == 300

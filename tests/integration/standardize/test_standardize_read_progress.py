@@ -2,10 +2,10 @@
 and seconds) before it commits, and the version is not ready until it commits. Real broker,
 standardize job spawned by the control plane, registry and readiness as in production.
 
-The job is held between reading its backfill (every stage task done, buckets merged) and its
-Delta commit by the test hook it shares with the seed jobs (`jobs.lib.seedjob.HOLD_HOOK`, in
-`jobs.lib.bucketed.batch`): the interleaving is forced, not raced. ``max_records_per_task`` splits
-the backfill into several ranges, each reporting its own read position.
+The job is held between reading its backfill (its scan tasks done, the batch parsed and counted)
+and its Delta commits by the test hook it shares with the seed jobs (`jobs.lib.seedjob.HOLD_HOOK`):
+the interleaving is forced, not raced. The driver turns the scan's finished tasks into a read
+position per partition (`jobs.lib.runtime.backfill`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def held_standardize(bootstrap, tmp_path, monkeypatch):
         produced = seedgen.produce(bootstrap, records)
         spec = DECLARED[PIPELINE].model_copy(update={
             "topics": (topic,), "alias": f"rp_std_{uuid.uuid4().hex[:8]}", "catchup_threshold": 0,
-            "catchup_max_lag_seconds": MAX_LAG_SECONDS, "options": {"max_records_per_task": 250}})
+            "catchup_max_lag_seconds": MAX_LAG_SECONDS, "options": {}})
         settings = Settings(home=tmp_path / "home", bootstrap_servers=bootstrap,
                             group_prefix=f"kt-{uuid.uuid4().hex[:8]}")
         k = Kappa(settings, pipelines={PIPELINE: spec})
@@ -95,11 +95,11 @@ def test_standardize_lag_goes_down_during_the_backfill_and_ready_waits_for_its_c
         assert (r.total_lag, r.lag_seconds) == (1, MAX_LAG_SECONDS + 1)
         assert r.state == "hydrating" and not r.ready and r.job_health == "running"
     assert k.registry.get_version(PIPELINE, version).state == VersionState.BACKFILLING
-    # every range was reported by its own task: 1200 offsets over 2 partitions, ranges of at most 250
+    # each partition reported read to its end: 1200 offsets over 2 partitions
     (batch,) = read_progress(paths.checkpoint)
     assert batch.scans == 1 and sum(e - s for _t, _p, s, e in batch.reads) == total
-    assert len(batch.reads) >= 4 and sum(batch.reads.values()) == total
-    # `kappa status` shows it too (the job's heartbeat and its stage watcher write it)
+    assert len(batch.reads) == 2 and sum(batch.reads.values()) == total
+    # `kappa status` shows it too (the job's heartbeat writes it)
     wait_until(lambda: inspect_version(k, PIPELINE, version).reading, "the job status to show the read backfill",
                30, done=lambda r: r == {"batch_id": 0, "records_read": total, "records_total": total})
     stored = [s.total for s in k.registry.lag_samples(PIPELINE, version)]
