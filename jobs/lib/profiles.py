@@ -130,18 +130,19 @@ _SLOW_DDL = ", ".join(f"{f} string" for f in PROFILE_FIELDS) + ", error string"
 
 
 def _slow_rows(keys, values):
-    """pandas UDF body: `parse_one` over the rows the JVM path sent here (see the module)."""
+    """pandas UDF body: `parse_one` over the rows the JVM path sent here (see the module), each row's
+    fields and reason as one JSON object (`_SLOW_DDL`; a struct result breaks on empty batches)."""
     import pandas as pd
 
-    out: dict[str, list[Any]] = {c: [] for c in (*PROFILE_FIELDS, "error")}
+    out = []
     for key, value in zip(keys, values):
         fields, reason = None, key_reason(key)
         if reason is None and value is not None:
             fields, reason = parse_one(bytes(value))
-        for f, v in zip(PROFILE_FIELDS, fields or (None,) * len(PROFILE_FIELDS)):
-            out[f].append(v)
-        out["error"].append(reason)
-    return pd.DataFrame(out)
+        doc = dict(zip(PROFILE_FIELDS, fields or (None,) * len(PROFILE_FIELDS)))
+        doc["error"] = reason
+        out.append(json.dumps(doc))
+    return pd.Series(out, dtype=object)
 
 
 def parse_records(records: Any) -> Any:
@@ -174,8 +175,8 @@ def parse_records(records: Any) -> Any:
         F.lit(None).cast("string").alias("error"))
     # the rest: not vouched for, or vouched JSON whose field types are wrong (parse_one names the field)
     rest = checked.where(~F.col("__vouched") | (F.col("value").isNotNull() & ~fields_ok))
-    slow_udf = F.pandas_udf(_slow_rows, _SLOW_DDL, PythonEvalType.SQL_SCALAR_PANDAS_UDF)
-    slow = rest.select(*INPUT_COLUMNS, slow_udf(F.col("key"), F.col("value")).alias("__p")).select(
+    slow_udf = F.pandas_udf(_slow_rows, "string", PythonEvalType.SQL_SCALAR_PANDAS_UDF)
+    slow = rest.select(*INPUT_COLUMNS, F.from_json(slow_udf(F.col("key"), F.col("value")), _SLOW_DDL).alias("__p")).select(
         *INPUT_COLUMNS, *[F.col(f"__p.{f}").alias(f) for f in PROFILE_FIELDS], F.col("__p.error").alias("error"))
     rows = fast.unionByName(slow)
     return rows.select(

@@ -149,7 +149,8 @@ def _normalizer(keep: str):
 
     def normalize_column(values: pd.Series) -> pd.Series:
         distinct = values.dropna().unique()
-        return values.map({v: normalize(v, keep) for v in distinct})
+        out = values.map({v: normalize(v, keep) for v in distinct}).astype(object)
+        return out.where(values.notna(), None)   # all-null input maps to floats (NaN): nulls again
 
     return F.pandas_udf(normalize_column, "string", PythonEvalType.SQL_SCALAR_PANDAS_UDF)
 

@@ -1,0 +1,175 @@
+"""The standardize transform in Spark (`jobs.standardize.transform`, `jobs.lib.profiles.parse_records`) on
+hand-made micro-batches: latest record per key, tombstones, every kind of reject with the exact
+reason, and values the JVM path cannot vouch for decided like the tests' oracle (tests/oracle)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from jobs.lib.profiles import OUTPUT_SCHEMA, parse_records
+from jobs.lib.rules import load_rules, rules_path
+from jobs.standardize import transform
+from orchestrator.dev.datagen import generate_changelog
+from tests.oracle import standardize as oracle
+
+pytestmark = pytest.mark.integration
+
+V2 = load_rules(rules_path("titles", "v2"))
+SOURCE_DDL = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+T0 = datetime(2023, 11, 14, tzinfo=timezone.utc)
+
+
+def profile(name="Ada Lovelace", title="Senior SWE", company="ACME Corp.", location="London, UK", **extra) -> bytes:
+    doc = {"name": name, "title": title, "company": company, "location": location,
+           "updated_at": "2024-01-01T00:00:00Z", **extra}
+    return json.dumps(doc, ensure_ascii=False).encode()
+
+
+def batch(spark, records, partition: int = 0, first_offset: int = 0):
+    return spark.createDataFrame(
+        [(k, v, "member_profiles", partition, first_offset + i, T0 + timedelta(microseconds=i))
+         for i, (k, v) in enumerate(records)], SOURCE_DDL)
+
+
+def run(spark, records, **kw):
+    parsed, rejects, out = transform(batch(spark, records, **kw), V2, "partition")
+    return ({r["member_id"]: r.asDict() for r in out.collect()},
+            {r["offset"]: r.asDict() for r in rejects.collect()}, parsed.count())
+
+
+def test_latest_offset_per_key_wins_tombstones_delete_rules_apply(spark):
+    out, rejects, rows_in = run(spark, [
+        (b"m1", profile(title="Software Dev")),
+        (b"m2", profile(name="Zoë Ødegaard", title="Ingénieur logiciel", company="Mueller GmbH")),
+        (b"m1", profile(title="Sr. Software Engineer")),
+        (b"m3", profile()),
+        (b"m3", None),                                   # tombstone after an update: delete
+        (b"m4", None),
+        (b"m4", profile(name="美咲 佐藤", title=None, company=None)),  # update after a tombstone: row
+    ])
+    assert rows_in == 7 and not rejects
+    assert set(out) == {"m1", "m2", "m3", "m4"}
+    assert out["m1"]["title_raw"] == "Sr. Software Engineer" and out["m1"]["title"] == "Senior Software Engineer"
+    assert out["m1"]["source_offset"] == 2 and out["m1"]["_deleted"] is False
+    assert out["m2"]["name"] == "Zoë Ødegaard"
+    assert (out["m2"]["title"], out["m2"]["company"]) == ("Software Engineer", "Müller GmbH")
+    assert out["m3"]["_deleted"] is True and out["m3"]["source_offset"] == 4
+    assert out["m4"]["_deleted"] is False and out["m4"]["name"] == "美咲 佐藤" and out["m4"]["title"] is None
+    assert list(out["m1"])[:len(OUTPUT_SCHEMA.names) + 1] == OUTPUT_SCHEMA.names + ["_deleted"]
+
+
+def test_malformed_records_go_to_rejects_with_the_exact_reason_and_leave_the_member_unchanged(spark):
+    out, rejects, _ = run(spark, [
+        (b"m1", profile(title="Senior SWE")),
+        (b"m1", b'{"name": "Broken", "title": "SWE"'),              # invalid JSON after a valid record
+        (b"m2", json.dumps({"name": "X", "title": 42}).encode()),   # wrong type
+        (b"m3", b'["Software Engineer"]'),                          # not an object
+        (b"m4", json.dumps({"title": "SWE"}).encode()),             # no name
+        (None, profile()),                                          # no key
+        (b"\xff\xfe", profile()),                                   # key not UTF-8
+        (b"m5", b""),                                               # empty value is not a tombstone
+        (b"m6", b'{"name": "A"} {"name": "B"}'),                    # two objects (the JVM reads the first only)
+        (b"m7", b'{"name": "caf\xe9"}'),                           # value not UTF-8
+        (b"m8", b'{"name": "A", "name": "B"}'),                    # a profile field twice
+        (b"m9", b'null'),
+        (b"m10", b'{"name": "A", "na\\u006de": "B"}'),            # the same field, spelled with an escape
+        (b"m11", b'{"title": "x", "title": "x", "name": "A", "name": "A"}'),  # two fields twice
+        (b"m12", b'{"name": "A", "title": {"name": 1}}'),            # an object, "name" twice in the text
+        (b"m13", b'{"name": "A"}]'),                                 # a bracket after the object
+        (b"m14", b'{"name": "\\ud800"}'),                            # a lone surrogate
+    ], partition=3, first_offset=100)
+    assert set(out) == {"m1"} and out["m1"]["source_offset"] == 100 and out["m1"]["title_raw"] == "Senior SWE"
+    assert sorted(rejects) == list(range(101, 117))
+    assert {r["partition"] for r in rejects.values()} == {3} and {r["topic"] for r in rejects.values()} == {"member_profiles"}
+    reasons = {o: r["error"] for o, r in rejects.items()}
+    assert reasons[101] == "invalid JSON: Expecting ',' delimiter: line 1 column 34 (char 33)"
+    assert reasons[102] == "title: expected a string or null, got number"
+    assert reasons[103] == "not a JSON object: array"
+    assert reasons[104] == "name: missing"
+    assert reasons[105] == "no key"
+    assert reasons[106] == "key is not UTF-8 (byte 0)"
+    assert reasons[107] == "invalid JSON: Expecting value: line 1 column 1 (char 0)"
+    assert reasons[108] == "invalid JSON: Extra data: line 1 column 15 (char 14)"
+    assert reasons[109] == "invalid JSON: not UTF-8 at byte 13"
+    assert reasons[110] == "name: given twice"
+    assert reasons[111] == "not a JSON object: null"
+    assert reasons[112] == "name: given twice"
+    assert reasons[113] == "name: given twice"   # the first of the profile fields, whatever the set order
+    assert reasons[114] == "title: expected a string or null, got object"
+    assert reasons[115] == "invalid JSON: Extra data: line 1 column 14 (char 13)"
+    assert reasons[116] == "name: invalid unicode (lone surrogate)"
+    values = {o: r["value"] for o, r in rejects.items()}
+    assert {o: oracle.value_reason(bytes(v)) for o, v in values.items() if o not in (105, 106)} == {
+        o: r for o, r in reasons.items() if o not in (105, 106)}
+    assert bytes(rejects[106]["key"]) == b"\xff\xfe" and bytes(rejects[109]["value"]) == b'{"name": "caf\xe9"}'
+    assert rejects[105]["key"] is None
+
+
+def test_values_the_jvm_path_does_not_vouch_for_are_still_parsed(spark):
+    pretty = json.dumps({"name": "Grace Hopper", "title": "Rear Admiral"}, indent=2).encode()
+    out, rejects, _ = run(spark, [
+        (b"m1", pretty),                                     # line breaks inside
+        (b"m2", b'  {"name": "Ken", "title": "SWE"}  '),     # surrounding whitespace
+        (b"m3", profile(bio={"nested": [1, {"name": 2}]}, extra=float("nan"))),  # ignored fields of any kind
+        (b"m4", b'{"name": "Ada", "title": "a}b"}'),         # a brace inside a string
+        (b"m5", b'{"name": "Al\\u0041n", "x": {"y": 1, "y": 2}}'),  # an escape; a key twice in an ignored field
+    ])
+    assert not rejects
+    assert out["m1"]["title"] == "Rear Admiral" and out["m2"]["title"] == "Software Engineer"
+    assert out["m3"]["name"] == "Ada Lovelace" and out["m4"]["title_raw"] == "a}b" and out["m5"]["name"] == "AlAn"
+
+
+def test_batch_of_tombstones_only(spark):
+    out, rejects, _ = run(spark, [(b"m1", None), (b"m2", None), (b"m1", None)])
+    assert sorted((k, r["_deleted"], r["source_offset"]) for k, r in out.items()) == [("m1", True, 2), ("m2", True, 1)]
+    assert not rejects
+
+
+#: Bytes spliced into generated values: JSON structure, escapes (the same field spelled with one),
+#: lone surrogates, invalid UTF-8, line breaks, numbers the JVM and Python read differently.
+SPLICES = [b'"name"', b'"title"', b'null', b'42', b'true', b'[1]', b'{"a":1}', b'\\u0041', b'\\ud800', b',', b':',
+           b'"', b'\\', b'\n', b' ', b'\xff', b'\xc3\xa9', b'"na\\u006de": "x",', b'"title": 1,', b'NaN', b'1e999',
+           b'-0', b'"\\"', b'}', b'{', b']', b'\x01', b'\t']
+
+
+def test_parse_records_decides_mutated_values_like_the_oracle(spark, rng):
+    """Generated values with bytes spliced in, cut out or cut short: each decided like tests/oracle,
+    whichever path (JVM or exact parser) took it."""
+    values = []
+    for rec in generate_changelog(3000, 1000, seed=rng.randrange(1 << 30), malformed_share=0.2):
+        v = rec.value
+        if v is None:
+            continue
+        for _ in range(rng.randrange(3)):
+            i, op = rng.randrange(len(v) + 1), rng.random()
+            v = (v[:i] + rng.choice(SPLICES) + v[i:] if op < 0.5 else v[:i] + v[i + rng.randrange(1, 5):] if op < 0.8
+                 else v[:i])
+        values.append(v)
+    rows = parse_records(batch(spark, [(b"k", v) for v in values])).collect()
+    fields = oracle.PROFILE_FIELDS
+    got = {r["offset"]: r["error"] if r["error"] is not None else {f: r[f] for f in fields} for r in rows}
+    want = {i: doc if err is None else err for i, (doc, err) in enumerate(map(oracle.parse_profile, values))}
+    assert got == want
+    assert sum(isinstance(w, str) for w in want.values()) > 500   # plenty of rejects among them
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_rules_as_spark_expressions_equal_the_python_rules_on_every_value(spark, rng, version):
+    """`Rules.column` (the job's, in Spark) and `Rules.standardize` (the rules preview's, in Python) give
+    the same value for every golden spelling and for generated ones with odd whitespace and Unicode."""
+    from pyspark.sql import functions as F
+
+    rules = load_rules(rules_path("titles", version))
+    raws = [r for section in ("titles", "companies") for r in oracle.golden(section)]
+    pieces = ["sr", "Senior", "SWE", "software", "engineer", "intern", "ship", "Ｓｅｎｉｏｒ", "ß", "İ", "é", "e\u0301",
+              "\u00a0", "\u2003", "\x1c", "\x1f", "\t", "\n", " ", ".", "-", "+", "#", "_", "Ⅷ", "ﬁ", "💡"]
+    raws += ["".join(rng.choice(pieces) for _ in range(rng.randrange(1, 7))) for _ in range(400)]
+    raws += [None, "", "   ", "\x1c\x1d"]
+    df = spark.createDataFrame([(i, r) for i, r in enumerate(raws)], "i int, raw string")
+    got = {r["i"]: (r["t"], r["c"]) for r in df.select(
+        "i", rules.column("titles", F.col("raw")).alias("t"), rules.column("companies", F.col("raw")).alias("c")).collect()}
+    want = {i: (rules.standardize("titles", r), rules.standardize("companies", r)) for i, r in enumerate(raws)}
+    assert {i: (raws[i], g) for i, g in got.items() if g != want[i]} == {}
