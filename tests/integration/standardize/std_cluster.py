@@ -10,7 +10,7 @@ Two halves:
   already hold the shared local SparkContext and a process has one): a client-mode driver
   against the cluster runs the standardize job's own `start_query` available-now, then reads
   what Spark's REST API says about every stage and task of the application (executor, status,
-  result size) and writes it, with the offset-range rows the foreachBatch collected, as JSON.
+  result size, records read, bytes written) and writes it as JSON.
 """
 
 from __future__ import annotations
@@ -163,28 +163,23 @@ def _wait_executors(ui: str, app: str, n: int, timeout: float) -> list[dict]:
 
 
 def _tasks(stage: dict) -> list[dict]:
+    def metric(t: dict, group: str, name: str) -> int:
+        return int(((t.get("taskMetrics") or {}).get(group) or {}).get(name, 0))
+
     return [{"executor": t.get("executorId"), "status": t.get("status"),
-             "result_size": int((t.get("taskMetrics") or {}).get("resultSize", 0))}
+             "result_size": int((t.get("taskMetrics") or {}).get("resultSize", 0)),
+             "records_read": metric(t, "inputMetrics", "recordsRead"),
+             "bytes_written": metric(t, "outputMetrics", "bytesWritten")}
             for t in (stage.get("tasks") or {}).values()]
 
 
 def driver_main(request_path: str) -> None:
-    from jobs.lib.bucketed import batch as batch_module
     from jobs.lib.rules import load_rules
+    from jobs.lib.runtime.stream import kafka_options
     from jobs.lib.session import build_session
     from jobs.standardize import start_query
 
     req = json.loads(Path(request_path).read_text(encoding="utf-8"))
-    collected: list[dict] = []
-    real_end_offsets = batch_module.end_offsets_of
-
-    def recording_end_offsets(rows):
-        # UpsertBatches passes every row its foreachBatch collected here, first thing
-        collected.append({"rows": [list(r) for r in rows],
-                          "types": sorted({",".join(type(v).__name__ for v in r) for r in rows})})
-        return real_end_offsets(rows)
-
-    batch_module.end_offsets_of = recording_end_offsets
     spark = build_session("kappa-standardize-cluster", master=req["master"], local_dir=req["local_dir"], extra={
         "spark.ui.enabled": "true", "spark.ui.port": str(req["ui_port"]), "spark.ui.showConsoleProgress": "false",
         "spark.executor.cores": "1", "spark.cores.max": str(req["executors"]), "spark.executor.memory": "1g"})
@@ -193,8 +188,8 @@ def driver_main(request_path: str) -> None:
         ui, app = sc.uiWebUrl.rstrip("/"), sc.applicationId
         _wait_executors(ui, app, req["executors"], 120)
         args = Namespace(**req["args"])
-        options = {"kafka.bootstrap.servers": req["bootstrap"], "subscribe": req["topic"],
-                   "maxOffsetsPerTrigger": "1000"}
+        options = kafka_options(req["bootstrap"], req["topic"], max_offsets_per_trigger=1000,
+                                min_partitions=req["min_partitions"])
         query, writer = start_query(spark, args, load_rules(req["rules"]), options, {"availableNow": True})
         try:
             query.awaitTermination()
@@ -208,13 +203,13 @@ def driver_main(request_path: str) -> None:
         stages = _get(ui, f"/applications/{app}/stages?details=true&withSummaries=false")
         executors = _get(ui, f"/applications/{app}/executors")
         result = {
-            "app": app, "collected": collected,
+            "app": app,
             "executors": [{"id": e["id"], "total_tasks": e["totalTasks"], "completed_tasks": e["completedTasks"]}
                           for e in executors],
             "stages": [{"id": s["stageId"], "attempt": s["attemptId"], "status": s["status"],
                         "name": s.get("name"), "description": s.get("description") or "", "tasks": _tasks(s)}
                        for s in stages],
-            "timings": [{k: t[k] for k in ("batch_id", "rows_in", "tasks", "buckets", "merge_tasks")} for t in writer.timings],
+            "timings": writer.timings,
             "skipped": writer.skipped,
         }
     finally:
