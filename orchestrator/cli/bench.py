@@ -129,16 +129,16 @@ def bench_upsert(
     ctx: typer.Context,
     rows: Annotated[int, typer.Option("--rows", min=1, help="rows in the table")] = 2_000_000,
     changed: Annotated[int, typer.Option("--changed", min=1, help="changed keys in the micro-batch")] = 1_000,
-    buckets: Annotated[int, typer.Option("--buckets", min=1, max=1024, help="the table's key buckets")] = 32,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """One live micro-batch of changed keys into a large bucketed table: seconds and bytes rewritten,
-    next to a full rewrite of the table (the reference). No broker, no Spark: the table's cost."""
+    """One live micro-batch of changed keys MERGEd into a large Delta table (deletion vectors on):
+    seconds and bytes written, next to a full rewrite of the table (the reference). Local Spark, no
+    broker: the table's cost."""
     from orchestrator.dev.upsertbench import run_upsert_bench
 
     cli = cli_of(ctx)
-    figures = run_upsert_bench(rows, changed, buckets, console=cli.err if as_json else cli.out)
+    figures = run_upsert_bench(rows, changed, console=cli.err if as_json else cli.out)
     write_json(out, figures)
     if as_json:
         print_json(figures)

@@ -1,12 +1,12 @@
-"""`kappa bench upsert`: what one live micro-batch of changed keys costs a large bucketed table.
+"""`kappa bench upsert`: what one live micro-batch of changed keys costs a large Delta table.
 
-In this process, no broker and no Spark (the figure is the table's, not the job's): a bucketed
-table of `rows` profile rows is built the way the standardize job builds it (`merge_bucket` per
-bucket, one `create_write_transaction`), then one micro-batch changes `changed` random existing
-keys. Printed: seconds and bytes rewritten by that micro-batch, buckets touched, next to the
-reference measured in the same run: a full rewrite of the same rows (every bucket's file written
-again). With keys spread by hash, a batch touches about ``buckets * (1 - (1 - 1/buckets)**changed)``
-buckets: more buckets, less rewritten per batch, more files.
+In this process, on a local Spark session, no broker (the figure is the table's, not the job's): a
+table of `rows` profile rows is written the way the standardize job writes a version's first batch,
+then one micro-batch changes `changed` random existing keys through the job's own MERGE
+(`jobs.lib.sink.DeltaTables.upsert`, deletion vectors on: the MERGE marks the replaced rows in a
+deletion vector and writes only the new rows). Printed: the micro-batch's seconds and the bytes it
+added to the table's folder (data files, deletion vectors, log), next to the reference measured in
+the same run: a full rewrite of the same rows.
 """
 
 from __future__ import annotations
@@ -18,85 +18,80 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+__all__ = ["run_upsert_bench", "folder_bytes"]
 
-__all__ = ["run_upsert_bench", "profile_rows"]
-
-SCHEMA = pa.schema([("member_id", pa.string()), ("name", pa.string()), ("title", pa.string()),
-                    ("source_partition", pa.int32()), ("source_offset", pa.int64()),
-                    ("source_timestamp", pa.timestamp("us", tz="UTC"))])
+COLUMNS = ("member_id string, name string, title string, source_partition int, source_offset bigint, "
+           "source_timestamp timestamp, _deleted boolean")
 
 
-def profile_rows(keys: list[str], offset: int, name: str) -> pa.Table:
-    n = len(keys)
-    return pa.table({"member_id": keys, "name": [f"{name} {k}" for k in keys],
-                     "title": ["Senior Software Engineer"] * n, "source_partition": pa.array([0] * n, pa.int32()),
-                     "source_offset": pa.array(range(offset, offset + n), pa.int64()),
-                     "source_timestamp": pa.array(range(offset, offset + n), pa.timestamp("us", tz="UTC")),
-                     "_deleted": [False] * n})
+def folder_bytes(path: Path) -> int:
+    """Bytes of every file under `path`."""
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def _batch(table, batch_id: int, rows: pa.Table) -> dict[str, Any]:
-    """One micro-batch through the job's own merge task, in this process."""
-    import numpy as np
-    import pyarrow.ipc as ipc
+def _rows(spark, rows: int, name: str, offset: int = 0):
+    from pyspark.sql import functions as F
 
-    from jobs.lib.bucketed.tasks import StageSpec, bucket_of, merge_bucket, staged_path
+    return spark.range(rows).select(
+        F.format_string("m%09d", F.col("id")).alias("member_id"), F.concat(F.lit(f"{name} "), F.col("id")).alias("name"),
+        F.lit("Senior Software Engineer").alias("title"), F.lit(0).alias("source_partition"),
+        (F.col("id") + offset).alias("source_offset"), F.timestamp_micros(F.col("id") + offset).alias("source_timestamp"),
+        F.lit(False).alias("_deleted"))
 
-    spec = StageSpec(table_uri=table.table_uri, rejects_uri=None, staging_uri=f"{table.staging_root}/batch-{batch_id}",
-                     batch_id=batch_id, buckets=table.buckets, key_column="member_id", settings=None, transform=None,
-                     output_schema=table.schema)
+
+def _batch(spark, uri: Path, batch_id: int, df) -> dict[str, Any]:
+    """One micro-batch through the job's own Delta writes; its seconds and the bytes it added."""
+    from jobs.lib.sink import DeltaTables
+
+    before = folder_bytes(uri) if uri.exists() else 0
+    tables = DeltaTables(str(uri), None, "kappa.bench.v1", "member_id")
     t0 = time.perf_counter()
-    buckets = bucket_of(rows["member_id"], table.buckets)
-    staged: dict[int, list[str]] = {}
-    for b in np.unique(buckets):
-        path = staged_path(spec.staging_uri, int(b), "bench", 0, batch_id)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        part = rows.filter(pa.array(buckets == b))
-        with ipc.new_file(path, part.schema) as w:
-            w.write_table(part)
-        staged[int(b)] = [path]
-    current = table.current_files(set(staged))
-    merged = [merge_bucket(spec, b, staged[b], current[b]) for b in sorted(staged)]
-    table.commit(batch_id, [m["add"] for m in merged if m["add"]], [r for m in merged for r in m["remove"]],
-                 {"bench": {"0": batch_id + 1}})
-    table.drop_staging(spec.staging_uri)
-    return {"seconds": time.perf_counter() - t0, "buckets": len(merged),
-            "bytes_rewritten": sum(m.get("rewritten_bytes", 0) for m in merged),
-            "bytes_written": sum(m["add"]["size"] for m in merged if m["add"])}
+    tables.upsert(batch_id, df, "_deleted")
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "bytes_written": folder_bytes(uri) - before}
 
 
-def run_upsert_bench(rows: int = 2_000_000, changed: int = 1_000, buckets: int = 32, *, seed: int = 7,
-                     workdir: Path | None = None, console=None) -> dict[str, Any]:
+def run_upsert_bench(rows: int = 2_000_000, changed: int = 1_000, *, seed: int = 7, workdir: Path | None = None,
+                     console=None, spark=None) -> dict[str, Any]:
     """Build, then one micro-batch of `changed` keys, then the full rewrite (see the module)."""
-    from jobs.lib.bucketed.table import BucketedTable
-
     say = console.print if console is not None else (lambda *a, **k: None)
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="kappa-bench-upsert-")) if own else Path(workdir)
+    session = spark
     try:
-        table = BucketedTable(str(work / "out"), None, "kappa.bench.v1", SCHEMA, buckets=buckets)
-        table.ensure()
-        keys = [f"m{i:09d}" for i in range(rows)]
-        say(f"building a bucketed table of {rows:,} rows in {buckets} buckets...")
-        build = _batch(table, 0, profile_rows(keys, 0, "first"))
-        changed_keys = sorted(random.Random(seed).sample(keys, min(changed, rows)))
-        say(f"one micro-batch of {len(changed_keys):,} changed keys...")
-        live = _batch(table, 1, profile_rows(changed_keys, rows, "changed"))
+        if session is None:
+            from jobs.lib.session import build_session
+
+            say("starting Spark...")
+            session = build_session("kappa-bench-upsert", local_dir=str(work / "spark-local"))
+        say(f"building a Delta table of {rows:,} rows...")
+        build = _batch(session, work / "out", 0, _rows(session, rows, "first"))
+        picked = sorted(random.Random(seed).sample(range(rows), min(changed, rows)))
+        say(f"one micro-batch of {len(picked):,} changed keys...")
+        from pyspark.sql import functions as F
+
+        changes = _rows(session, rows, "changed", offset=rows).where(F.col("source_offset").isin(
+            [rows + i for i in picked]))
+        live = _batch(session, work / "out", 1, changes)
+        versions = session.sql(f"DESCRIBE HISTORY delta.`{work / 'out'}`").orderBy("version").collect()
+        metrics = versions[-1]["operationMetrics"] or {}
+        live["rows_updated"] = int(metrics.get("numTargetRowsUpdated", 0))
+        live["deletion_vectors_added"] = int(metrics.get("numTargetDeletionVectorsAdded", 0))
+        live["files_rewritten"] = int(metrics.get("numTargetFilesRemoved", 0))
         say("the reference: a full rewrite of the same rows...")
-        full_table = BucketedTable(str(work / "full"), None, "kappa.bench.v1", SCHEMA, buckets=buckets)
-        full_table.ensure()
-        full = _batch(full_table, 0, profile_rows(keys, 0, "first"))
+        full = _batch(session, work / "full", 0, _rows(session, rows, "first"))
     finally:
+        if session is not None and spark is None:
+            session.stop()
         if own:
             shutil.rmtree(work, ignore_errors=True)
-    figures = {"rows": rows, "changed": len(changed_keys), "buckets": buckets, "build_seconds": build["seconds"],
-               "live": live, "full_rewrite": full,
+    figures = {"rows": rows, "changed": len(picked), "build_seconds": build["seconds"], "live": live,
+               "full_rewrite": full,
                "ratio_seconds": live["seconds"] / full["seconds"] if full["seconds"] else None,
                "ratio_bytes": live["bytes_written"] / full["bytes_written"] if full["bytes_written"] else None}
     say(f"micro-batch of {figures['changed']:,} changed keys into {rows:,} rows: {live['seconds']:.2f} s, "
-        f"{live['buckets']} of {buckets} buckets rewritten, {live['bytes_rewritten']:,} bytes replaced, "
-        f"{live['bytes_written']:,} written")
+        f"{live['rows_updated']:,} rows updated, {live['deletion_vectors_added']} deletion vectors added, "
+        f"{live['files_rewritten']} files rewritten, {live['bytes_written']:,} bytes written")
     say(f"full rewrite (reference): {full['seconds']:.2f} s, {full['bytes_written']:,} bytes written; ratio "
-        f"{figures['ratio_seconds']:.2f} of its time, {figures['ratio_bytes']:.2f} of its bytes")
+        f"{figures['ratio_seconds']:.2f} of its time, {figures['ratio_bytes']:.3f} of its bytes")
     return figures
