@@ -232,7 +232,8 @@ class DeltaTables:
     def upsert(self, batch_id: int, latest: Any, deleted: str) -> None:
         """Write one row per touched key (`latest`, with the boolean column `deleted`) into the table.
 
-        Under key order ``partition`` the MERGE's first clause fails it (``raise_error``, so nothing is
+        The batch is broadcast to the join with the table (a live batch is capped by
+        ``maxOffsetsPerTrigger``): no shuffle of the table. Under key order ``partition`` the MERGE's first clause fails it (``raise_error``, so nothing is
         committed) on a key whose row in the table came from another partition: the refusal costs no
         extra read of the table."""
         from delta.tables import DeltaTable
@@ -247,7 +248,7 @@ class DeltaTables:
                 return
             later = F.lit(True)
             merge = (DeltaTable.forPath(session, self.table_uri).alias("t")
-                     .merge(latest.alias("s"), f"t.`{self.key}` = s.`{self.key}`"))
+                     .merge(F.broadcast(latest).alias("s"), f"t.`{self.key}` = s.`{self.key}`"))
             if self.key_order == "timestamp":
                 later = F.struct(*_order("s.", "timestamp")) > F.struct(*_order("t.", "timestamp"))
             else:

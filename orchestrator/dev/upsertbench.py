@@ -29,10 +29,11 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def _rows(spark, rows: int, name: str, offset: int = 0):
+def _rows(ids, name: str, offset: int = 0):
+    """Profile rows of the ids in the DataFrame `ids` (one column ``id``)."""
     from pyspark.sql import functions as F
 
-    return spark.range(rows).select(
+    return ids.select(
         F.format_string("m%09d", F.col("id")).alias("member_id"), F.concat(F.lit(f"{name} "), F.col("id")).alias("name"),
         F.lit("Senior Software Engineer").alias("title"), F.lit(0).alias("source_partition"),
         (F.col("id") + offset).alias("source_offset"), F.timestamp_micros(F.col("id") + offset).alias("source_timestamp"),
@@ -65,13 +66,10 @@ def run_upsert_bench(rows: int = 2_000_000, changed: int = 1_000, *, seed: int =
             say("starting Spark...")
             session = build_session("kappa-bench-upsert", local_dir=str(work / "spark-local"))
         say(f"building a Delta table of {rows:,} rows...")
-        build = _batch(session, work / "out", 0, _rows(session, rows, "first"))
+        build = _batch(session, work / "out", 0, _rows(session.range(rows), "first"))
         picked = sorted(random.Random(seed).sample(range(rows), min(changed, rows)))
         say(f"one micro-batch of {len(picked):,} changed keys...")
-        from pyspark.sql import functions as F
-
-        changes = _rows(session, rows, "changed", offset=rows).where(F.col("source_offset").isin(
-            [rows + i for i in picked]))
+        changes = _rows(session.createDataFrame([(i,) for i in picked], "id long"), "changed", offset=rows)
         live = _batch(session, work / "out", 1, changes)
         versions = session.sql(f"DESCRIBE HISTORY delta.`{work / 'out'}`").orderBy("version").collect()
         metrics = versions[-1]["operationMetrics"] or {}
@@ -79,7 +77,7 @@ def run_upsert_bench(rows: int = 2_000_000, changed: int = 1_000, *, seed: int =
         live["deletion_vectors_added"] = int(metrics.get("numTargetDeletionVectorsAdded", 0))
         live["files_rewritten"] = int(metrics.get("numTargetFilesRemoved", 0))
         say("the reference: a full rewrite of the same rows...")
-        full = _batch(session, work / "full", 0, _rows(session, rows, "first"))
+        full = _batch(session, work / "full", 0, _rows(session.range(rows), "first"))
     finally:
         if session is not None and spark is None:
             session.stop()
