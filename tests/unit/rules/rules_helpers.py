@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import zlib
-
 import pyarrow as pa
 
 from jobs.lib.rules import load_rules, rules_path
 
 PIPELINE = "standardize"   # deploy/pipelines.toml: ruleset "titles", alias "member_profiles_std"
 ALIAS = "member_profiles_std"
-BUCKETS = 4
 
 
 def standardized(rows: list[tuple[str, str | None, str | None]], rules_version: str) -> pa.Table:
-    """(member_id, title_raw, company_raw) rows as the standardize job writes them under `rules_version`,
-    with its layout column `key_bucket` (the job's table is partitioned by it)."""
+    """(member_id, title_raw, company_raw) rows as the standardize job writes them under `rules_version`."""
     rules = load_rules(rules_path("titles", rules_version))
     ids, titles, companies = (list(c) for c in zip(*rows))
     title_raw, company_raw = pa.array(titles, pa.string()), pa.array(companies, pa.string())
@@ -29,7 +25,6 @@ def standardized(rows: list[tuple[str, str | None, str | None]], rules_version: 
         "location": pa.array(["Lyon"] * len(ids), pa.string()),
         "source_partition": pa.array([0] * len(ids), pa.int32()),
         "source_offset": pa.array(range(len(ids)), pa.int64()),
-        "key_bucket": pa.array([zlib.crc32(i.encode()) % BUCKETS for i in ids], pa.int32()),
     })
 
 
@@ -44,7 +39,7 @@ def serve(k, table: pa.Table, *, rules_version: str = "v1", pipeline: str = PIPE
     rec = k.registry.allocate_version(pipeline, rules_version=rules_version, rules_hash=rules.content_hash,
                                       code_ref="test", paths=lambda n: k.paths(pipeline, n), actor="tester",
                                       reason="rules test", queue=True)
-    write_deltalake(str(k.paths(pipeline, rec.version).table), table, mode="overwrite", partition_by=["key_bucket"])
+    write_deltalake(str(k.paths(pipeline, rec.version).table), table, mode="overwrite")
     alias = k.pipeline(pipeline).alias
     current = k.registry.get_alias(alias)
     k.registry.flip_alias(alias, pipeline, expected_version=current.version if current else None,
