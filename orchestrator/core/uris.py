@@ -8,8 +8,7 @@ and files are reached through pyarrow's filesystems (`filesystem`), so nothing h
 into a `pathlib.Path` (which would collapse `s3://b/x` into `s3:/b/x`).
 
 The driver's own files (status.json, job.log, launch.json under the state dir) stay local Paths;
-this module is for what a cluster's executors, the jobs and the readers share. The jobs import it
-too (`jobs.lib.bucketed.tasks.filesystem`).
+this module is for what a cluster's executors, the jobs and the readers share.
 """
 
 from __future__ import annotations

@@ -1,0 +1,100 @@
+"""What kappa's runtime gives Spark's Kafka source (`jobs.lib.runtime.stream`) and how a backfill's read
+progress is derived from the checkpoint (`jobs.lib.runtime.backfill`): no Spark, no broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs.lib.kafka.progress import progress_positions, read_progress
+from jobs.lib.runtime.backfill import BackfillProgress, clear_when_committed, initial_offsets
+from jobs.lib.runtime.stream import java_kafka_config, kafka_options, needs_backfill
+from orchestrator.core.exceptions import ConfigError
+
+
+def test_librdkafka_sasl_settings_become_a_jaas_config_for_the_java_client():
+    out = java_kafka_config({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-512",
+                             "sasl.username": "kappa", "sasl.password": 'p"w\\d', "group.id": "ignored"})
+    assert out == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                   "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                       'username="kappa" password="p\\"w\\\\d";'}
+    plain = java_kafka_config({"sasl.username": "u", "sasl.password": "p"})
+    assert plain["sasl.mechanism"] == "PLAIN" and "PlainLoginModule" in plain["sasl.jaas.config"]
+    with pytest.raises(ConfigError, match=r"sasl.mechanism 'GSSAPI' with sasl.username/sasl.password"):
+        java_kafka_config({"sasl.mechanism": "GSSAPI", "sasl.username": "u", "sasl.password": "p"})
+
+
+def test_kafka_options_for_a_version_and_overrides_by_either_case():
+    opts = kafka_options("127.0.0.1:9092", "a,b", kafka_config={"security.protocol": "SSL"},
+                         max_offsets_per_trigger=500, min_partitions=2,
+                         overrides={"STARTINGOFFSETS": "latest", "kafka.fetch.max.bytes": 1024})
+    assert opts == {"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "a,b",
+                    "kafka.isolation.level": "read_committed", "maxOffsetsPerTrigger": "500",
+                    "minPartitions": "2", "kafka.security.protocol": "SSL", "STARTINGOFFSETS": "latest",
+                    "kafka.fetch.max.bytes": "1024"}
+    with pytest.raises(ConfigError, match=r"^source_options: unknown option 'readTimeoutSeconds' of Spark's Kafka "
+                                          r"source; known: subscribe, .* and kafka\.\* client settings$"):
+        kafka_options("127.0.0.1:9092", "a", overrides={"readTimeoutSeconds": 5})
+
+
+def test_a_backfill_is_due_until_the_checkpoint_has_a_commit(tmp_path):
+    assert needs_backfill(tmp_path / "none")
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "commits" / ".0.crc").write_text("")
+    assert needs_backfill(tmp_path)
+    (tmp_path / "commits" / "0").write_text("v1\n{}\n")
+    assert not needs_backfill(tmp_path)
+
+
+def _checkpoint(tmp_path, start, end):
+    (tmp_path / "sources" / "0").mkdir(parents=True)
+    (tmp_path / "sources" / "0" / "0").write_text("\x00v1\n" + json.dumps(start))
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "0").write_text("v1\n{}\n" + json.dumps(end) + "\n")
+    return tmp_path
+
+
+class _Stage:
+    def __init__(self, done, total):
+        self.numCompletedTasks, self.numTasks = done, total
+
+
+class _Tracker:
+    """Spark's status tracker as the watcher reads it: one job of the group, stages 7 (the scan) and 8."""
+
+    def __init__(self):
+        self.done = 0
+
+    def getJobIdsForGroup(self, group):
+        return [3] if group == "g" else []
+
+    def getJobInfo(self, job):
+        return type("J", (), {"stageIds": [8, 7]})()
+
+    def getStageInfo(self, stage):
+        return _Stage(self.done, 4) if stage == 7 else _Stage(0, 2)
+
+
+def test_the_backfill_reads_as_far_as_its_scan_tasks_finished(tmp_path):
+    end = {"t": {"0": 1000, "1": 400}}
+    ckpt = _checkpoint(tmp_path, {"t": {"0": 200, "1": 0}}, end)
+    assert initial_offsets(ckpt) == {("t", 0): 200, ("t", 1): 0}
+    tracker = _Tracker()
+    spark = type("S", (), {"sparkContext": type("C", (), {"statusTracker": lambda self: tracker})()})()
+    with BackfillProgress(spark, str(ckpt), "g", end) as progress:
+        assert progress.share_done() == 0.0
+        tracker.done = 2
+        progress.report(progress.share_done(), final=True)
+        (batch,) = read_progress(ckpt)
+        positions = progress_positions([batch])
+        assert {tp: p.next_offset for tp, p in positions.items()} == {("t", 0): 600, ("t", 1): 200}
+        assert sum(p.unread for p in positions.values()) == 400 + 200
+        progress.read()
+        assert sum(p.unread for p in progress_positions(read_progress(ckpt)).values()) == 0
+    clear_when_committed(ckpt)                       # not committed yet: kept
+    assert read_progress(ckpt)
+    (ckpt / "commits").mkdir()
+    (ckpt / "commits" / "0").write_text("v1\n{}\n")
+    clear_when_committed(ckpt)
+    assert read_progress(ckpt) == []
