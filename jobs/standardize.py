@@ -119,6 +119,7 @@ class StandardizeBatches:
         self.checkpoint = str(args.checkpoint)
         self.skipped: list[int] = []
         self.timings: list[dict[str, float]] = []
+        self.rejects_total: int | None = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark import StorageLevel
@@ -172,9 +173,13 @@ class StandardizeBatches:
         log.info("micro-batch %d: %d records, %d members upserted or deleted, %d rejects (%.2f s)", batch_id,
                  rows_in, rows_out, n_rejects, t4 - t0)
         if self.on_batch is not None:
-            from orchestrator.core.tables import count_rows
+            if self.rejects_total is None:   # counted once (a restart), then kept up to date
+                from orchestrator.core.tables import count_rows
 
-            self.on_batch(batch_id, rows_in, rows_out, n_rejects, count_rows(self.tables.rejects_uri))
+                self.rejects_total = count_rows(self.tables.rejects_uri)
+            else:
+                self.rejects_total += n_rejects
+            self.on_batch(batch_id, rows_in, rows_out, n_rejects, self.rejects_total)
 
 
 def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigger: dict, *,
