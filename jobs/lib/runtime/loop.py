@@ -171,7 +171,7 @@ def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -
         if isinstance(e, SystemExit) and e.code in (0, None):
             final, code = {"state": RunState.STOPPED}, 0
         else:
-            msg = summarize_error(e)
+            msg = _outage_error(e, args) or summarize_error(e)
             log.error("job failed: %s", msg)
             log.error("%s", "".join(traceback.format_exception(e)))
             final, code = {"state": RunState.FAILED, "error": msg}, 1
@@ -195,6 +195,19 @@ def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -
         status.update(**final)
         log.info("job %s v%s %s (exit %d)", args.pipeline, args.version, final.get("state"), code)
     return code
+
+
+def _outage_error(e: BaseException, args: argparse.Namespace) -> str | None:
+    """The one-line ``broker unavailable`` error of a query on Spark's Kafka source that failed because
+    the broker did not answer (`jobs.lib.runtime.stream.broker_unavailable`); None for anything else."""
+    from jobs.lib.runtime.stream import broker_unavailable, outage_seconds
+
+    text = "\n".join(str(x) for x in (e, getattr(e, "_stackTrace", ""), getattr(e, "_cause", "")) if x)
+    try:
+        seconds = outage_seconds((args.extra or {}).get("source_options"))
+    except Exception:  # noqa: BLE001 - a bad option failed the job before anything was read
+        return None
+    return broker_unavailable(text, args.bootstrap_servers, seconds)
 
 
 def _backfill_reading(checkpoint: str) -> dict | None:

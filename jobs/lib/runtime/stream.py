@@ -8,6 +8,12 @@ in librdkafka's names (kappa.toml's ``[kafka]``, the 0600 file of the version) a
 Java client's: ``sasl.username``/``sasl.password`` become a ``sasl.jaas.config`` for the mechanism,
 which Spark redacts from its plans, logs and UI (`jobs.lib.session.REDACTION` widens its patterns to it).
 
+A broker that does not answer (stopped, restarting) is waited for ``brokerOutageSeconds`` (kappa's
+own source option, default 120): the driver's offset requests and the executors' fetches get that
+long in the Kafka client's settings; past it the query fails and the runtime reports one line,
+``SourceError: broker unavailable: ...`` (`broker_unavailable`), which supervision restarts from the
+checkpoint with its backoff.
+
 Backfill in one pass (`start_stream`): a version whose checkpoint has no committed batch reads from
 offset zero to the log end of the moment it starts in ONE micro-batch: ``Trigger.AvailableNow``
 without ``maxOffsetsPerTrigger``, so no per-partition cap lets a sparse partition run ahead of a dense
@@ -18,13 +24,15 @@ restarted mid-backfill replays batch 0 with the end offsets Spark logged for it.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.core.exceptions import ConfigError
 
-__all__ = ["BACKFILL_MODES", "SPARK_OPTIONS", "check_source_options", "java_kafka_config", "kafka_options", "needs_backfill", "start_stream",
+__all__ = ["BACKFILL_MODES", "SPARK_OPTIONS", "OUTAGE_OPTION", "check_source_options", "outage_seconds",
+           "broker_unavailable", "java_kafka_config", "kafka_options", "needs_backfill", "start_stream",
            "ChainedQuery"]
 
 log = logging.getLogger("kappa.runtime")
@@ -73,13 +81,53 @@ def java_kafka_config(config: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
+#: kappa's own source option: how long an unreachable broker is waited for before the query fails.
+OUTAGE_OPTION = "brokerOutageSeconds"
+DEFAULT_OUTAGE_SECONDS = 120
+#: What the Kafka client says, in a failed query's error, when the broker did not answer in time.
+_TIMED_OUT = re.compile(r"org\.apache\.kafka\.common\.errors\.TimeoutException|Timed out waiting for a node"
+                        r"|Cannot fetch record .* milliseconds|Failed to get offsets|Timed out waiting to send the call")
+
+
+def outage_seconds(overrides: dict | None) -> float:
+    """The ``brokerOutageSeconds`` of a version's ``source_options`` (ConfigError if not a positive number)."""
+    raw = {k.lower(): v for k, v in (overrides or {}).items()}.get(OUTAGE_OPTION.lower(), DEFAULT_OUTAGE_SECONDS)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"source_options: {OUTAGE_OPTION} must be a number of seconds above 0, got {raw!r}")
+    return value
+
+
+def _outage_settings(seconds: float) -> dict[str, str]:
+    """Spark's Kafka source waits out an unreachable broker for about `seconds`: the driver's offset
+    requests (3 tries of a third each), the executors' fetches (one poll of the whole time)."""
+    ms = int(seconds * 1000)
+    per_try = max(3000, ms // 3)
+    return {"fetchOffset.numRetries": "3", "fetchOffset.retryIntervalMs": "1000",
+            "kafka.default.api.timeout.ms": str(per_try), "kafka.request.timeout.ms": str(min(per_try, 30000)),
+            "kafkaConsumer.pollTimeoutMs": str(ms)}
+
+
+def broker_unavailable(error: BaseException | str, bootstrap_servers: str, seconds: float) -> str | None:
+    """The one-line SourceError of a query that failed because the broker did not answer for the
+    outage time (what supervision restarts as ``broker_unavailable``), or None for another failure."""
+    if not _TIMED_OUT.search(str(error)):
+        return None
+    return (f"SourceError: broker unavailable: the Kafka broker at {bootstrap_servers} did not answer Spark's Kafka "
+            f"source for {seconds:g} s ({OUTAGE_OPTION}={seconds:g}); start it, or raise {OUTAGE_OPTION} in the "
+            f"pipeline's source_options")
+
+
 def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | None = None,
                   max_offsets_per_trigger: int | None = None, min_partitions: int | None = None,
                   overrides: dict[str, str] | None = None) -> dict[str, str]:
     """The options of Spark's Kafka source for one version (see the module); `overrides` (the
     pipeline's ``source_options``) last."""
     opts = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topics, "startingOffsets": "earliest",
-            "kafka.isolation.level": "read_committed"}
+            "kafka.isolation.level": "read_committed", **_outage_settings(outage_seconds(overrides))}
     if max_offsets_per_trigger:
         opts["maxOffsetsPerTrigger"] = str(int(max_offsets_per_trigger))
     if min_partitions:
@@ -89,6 +137,8 @@ def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | N
     lower = {k.lower(): k for k in opts}
     check_source_options(overrides or {})
     for k, v in (overrides or {}).items():
+        if k.lower() == OUTAGE_OPTION.lower():
+            continue
         opts.pop(lower.get(k.lower(), k), None)
         opts[k] = str(v)
     return opts
@@ -96,11 +146,12 @@ def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | N
 
 def check_source_options(options: dict) -> None:
     """ConfigError, one line, for a ``source_options`` name that Spark's Kafka source does not take."""
-    known = {o.lower() for o in SPARK_OPTIONS}
+    known = {o.lower() for o in SPARK_OPTIONS} | {OUTAGE_OPTION.lower()}
     for k in options:
         if not (str(k).lower().startswith("kafka.") or str(k).lower() in known):
             raise ConfigError(f"source_options: unknown option {k!r} of Spark's Kafka source; known: "
-                              f"{', '.join(SPARK_OPTIONS)} and kafka.* client settings")
+                              f"{', '.join(SPARK_OPTIONS)}, {OUTAGE_OPTION} (kappa's) and kafka.* client settings")
+    outage_seconds(options)
 
 
 def needs_backfill(checkpoint: str | Path) -> bool:
