@@ -39,9 +39,10 @@ from jobs.lib.profiles import DELETED, KEY_COLUMNS, REJECT_COLUMNS, parse_record
 from jobs.lib.rules import Rules, load_rules
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
 from jobs.lib.runtime.backfill import BackfillProgress
-from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, needs_backfill, start_stream
+from jobs.lib.runtime.stream import (BACKFILL_MODES, check_source_options, fail_on_data_loss, lost_offsets,
+                                     needs_backfill, start_stream)
 from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, PARTITIONS, DeltaTables, batch_end_offsets, crash_if_asked, latest_per_key, pause_if_asked
-from orchestrator.core.exceptions import ConfigError, KappaError, RulesError
+from orchestrator.core.exceptions import ConfigError, KappaError, RulesError, SourceError
 from orchestrator.core.names import app_id
 
 __all__ = ["CRASH_HOOK", "JobOptions", "load_job_rules", "transform", "StandardizeBatches", "start_query",
@@ -120,6 +121,26 @@ class StandardizeBatches:
         self.skipped: list[int] = []
         self.timings: list[dict[str, float]] = []
         self.rejects_total: int | None = None
+        self.bootstrap_servers = getattr(args, "bootstrap_servers", None)
+        self.kafka_config = getattr(args, "kafka_config", None)
+        source = (getattr(args, "extra", None) or {}).get("source_options") or {}
+        self.fail_on_data_loss = fail_on_data_loss(source)
+
+    def _check_data_loss(self, batch_id: int) -> None:
+        """Before the batch is read: records it should read that the log no longer has (see
+        `jobs.lib.runtime.stream.lost_offsets`) fail it under failOnDataLoss, else are logged."""
+        if self.bootstrap_servers is None:
+            return
+        start = batch_start_offsets(self.checkpoint, batch_id)
+        lost = lost_offsets(start, self.bootstrap_servers, self.kafka_config) if start else []
+        if not lost:
+            return
+        if self.fail_on_data_loss:
+            raise SourceError(f"micro-batch {batch_id}: records lost before the version read them: "
+                              f"{'; '.join(lost)}. Deploy a new version (it reads the log as it is now), or set "
+                              f"failOnDataLoss = false in the pipeline's source_options to go on without them")
+        log.warning("micro-batch %d: records lost before the version read them (failOnDataLoss=false, going "
+                    "on): %s", batch_id, "; ".join(lost))
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark import StorageLevel
@@ -129,6 +150,7 @@ class StandardizeBatches:
             log.info("micro-batch %d is in the table already (a replay after a crash): skipped", batch_id)
             self.skipped.append(batch_id)
             return
+        self._check_data_loss(batch_id)
         t0 = time.perf_counter()
         spark = batch.sparkSession
         group = f"kappa-{self.tables.app_id}-batch-{batch_id}"
@@ -180,6 +202,20 @@ class StandardizeBatches:
             else:
                 self.rejects_total += n_rejects
             self.on_batch(batch_id, rows_in, rows_out, n_rejects, self.rejects_total)
+
+
+def batch_start_offsets(checkpoint: str, batch_id: int) -> dict | None:
+    """Where micro-batch `batch_id` starts: the previous batch's end offsets, or the offsets the
+    query started from (batch 0, or a partition new since the previous batch: its log start)."""
+    from jobs.lib.runtime.backfill import initial_offsets
+
+    start = {}
+    for (topic, p), o in (initial_offsets(checkpoint) or {}).items():
+        start.setdefault(topic, {})[str(p)] = o
+    previous = batch_end_offsets(checkpoint, batch_id - 1) if batch_id > 0 else None
+    for topic, parts in (previous or {}).items():
+        start.setdefault(topic, {}).update(parts)
+    return start or None
 
 
 def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigger: dict, *,

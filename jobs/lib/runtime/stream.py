@@ -14,6 +14,12 @@ long in the Kafka client's settings; past it the query fails and the runtime rep
 ``SourceError: broker unavailable: ...`` (`broker_unavailable`), which supervision restarts from the
 checkpoint with its backoff.
 
+Lost records: Spark's Kafka source reads with ``failOnDataLoss=false``, since it takes any gap in
+the offsets for lost data and a compacted log is full of gaps. kappa checks instead, before each
+batch is read, that no partition's log starts past the batch's start (`lost_offsets`): only
+retention and DeleteRecords move a log start. The version's own ``failOnDataLoss`` (default true)
+fails the job naming the partitions; false logs them and goes on.
+
 Backfill in one pass (`start_stream`): a version whose checkpoint has no committed batch reads from
 offset zero to the log end of the moment it starts in ONE micro-batch: ``Trigger.AvailableNow``
 without ``maxOffsetsPerTrigger``, so no per-partition cap lets a sparse partition run ahead of a dense
@@ -32,7 +38,7 @@ from typing import Any, Callable
 from orchestrator.core.exceptions import ConfigError
 
 __all__ = ["BACKFILL_MODES", "SPARK_OPTIONS", "OUTAGE_OPTION", "check_source_options", "outage_seconds",
-           "broker_unavailable", "java_kafka_config", "kafka_options", "needs_backfill", "start_stream",
+           "broker_unavailable", "fail_on_data_loss", "lost_offsets", "java_kafka_config", "kafka_options", "needs_backfill", "start_stream",
            "ChainedQuery"]
 
 log = logging.getLogger("kappa.runtime")
@@ -121,13 +127,46 @@ def broker_unavailable(error: BaseException | str, bootstrap_servers: str, secon
             f"pipeline's source_options")
 
 
+def fail_on_data_loss(overrides: dict | None) -> bool:
+    """The version's ``failOnDataLoss`` (default true). kappa checks it itself (`lost_offsets`): Spark's
+    Kafka source gets ``false``, because it would take every compaction gap for lost data."""
+    raw = {k.lower(): v for k, v in (overrides or {}).items()}.get("failondataloss", "true")
+    if str(raw).lower() not in ("true", "false"):
+        raise ConfigError(f"source_options: failOnDataLoss must be true or false, got {raw!r}")
+    return str(raw).lower() == "true"
+
+
+def lost_offsets(start: dict[str, dict[str, int]], bootstrap_servers: str,
+                 kafka_config: dict | None = None, timeout: float = 30.0) -> list[str]:
+    """Partitions whose log now starts past where this batch starts (retention or DeleteRecords
+    removed records the version never read), as ``topic[p] next offset S < log start L``; compaction
+    never moves a log start, so its gaps are not listed."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    conf = {"bootstrap.servers": bootstrap_servers, "group.id": "kappa-log-start", "enable.auto.commit": False,
+            **{str(k): v for k, v in (kafka_config or {}).items()}}
+    consumer = Consumer(conf)
+    try:
+        lost = []
+        for topic, parts in sorted(start.items()):
+            for p, offset in sorted(parts.items(), key=lambda kv: int(kv[0])):
+                low, _high = consumer.get_watermark_offsets(TopicPartition(topic, int(p)), timeout=timeout)
+                if 0 <= offset < low:
+                    lost.append(f"{topic}[{p}] next offset {offset} < log start {low} ({low - offset} offsets deleted "
+                                f"before the version read them)")
+        return lost
+    finally:
+        consumer.close()
+
+
 def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | None = None,
                   max_offsets_per_trigger: int | None = None, min_partitions: int | None = None,
                   overrides: dict[str, str] | None = None) -> dict[str, str]:
     """The options of Spark's Kafka source for one version (see the module); `overrides` (the
     pipeline's ``source_options``) last."""
     opts = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topics, "startingOffsets": "earliest",
-            "kafka.isolation.level": "read_committed", **_outage_settings(outage_seconds(overrides))}
+            "kafka.isolation.level": "read_committed", "failOnDataLoss": "false",
+            **_outage_settings(outage_seconds(overrides))}
     if max_offsets_per_trigger:
         opts["maxOffsetsPerTrigger"] = str(int(max_offsets_per_trigger))
     if min_partitions:
@@ -136,8 +175,9 @@ def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | N
         opts[f"kafka.{k}"] = v
     lower = {k.lower(): k for k in opts}
     check_source_options(overrides or {})
+    fail_on_data_loss(overrides)
     for k, v in (overrides or {}).items():
-        if k.lower() == OUTAGE_OPTION.lower():
+        if k.lower() in (OUTAGE_OPTION.lower(), "failondataloss"):   # kappa's own, see above
             continue
         opts.pop(lower.get(k.lower(), k), None)
         opts[k] = str(v)
