@@ -30,11 +30,22 @@ def test_kafka_options_for_a_version_and_overrides_by_either_case():
                          max_offsets_per_trigger=500, min_partitions=2,
                          overrides={"STARTINGOFFSETS": "latest", "kafka.fetch.max.bytes": 1024})
     assert opts == {"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "a,b",
-                    "kafka.isolation.level": "read_committed", "maxOffsetsPerTrigger": "500",
+                    "kafka.isolation.level": "read_committed", "failOnDataLoss": "false",
+                    "fetchOffset.numRetries": "3", "fetchOffset.retryIntervalMs": "1000",
+                    "kafka.default.api.timeout.ms": "40000", "kafka.request.timeout.ms": "30000",
+                    "kafkaConsumer.pollTimeoutMs": "120000", "maxOffsetsPerTrigger": "500",
                     "minPartitions": "2", "kafka.security.protocol": "SSL", "STARTINGOFFSETS": "latest",
                     "kafka.fetch.max.bytes": "1024"}
+    # kappa's own: the outage time sets the client's timeouts; failOnDataLoss is kappa's check, never Spark's
+    short = kafka_options("b:1", "a", overrides={"brokerOutageSeconds": 9, "failOnDataLoss": "true"})
+    assert (short["kafkaConsumer.pollTimeoutMs"], short["kafka.default.api.timeout.ms"]) == ("9000", "3000")
+    assert short["failOnDataLoss"] == "false" and "brokerOutageSeconds" not in short
+    with pytest.raises(ConfigError, match=r"^source_options: brokerOutageSeconds must be a number of seconds above 0"):
+        kafka_options("b:1", "a", overrides={"brokerOutageSeconds": "soon"})
+    with pytest.raises(ConfigError, match=r"^source_options: failOnDataLoss must be true or false, got 'maybe'$"):
+        kafka_options("b:1", "a", overrides={"failOnDataLoss": "maybe"})
     with pytest.raises(ConfigError, match=r"^source_options: unknown option 'readTimeoutSeconds' of Spark's Kafka "
-                                          r"source; known: subscribe, .* and kafka\.\* client settings$"):
+                                          r"source; known: subscribe, .*, brokerOutageSeconds \(kappa's\) and kafka\.\* client settings$"):
         kafka_options("127.0.0.1:9092", "a", overrides={"readTimeoutSeconds": 5})
 
 
