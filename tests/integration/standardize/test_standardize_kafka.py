@@ -50,8 +50,8 @@ def test_aborted_transactions_never_reach_the_table(spark, bootstrap, unique, pa
 
 def test_records_deleted_before_the_version_read_them_are_refused_then_skipped_when_asked(
         spark, bootstrap, unique, paths):
-    topic = f"retained_{unique}"
-    ensure_topic(bootstrap, topic, partitions=1)
+    topic = f"retained_{unique}"           # DeleteRecords needs a topic with delete retention, not compaction
+    ensure_topic(bootstrap, topic, partitions=1, compact=False, topic_config={"retention.ms": "-1"})
     p = Producer({"bootstrap.servers": bootstrap})
     for i in range(5):
         p.produce(topic, key=f"a{i}".encode(), value=profile(f"a{i}"), partition=0)
