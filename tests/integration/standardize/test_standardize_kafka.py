@@ -16,6 +16,7 @@ from std_helpers import V2, run_in_process
 
 from orchestrator.core.tables import read_table
 from orchestrator.dev.datagen import ensure_topic
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +87,9 @@ def test_partitions_added_while_the_version_runs_are_read_from_their_start(spark
     run_in_process(spark, bootstrap, topic, args, V2)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_partitions([NewPartitions(topic, 3)])[topic].result(timeout=30)
+    p = Producer({"bootstrap.servers": bootstrap})     # a producer whose metadata knows the new partitions
+    wait_until(lambda: len(p.list_topics(topic, timeout=10).topics[topic].partitions) == 3,
+               "the producer to see 3 partitions", 30)
     for part, key in ((1, b"m1"), (2, b"m2")):
         p.produce(topic, key=key, value=profile(key.decode()), partition=part)
     p.flush(30)
