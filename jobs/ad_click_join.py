@@ -94,9 +94,9 @@ def build(ctx: JobContext) -> StreamingQuery:
     watermarks. Each topic is its own source (both commit to the version's consumer group)."""
     impressions, clicks = job_topics(ctx, ("ad impressions", "ad clicks"), "ad_click_join")
     options = job_options(ctx, OPTIONS, "ad_click_join")
-    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="append", log=log)
-    df = transform(ctx.read_stream(impressions), ctx.read_stream(clicks), **options)
-    return start_query(ctx, df, writer, output_mode="append", job="ad_click_join")
+    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="append", log=log, name="ad_click_join")
+    return start_query(ctx, lambda read: transform(read(impressions), read(clicks), **options), writer,
+                       output_mode="append", job="ad_click_join")
 
 
 if __name__ == "__main__":

@@ -140,8 +140,8 @@ def build(ctx: JobContext) -> StreamingQuery:
     """Start the query (runtime contract): `--topics <page views>,<profiles>`, one source over both."""
     views, profiles = job_topics(ctx, ("page views", "member profiles"), "pageview_enrich")
     job_options(ctx, {}, "pageview_enrich")
-    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="append", log=log)
-    return start_query(ctx, transform(ctx.read_stream(), views, profiles), writer, output_mode="append",
+    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="append", log=log, name="pageview_enrich")
+    return start_query(ctx, lambda read: transform(read(), views, profiles), writer, output_mode="append",
                        job="pageview_enrich")
 
 

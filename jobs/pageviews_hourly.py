@@ -87,8 +87,9 @@ def build(ctx: JobContext) -> StreamingQuery:
     """Start the query (runtime contract): `--topics <page views>`, `--extra` window/watermark."""
     job_topics(ctx, ("page views",), "pageviews_hourly")
     options = job_options(ctx, OPTIONS, "pageviews_hourly")
-    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="upsert", key_columns=KEY_COLUMNS, log=log)
-    return start_query(ctx, transform(ctx.read_stream(), **options), writer, output_mode="update",
+    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="upsert", key_columns=KEY_COLUMNS, log=log,
+                         name="pageviews_hourly")
+    return start_query(ctx, lambda read: transform(read(), **options), writer, output_mode="update",
                        job="pageviews_hourly")
 
 

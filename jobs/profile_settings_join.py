@@ -134,8 +134,9 @@ def build(ctx: JobContext) -> StreamingQuery:
     """Start the query (runtime contract): `--topics <profiles>,<settings>`, one source over both."""
     profiles, settings = job_topics(ctx, ("member profiles", "member settings"), "profile_settings_join")
     job_options(ctx, {}, "profile_settings_join")
-    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="upsert", key_columns=KEY_COLUMNS, log=log)
-    return start_query(ctx, transform(ctx.read_stream(), profiles, settings), writer, output_mode="update",
+    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="upsert", key_columns=KEY_COLUMNS, log=log,
+                         name="profile_settings_join")
+    return start_query(ctx, lambda read: transform(read(), profiles, settings), writer, output_mode="update",
                        job="profile_settings_join")
 
 

@@ -27,10 +27,8 @@ or ``kafka.*`` client settings).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -38,11 +36,10 @@ from typing import Any, Callable
 from jobs.lib.profiles import DELETED, KEY_COLUMNS, REJECT_COLUMNS, parse_records
 from jobs.lib.rules import Rules, load_rules
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
-from jobs.lib.runtime.backfill import BackfillProgress
-from jobs.lib.runtime.stream import (BACKFILL_MODES, check_source_options, fail_on_data_loss, lost_offsets,
-                                     needs_backfill, start_stream)
-from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, PARTITIONS, DeltaTables, batch_end_offsets, crash_if_asked, latest_per_key, pause_if_asked
-from orchestrator.core.exceptions import ConfigError, KappaError, RulesError, SourceError
+from jobs.lib.batches import MicroBatches, Prepared
+from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, start_stream
+from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, PARTITIONS, DeltaTables, latest_per_key
+from orchestrator.core.exceptions import ConfigError, KappaError, RulesError
 from orchestrator.core.names import app_id
 
 __all__ = ["CRASH_HOOK", "JobOptions", "load_job_rules", "transform", "StandardizeBatches", "start_query",
@@ -105,117 +102,37 @@ def transform(records: Any, rules: Rules, key_order: str) -> tuple[Any, Any, Any
     return parsed, rejects, out
 
 
-class StandardizeBatches:
-    """The foreachBatch function: transform, then rejects and profiles into Delta. Runs on the driver."""
+class StandardizeBatches(MicroBatches):
+    """The foreachBatch function: transform, then rejects and profiles into Delta (`jobs.lib.batches`)."""
 
     def __init__(self, spark: Any, args: Any, rules: Rules, options: JobOptions,
                  on_batch: Callable[..., None] | None = None):
+        tables = DeltaTables(args.output, args.rejects, app_id(args.pipeline, args.version),
+                             KEY_COLUMNS[0], key_order=options.key_order, checkpoint=str(args.checkpoint),
+                             metadata={"pipeline": args.pipeline, "pipeline_version": str(args.version),
+                                       "rules_hash": rules.content_hash, "rules_file": str(rules.path)})
+        super().__init__(args, tables, name="standardize", on_batch=on_batch, log=log)
         self.rules = rules
         self.options = options
-        self.on_batch = on_batch
-        self.tables = DeltaTables(args.output, args.rejects, app_id(args.pipeline, args.version),
-                                  KEY_COLUMNS[0], key_order=options.key_order, checkpoint=str(args.checkpoint),
-                                  metadata={"pipeline": args.pipeline, "pipeline_version": str(args.version),
-                                            "rules_hash": rules.content_hash, "rules_file": str(rules.path)})
-        self.checkpoint = str(args.checkpoint)
-        self.skipped: list[int] = []
-        self.timings: list[dict[str, float]] = []
-        self.rejects_total: int | None = None
-        self.bootstrap_servers = getattr(args, "bootstrap_servers", None)
-        self.kafka_config = getattr(args, "kafka_config", None)
-        source = (getattr(args, "extra", None) or {}).get("source_options") or {}
-        self.fail_on_data_loss = fail_on_data_loss(source)
 
-    def _check_data_loss(self, batch_id: int) -> None:
-        """Before the batch is read: records it should read that the log no longer has (see
-        `jobs.lib.runtime.stream.lost_offsets`) fail it under failOnDataLoss, else are logged."""
-        if self.bootstrap_servers is None:
-            return
-        start = batch_start_offsets(self.checkpoint, batch_id)
-        lost = lost_offsets(start, self.bootstrap_servers, self.kafka_config) if start else []
-        if not lost:
-            return
-        if self.fail_on_data_loss:
-            raise SourceError(f"micro-batch {batch_id}: records lost before the version read them: "
-                              f"{'; '.join(lost)}. Deploy a new version (it reads the log as it is now), or set "
-                              f"failOnDataLoss = false in the pipeline's source_options to go on without them")
-        log.warning("micro-batch %d: records lost before the version read them (failOnDataLoss=false, going "
-                    "on): %s", batch_id, "; ".join(lost))
-
-    def __call__(self, batch: Any, batch_id: int) -> None:
+    def prepare(self, batch: Any, batch_id: int) -> Prepared:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        if self.tables.committed(batch_id):
-            log.info("micro-batch %d is in the table already (a replay after a crash): skipped", batch_id)
-            self.skipped.append(batch_id)
-            return
-        self._check_data_loss(batch_id)
-        t0 = time.perf_counter()
-        spark = batch.sparkSession
-        group = f"kappa-{self.tables.app_id}-batch-{batch_id}"
-        spark.sparkContext.setJobGroup(group, f"kappa standardize: micro-batch {batch_id}")
-        progress = contextlib.nullcontext()
-        end = batch_end_offsets(self.checkpoint, batch_id)
-        if needs_backfill(self.checkpoint) and end:
-            progress = BackfillProgress(spark, self.checkpoint, group, end)   # lag moves while batch 0 is read
-        records = batch.persist(StorageLevel.MEMORY_AND_DISK)
-        held = [records]
-        try:
-            with progress:
-                parsed, rejects, out = transform(records, self.rules, self.options.key_order)
-                parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-                held.append(parsed)
-                counts = parsed.agg(F.count(F.lit(1)), F.count("error")).first()
-                rows_in, n_rejects = int(counts[0]), int(counts[1])
-                if isinstance(progress, BackfillProgress):
-                    progress.read()
-                t1 = time.perf_counter()
-                out = out.persist(StorageLevel.MEMORY_AND_DISK)
-                held.append(out)
-                rows_out = out.count()
-                t2 = time.perf_counter()
-                self.tables.check_key_order(batch_id, out)
-                pause_if_asked("read", batch_id)
-                from jobs.lib.seedjob import hold_if_asked
+        held = [batch.persist(StorageLevel.MEMORY_AND_DISK)]
+        parsed, rejects, out = transform(held[0], self.rules, self.options.key_order)
+        held.append(parsed.persist(StorageLevel.MEMORY_AND_DISK))
+        counts = parsed.agg(F.count(F.lit(1)), F.count("error")).first()
+        held.append(out.persist(StorageLevel.MEMORY_AND_DISK))
+        rejects = rejects.withColumn("batch_id", F.lit(batch_id).cast("long")).select(*REJECT_COLUMNS)
+        return Prepared(rows_in=int(counts[0]), rejects=rejects, n_rejects=int(counts[1]), output=out,
+                        rows_out=out.count(), held=held)
 
-                hold_if_asked(batch_id, log)
-                self.tables.write_rejects(batch_id, rejects.withColumn("batch_id", F.lit(batch_id).cast("long"))
-                                          .select(*REJECT_COLUMNS))
-                t3 = time.perf_counter()
-                pause_if_asked("commit", batch_id)
-                self.tables.upsert(batch_id, out, DELETED)
-                t4 = time.perf_counter()
-        finally:
-            for df in held:
-                df.unpersist()
-        crash_if_asked(batch_id)
-        self.timings.append({"batch_id": batch_id, "read_parse_count": t1 - t0, "dedupe_rules": t2 - t1,
-                             "rejects": t3 - t2, "merge_commit": t4 - t3})
-        log.info("micro-batch %d: %d records, %d members upserted or deleted, %d rejects (%.2f s)", batch_id,
-                 rows_in, rows_out, n_rejects, t4 - t0)
-        if self.on_batch is not None:
-            if self.rejects_total is None:   # counted once (a restart), then kept up to date
-                from orchestrator.core.tables import count_rows
+    def check(self, batch_id: int, prepared: Prepared) -> None:
+        self.tables.check_key_order(batch_id, prepared.output)
 
-                self.rejects_total = count_rows(self.tables.rejects_uri)
-            else:
-                self.rejects_total += n_rejects
-            self.on_batch(batch_id, rows_in, rows_out, n_rejects, self.rejects_total)
-
-
-def batch_start_offsets(checkpoint: str, batch_id: int) -> dict | None:
-    """Where micro-batch `batch_id` starts: the previous batch's end offsets, or the offsets the
-    query started from (batch 0, or a partition new since the previous batch: its log start)."""
-    from jobs.lib.runtime.backfill import initial_offsets
-
-    start = {}
-    for (topic, p), o in (initial_offsets(checkpoint) or {}).items():
-        start.setdefault(topic, {})[str(p)] = o
-    previous = batch_end_offsets(checkpoint, batch_id - 1) if batch_id > 0 else None
-    for topic, parts in (previous or {}).items():
-        start.setdefault(topic, {}).update(parts)
-    return start or None
+    def write(self, batch_id: int, output: Any) -> None:
+        self.tables.upsert(batch_id, output, DELETED)
 
 
 def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigger: dict, *,
@@ -233,7 +150,6 @@ def build(ctx: JobContext, rules: Rules | None = None) -> Any:
     """Start the standardize query (runtime contract)."""
     rules = rules or load_job_rules(ctx.args.rules)
     ctx.rules_hash = rules.content_hash
-    ctx.commit_offsets = True
     query, writer = start_query(ctx.spark, ctx.args, rules, ctx.kafka_options(), ctx.trigger_kwargs(),
                                 on_batch=ctx.record_batch)
     ctx.stage_timings = writer.timings   # per-batch seconds by stage, for the benchmarks

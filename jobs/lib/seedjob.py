@@ -1,48 +1,40 @@
 """What the four seed jobs (`pageviews_hourly`, `profile_settings_join`, `pageview_enrich`,
 `ad_click_join`) share around Spark.
 
-Each job's query is one stream of output rows, reject rows and counts of records read
-(`TAIL_DDL`), which `SeedBatchWriter` splits in foreachBatch into the version's rejects table and
-output table (idempotent Delta commits), and reports to the runtime's status. Parsing the records
-themselves is `jobs.lib.events`.
+Each job's query reads Spark's Kafka source (the runtime's options, `jobs.lib.runtime.stream`) and
+is one stream of output rows, reject rows and counts of records read (`TAIL_DDL`), which
+`SeedBatches` splits in foreachBatch into the version's rejects table and output table with
+delta-spark (`jobs.lib.batches`: idempotent commits, data-loss check, backfill read progress, test
+hooks). Parsing the records themselves is `jobs.lib.events`.
 
-Read progress of the backfill: a new version's first micro-batch reads the whole log as one Spark
-batch (``backfill=one-batch``) through Spark's own stateful operators, and the batch commits only
-when all of it is read, aggregated or joined and written. Meanwhile its source's reader tasks
-report the offsets they have read under ``<checkpoint>/kappa-read-progress`` (`jobs.lib.kafka.progress`,
-set up by `JobContext.read_stream`), from which the orchestrator's lag counts the records not read
-yet, so lag goes down during the backfill. The consumer group's committed offsets, like the Spark
-checkpoint, keep meaning "committed to the version's table": they stay at the log start during the
-backfill and move to its end offsets when it commits. A lag reading taken from read progress never
-counts toward caught up (`orchestrator.observe.lag`): readiness needs the committed batch.
-
-Test hook, so that a test holds a batch between reading and committing instead of racing it:
-``KAPPA_TEST_HOLD_BEFORE_COMMIT=<batch id>`` with ``KAPPA_TEST_HOLD_FILE=<path>``: that batch's
-rows are computed (its source read), then the job writes the file and waits, before any Delta
-commit, until the test deletes it.
+A new version's backfill is one micro-batch (Spark's ``Trigger.AvailableNow`` without a cap, then
+the job's own trigger on the same checkpoint), read through Spark's own stateful operators: it
+commits only when all of it is read, aggregated or joined and written. Meanwhile
+`jobs.lib.runtime.backfill.BackfillProgress` reports how far its tasks got, so lag goes down
+during the backfill; readiness needs the committed batch.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import time
 from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.lib.delta_sink import DELETED, DeltaSink, count_rows
-from jobs.lib.kafka import checkpoint_offsets
+from jobs.lib.batches import MicroBatches, Prepared
+from jobs.lib.profiles import DELETED
 from jobs.lib.runtime import JobContext
+from jobs.lib.runtime.stream import start_stream
+from jobs.lib.sink import DeltaTables
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import app_id
 
 __all__ = [
     "REJECT_COLUMNS", "TAIL_DDL", "TAIL_COLUMNS", "null_columns", "rejects_and_counts", "reject_row",
-    "rows_frame", "SeedBatchWriter", "make_writer", "job_topics", "COMMON_OPTIONS", "state_partitions",
-    "job_options", "start_query", "HOLD_HOOK", "HOLD_FILE", "hold_if_asked",
+    "rows_frame", "SeedBatches", "make_writer", "job_topics", "COMMON_OPTIONS", "state_partitions",
+    "job_options", "start_query",
 ]
 
 REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
@@ -51,24 +43,6 @@ REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
 TAIL_DDL = ("key binary, value binary, topic string, partition int, offset bigint, error string, "
             "input_rows bigint")
 TAIL_COLUMNS = [c.split(" ")[0] for c in TAIL_DDL.split(", ")]
-
-
-HOLD_HOOK = "KAPPA_TEST_HOLD_BEFORE_COMMIT"
-HOLD_FILE = "KAPPA_TEST_HOLD_FILE"
-
-
-def hold_if_asked(batch_id: int, log: logging.Logger | None = None) -> None:
-    """The test hook (see the module): hold this batch before its commits while the file exists."""
-    if os.environ.get(HOLD_HOOK) != str(batch_id) or not os.environ.get(HOLD_FILE):
-        return
-    path = os.environ[HOLD_FILE]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f"{os.getpid()}\n")
-    (log or logging.getLogger("kappa.seedjob")).warning(
-        "%s=%s: micro-batch %d read, holding it before its commits until %s is deleted", HOLD_HOOK,
-        batch_id, batch_id, path)
-    while os.path.exists(path):
-        time.sleep(0.05)
 
 
 def null_columns(ddl: str) -> list[Any]:
@@ -111,101 +85,60 @@ def rows_frame(rows: list[dict], columns: list[str]) -> Any:
     return pd.DataFrame.from_records(rows, columns=columns).astype(object).where(lambda d: d.notna(), None)
 
 
-class SeedBatchWriter:
-    """The foreachBatch function of the seed jobs. Runs on the driver.
+class SeedBatches(MicroBatches):
+    """The foreachBatch function of the seed jobs (`jobs.lib.batches`). Runs on the driver.
 
     Each job's query yields one stream holding its output rows, its rejects and counts of the
-    records read (see `TAIL_DDL`), so a micro-batch is computed once (one `toArrow()`: a
-    stateful plan is never evaluated twice) and then split: rejects first, output second, each an
-    idempotent Delta commit (`jobs.lib.delta_sink.DeltaSink`); a batch already in the output table is
-    neither collected nor written again, only run for its state (see `__call__`). `mode` is
-    "upsert" (by `key_columns`; rows with `_deleted` set delete) or "append". `on_batch` is
-    `JobContext.record_batch`.
+    records read (see `TAIL_DDL`); a micro-batch is persisted, so its stateful plan runs once, then
+    split. `mode` is "upsert" (by `key_columns`; rows with `_deleted` set delete; one row per key and
+    batch, as the stateful operators emit them) or "append". `on_batch` is `JobContext.record_batch`.
     """
 
-    def __init__(self, sink: DeltaSink, output_schema: pa.Schema, *, mode: str,
-                 key_columns: list[str] | None = None,
-                 end_offsets: Callable[[int], dict | None] | None = None,
-                 on_batch: Callable[..., None] | None = None, log: logging.Logger | None = None):
+    stateful = True
+
+    def __init__(self, args: Any, output_schema: pa.Schema, *, mode: str, key_columns: list[str] | None = None,
+                 name: str, on_batch: Callable[..., None] | None = None, log: logging.Logger | None = None):
         if mode not in ("upsert", "append"):
             raise ValueError(f"mode must be 'upsert' or 'append', got {mode!r}")
-        self.sink = sink
-        self.schema = output_schema
+        if mode == "upsert" and not key_columns:
+            raise ValueError("an upsert needs its key columns")
+        tables = DeltaTables(args.output, args.rejects, app_id(args.pipeline, args.version),
+                             list(key_columns or [output_schema.names[0]]), key_order=None,
+                             checkpoint=str(args.checkpoint),
+                             metadata={"pipeline": args.pipeline, "pipeline_version": str(args.version)})
+        super().__init__(args, tables, name=name, on_batch=on_batch, log=log)
+        self.columns = list(output_schema.names)
         self.mode = mode
-        self.key_columns = key_columns or []
-        self.end_offsets = end_offsets or (lambda batch_id: None)
-        self.on_batch = on_batch
-        self.log = log
-        self.skipped: list[int] = []
-        self.rejects_total: int | None = None
 
-    def __call__(self, df: Any, batch_id: int) -> None:
-        if self.sink.committed(batch_id):
-            # A replay after a crash between the Delta commit and Spark's checkpoint commit. Nothing is
-            # written, but the plan still runs (into Spark's no-op sink): its stateful operators must
-            # commit this batch's state version, or Spark fails the batch (state store commit
-            # validation) and the next one would start from the wrong state.
-            if self.log:
-                self.log.warning("micro-batch %d is already in %s (app transaction %s): not written again "
-                                 "(replay after a restart)", batch_id, self.sink.table_uri, self.sink.app_id)
-            df.write.format("noop").mode("overwrite").save()
-            self.skipped.append(batch_id)
-            if self.on_batch:
-                self.on_batch(batch_id, 0, 0, 0)
-            return
-        table = df.toArrow()
-        hold_if_asked(batch_id, self.log)
-        self.write(table, batch_id)
+    def prepare(self, batch: Any, batch_id: int) -> Prepared:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
 
-    def split(self, table: pa.Table, batch_id: int) -> tuple[pa.Table, pa.Table, int]:
-        """(output rows in `output_schema` (+ `_deleted` when upserting), rejects with batch_id,
-        records read)."""
-        is_reject = pc.is_valid(table.column("error"))
-        is_count = pc.is_valid(table.column("input_rows"))
-        rows_in = pc.sum(table.column("input_rows")).as_py() or 0
-        rejects = table.filter(is_reject).select(REJECT_COLUMNS)
-        rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))
-        rows = table.filter(pc.invert(pc.or_(is_reject, is_count)))
-        columns = [rows.column(f.name).cast(f.type) for f in self.schema]
-        schema = self.schema
+        b = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        counts = b.agg(F.coalesce(F.sum("input_rows"), F.lit(0)), F.count("error")).first()
+        rejects = b.where(F.col("error").isNotNull()).select(
+            *REJECT_COLUMNS, F.lit(batch_id).cast("long").alias("batch_id"))
+        rows = b.where(F.col("error").isNull() & F.col("input_rows").isNull())
+        cols = [F.col(c) for c in self.columns]
         if self.mode == "upsert":
-            deleted = (rows.column(DELETED).cast(pa.bool_()) if DELETED in rows.column_names
-                       else pa.array([False] * rows.num_rows, pa.bool_()))
-            columns.append(pc.fill_null(deleted, False))
-            schema = schema.append(pa.field(DELETED, pa.bool_()))
-        return pa.Table.from_arrays(columns, schema=schema), rejects, int(rows_in)
+            deleted = F.col(DELETED) if DELETED in b.columns else F.lit(False)
+            cols.append(F.coalesce(deleted.cast("boolean"), F.lit(False)).alias(DELETED))
+        rows = rows.select(*cols)
+        return Prepared(rows_in=int(counts[0]), rejects=rejects, n_rejects=int(counts[1]), output=rows,
+                        rows_out=rows.count(), held=[b])
 
-    def write(self, table: pa.Table, batch_id: int) -> tuple[pa.Table, pa.Table, int]:
-        rows, rejects, rows_in = self.split(table, batch_id)
-        if self.rejects_total is None:
-            self.rejects_total = count_rows(self.sink.rejects_uri)
-        written = self.sink.write_rejects(batch_id, rejects)
-        if not written.skipped:
-            self.rejects_total += rejects.num_rows
-        offsets = self.end_offsets(batch_id)
+    def write(self, batch_id: int, output: Any) -> None:
         if self.mode == "upsert":
-            self.sink.upsert(batch_id, rows, self.key_columns, DELETED, end_offsets=offsets)
+            self.tables.upsert(batch_id, output, DELETED)
         else:
-            self.sink.append(batch_id, rows, end_offsets=offsets)
-        if self.log:
-            self.log.info("micro-batch %d: %d records in, %d rows %s, %d rejects", batch_id, rows_in,
-                          rows.num_rows, "upserted" if self.mode == "upsert" else "appended",
-                          rejects.num_rows)
-        if self.on_batch:
-            self.on_batch(batch_id, rows_in, rows.num_rows, rejects.num_rows, self.rejects_total)
-        return rows, rejects, rows_in
+            self.tables.append(batch_id, output)
 
 
 def make_writer(ctx: JobContext, output_schema: pa.Schema, *, mode: str, key_columns: list[str] | None = None,
-                log: logging.Logger | None = None) -> SeedBatchWriter:
-    """The SeedBatchWriter of a job run by `jobs.lib.runtime` (paths, app id and metadata from its
-    arguments; end offsets of each batch from its Spark checkpoint)."""
-    args = ctx.args
-    sink = DeltaSink(args.output, args.rejects, app_id(args.pipeline, args.version),
-                     {"pipeline": args.pipeline, "version": args.version})
-    return SeedBatchWriter(sink, output_schema, mode=mode, key_columns=key_columns,
-                           end_offsets=lambda b: checkpoint_offsets(args.checkpoint, b),
-                           on_batch=ctx.record_batch, log=log)
+                log: logging.Logger | None = None, name: str = "seed job") -> SeedBatches:
+    """The SeedBatches of a job run by `jobs.lib.runtime` (paths, app id and metadata from its arguments)."""
+    return SeedBatches(ctx.args, output_schema, mode=mode, key_columns=key_columns, name=name,
+                       on_batch=ctx.record_batch, log=log)
 
 
 def job_topics(ctx: JobContext, roles: tuple[str, ...], job: str) -> list[str]:
@@ -262,9 +195,12 @@ def job_options(ctx: JobContext, defaults: dict[str, str], job: str) -> dict[str
     return out
 
 
-def start_query(ctx: JobContext, df: Any, writer: SeedBatchWriter, *, output_mode: str, job: str) -> Any:
-    """Start a seed job's streaming query: foreachBatch into `writer`, the job's checkpoint and
-    trigger, its `state_partitions`. Returns the StreamingQuery (the runtime contract of `build(ctx)`).
+def start_query(ctx: JobContext, build: Callable[..., Any], writer: SeedBatches, *, output_mode: str,
+                job: str) -> Any:
+    """Start a seed job's streaming query on Spark's Kafka source: `build(read)` makes its DataFrame
+    (``read()`` the stream over all of ``--topics``, ``read(topic)`` one over a topic), foreachBatch
+    into `writer`, the version's checkpoint and trigger, its `state_partitions`; the backfill is one
+    micro-batch. Returns the StreamingQuery (the runtime contract of `build(ctx)`).
 
     The query takes the session's SQL settings when it starts, so the number of state partitions is
     set for the start only and the session's own value restored (tests share one session)."""
@@ -274,15 +210,11 @@ def start_query(ctx: JobContext, df: Any, writer: SeedBatchWriter, *, output_mod
     before = conf.get(key)
     if partitions is not None:
         conf.set(key, str(partitions))
+    ctx.stage_timings = writer.timings
     try:
-        return (
-            df.writeStream.queryName(f"{job}_{ctx.args.pipeline}_v{ctx.args.version}")
-            .outputMode(output_mode)
-            .foreachBatch(writer)
-            .option("checkpointLocation", ctx.args.checkpoint)
-            .trigger(**ctx.trigger_kwargs())
-            .start()
-        )
+        return start_stream(ctx.spark, ctx.kafka_options(), writer, checkpoint=str(ctx.args.checkpoint),
+                            trigger=ctx.trigger_kwargs(), name=f"{job}_{ctx.args.pipeline}_v{ctx.args.version}",
+                            build=build, output_mode=output_mode)
     finally:
         if partitions is not None:
             conf.set(key, before)

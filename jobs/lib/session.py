@@ -224,8 +224,8 @@ def create_cds_archive(force: bool = False, timeout: float = 300.0) -> Path | No
 
 def build_session(app_name: str = "kappa", master: str | None = None, local_dir: str | None = None,
                   shuffle_partitions: int | None = None, extra: dict[str, str] | None = None):
-    """A SparkSession with Spark's Kafka connector and delta-spark (`connector_jars`, `DELTA_CONF`), the
-    kappa Kafka source registered and the RocksDB state store on.
+    """A SparkSession with Spark's Kafka connector and delta-spark (`connector_jars`, `DELTA_CONF`) and
+    the RocksDB state store on.
 
     Runs on the driver. `master` defaults to KAPPA_SPARK_MASTER or local[2]; `shuffle_partitions`
     to `default_shuffle_partitions`.
@@ -233,8 +233,6 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
     prepare_environment()
     jars = connector_jars()   # before the JVM starts: missing JARs are one line, not a ClassNotFound
     from pyspark.sql import SparkSession
-
-    from jobs.lib.kafka import KafkaDataSource
 
     master = master or os.environ.get(KAPPA_SPARK_MASTER, "local[2]")
     if shuffle_partitions is None:
@@ -267,5 +265,4 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get(KAPPA_SPARK_LOG_LEVEL, "WARN"))
-    spark.dataSource.register(KafkaDataSource)
     return spark

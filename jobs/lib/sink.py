@@ -128,16 +128,24 @@ def latest_per_key(rows: Any, key: str, key_order: str) -> Any:
 
 
 class DeltaTables:
-    """The output and rejects tables of one pipeline version, written from foreachBatch."""
+    """The output and rejects tables of one pipeline version, written from foreachBatch.
 
-    def __init__(self, table_uri: str, rejects_uri: str | None, app_id: str, key: str, *,
-                 key_order: str = "partition", metadata: dict | None = None, checkpoint: str | None = None):
-        if key_order not in KEY_ORDERS:
+    `key` names the output's key column(s). With a `key_order` the rows carry their source record's
+    position (``source_partition``, ``source_offset``, ``source_timestamp``) and the order rule of the
+    module applies; with None (a stateful job's output: one row per key and batch, already the
+    latest) a batch's row replaces the table's."""
+
+    def __init__(self, table_uri: str, rejects_uri: str | None, app_id: str, key: str | list[str], *,
+                 key_order: str | None = "partition", metadata: dict | None = None, checkpoint: str | None = None):
+        if key_order is not None and key_order not in KEY_ORDERS:
             raise SinkError(f"key_order must be one of {', '.join(KEY_ORDERS)}, got {key_order!r}")
         self.table_uri = str(table_uri)
         self.rejects_uri = str(rejects_uri) if rejects_uri else None
         self.app_id = app_id
-        self.key = key
+        self.keys = [key] if isinstance(key, str) else list(key)
+        if key_order is not None and len(self.keys) != 1:
+            raise SinkError(f"a key order needs one key column (the record key), got {self.keys}")
+        self.key = self.keys[0]
         self.key_order = key_order
         self.metadata = dict(metadata or {})
         self.checkpoint = checkpoint
@@ -247,11 +255,11 @@ class DeltaTables:
                     .save(self.table_uri)
                 return
             later = F.lit(True)
-            merge = (DeltaTable.forPath(session, self.table_uri).alias("t")
-                     .merge(F.broadcast(latest).alias("s"), f"t.`{self.key}` = s.`{self.key}`"))
+            on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.keys)
+            merge = DeltaTable.forPath(session, self.table_uri).alias("t").merge(F.broadcast(latest).alias("s"), on)
             if self.key_order == "timestamp":
                 later = F.struct(*_order("s.", "timestamp")) > F.struct(*_order("t.", "timestamp"))
-            else:
+            elif self.key_order == "partition":
                 moved = F.concat(F.lit(_MOVED), F.col(f"s.`{self.key}`").cast("string"), F.lit(" (partition "),
                                  F.col("t.source_partition").cast("string"), F.lit(" in the table, "),
                                  F.col("s.source_partition").cast("string"), F.lit(" now)"))
@@ -269,6 +277,12 @@ class DeltaTables:
                 if _MOVED not in text:
                     raise
                 self._refuse(batch_id, [text.split(_MOVED, 1)[1].split(")", 1)[0] + ")"])
+
+
+    def append(self, batch_id: int, rows: Any) -> None:
+        """Append the batch's rows (an append-only output: joined events, closed windows)."""
+        with self._transaction(rows.sparkSession, batch_id):
+            rows.write.format("delta").mode("append").save(self.table_uri)
 
 
 #: Marks the MERGE's refusal of a key that moved partitions, so `upsert` can name the key.

@@ -32,7 +32,7 @@ Deterministic failures are not restarted in a loop: a job that reported state ``
 error of kind (the ``Name:`` its status.json error starts with) in `DETERMINISTIC` (bad rules or
 options, a SinkError refusal such as the key-order check, a SourceError about the input such as an
 unknown topic or offsets the broker no longer has) would fail the same way again. A SourceError
-that starts ``broker unavailable:`` (`jobs.lib.kafka.outage.UNAVAILABLE`) is not deterministic:
+that starts ``broker unavailable:`` (`jobs.lib.runtime.stream.broker_unavailable`) is not deterministic:
 the broker may be back. A process that died without reporting, a hung one, or any other error
 (the JVM, Py4J, an unexpected exception) is restarted, within the bound.
 """
@@ -59,7 +59,7 @@ ACTION = "restart"
 REASON = "supervisor:"
 #: Error kinds a restart would only repeat.
 DETERMINISTIC = frozenset({"ConfigError", "RulesError", "SinkError", "SourceError", "NotFoundError"})
-#: Kept in sync with `jobs.lib.kafka.outage.UNAVAILABLE` (not imported: the control plane does not
+#: Kept in sync with `jobs.lib.runtime.stream.broker_unavailable` (not imported: the control plane does not
 #: load the job's Kafka code).
 BROKER_UNAVAILABLE = "broker unavailable:"
 _REPORTED = "the job reported failure: "

@@ -1,24 +1,19 @@
 """Read progress of a one-batch backfill: what its tasks have read before the batch commits.
 
-A version's first micro-batch reads the whole log (``backfill=one-batch``, `jobs.lib.kafka.source`),
+A version's first micro-batch reads the whole log (``backfill=one-batch``, `jobs.lib.runtime.stream`),
 and Spark's checkpoint and the consumer group move only when that batch commits, so the lag the
 orchestrator measures from them would stay at its full value for the whole backfill. While the
-backfill runs, its reader tasks therefore report how far they have read, in files under
-``<checkpoint>/kappa-read-progress/`` (the source option ``readProgressDir``, which the job runtime
-sets there):
+backfill runs, the job's driver therefore reports how far its tasks have read
+(`jobs.lib.runtime.backfill.BackfillProgress`), in files under ``<checkpoint>/kappa-read-progress/``:
 
-* ``<source>/batch.json``, written by the driver when it plans the backfill (`write_manifest`):
-  the batch's start and end offsets and how many scans of the source its plan holds (a query
-  that unions two branches of one source reads every range twice; each read counts for
-  ``1/scans``). ``<source>`` is the source's topics joined by ``+``.
-* ``<source>/<topic>~<partition>~<start>~<end>~<reader>.json``, written by the reader task of one
-  range about once a second and when it finishes (`RangeReport`): the offset it has read up to.
-  ``<reader>`` names the Spark task (stage and partition), so two scans of one range, or a retried
-  task, never mix.
+* ``<source>/batch.json`` (`write_manifest`): the batch's start and end offsets and how many scans
+  of them count (each counts for ``1/scans``). ``<source>`` is the topics joined by ``+``.
+* ``<source>/<topic>~<partition>~<start>~<end>~<reader>.json`` (`RangeReport`), about once a
+  second: the offset read up to in one partition's range.
 
-The driver deletes a source's directory when the batch commits (`clear`), and starts it afresh when
-it plans a backfill, so files of a killed run never count for its replay. Progress is a courtesy:
-a report that cannot be written is dropped and never fails a task.
+The directory is deleted when the batch commits (`clear`) and started afresh when a backfill
+begins, so files of a killed run never count for its replay. Progress is a courtesy: a report that
+cannot be written is dropped and never fails the job.
 
 What the offsets mean meanwhile: the Spark checkpoint and the consumer group's committed offsets
 keep meaning "committed to the version's table"; during the backfill they stay at its start (the

@@ -5,8 +5,10 @@ A job module is::
     from jobs.lib.runtime import JobContext, run
 
     def build(ctx: JobContext):
-        df = ctx.read_stream()                      # the Kafka source, options from the arguments
-        return (df.writeStream.foreachBatch(...)    # call ctx.record_batch(...) in there
+        reader = ctx.spark.readStream.format("kafka")   # Spark's Kafka source
+        for k, v in ctx.kafka_options().items():         # the version's options and kafka.* settings
+            reader = reader.option(k, v)
+        return (reader.load().writeStream.foreachBatch(...)   # call ctx.record_batch(...) in there
                 .option("checkpointLocation", ctx.args.checkpoint)
                 .trigger(**ctx.trigger_kwargs()).start())
 

@@ -4,7 +4,7 @@ A version's first micro-batch reads the whole log, and Spark's checkpoint (and t
 move only when it commits. While it runs, `BackfillProgress` (a driver thread) turns the progress of
 the batch's Spark stages into the read-progress files the orchestrator's lag reads
 (`jobs.lib.kafka.progress`): the batch's start offsets (what Spark's Kafka source recorded as its
-initial offsets, ``<checkpoint>/sources/0/0``) and end offsets (its offset log), then, about once a
+initial offsets, ``<checkpoint>/sources/<n>/0``) and end offsets (its offset log), then, about once a
 second, each partition read up to start + (end - start) x the share of the scan's tasks that
 finished. ``minPartitions`` splits the batch into that many tasks at least, so the figure moves in
 steps of a task. The reading never counts as caught up (`orchestrator.observe.lag`), and the
@@ -29,13 +29,17 @@ POLL_SECONDS = 1.0
 
 
 def initial_offsets(checkpoint: str | Path) -> dict[tuple[str, int], int] | None:
-    """The offsets Spark's Kafka source started from ({(topic, partition): offset}), or None."""
-    try:
-        text = (Path(checkpoint) / "sources" / "0" / "0").read_text(encoding="utf-8", errors="replace")
-        doc = json.loads(text.strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return {(t, int(p)): int(o) for t, parts in doc.items() for p, o in parts.items()}
+    """The offsets Spark's Kafka sources started from ({(topic, partition): offset}, every source of
+    the query: ``<checkpoint>/sources/<n>/0``), or None."""
+    out: dict[tuple[str, int], int] = {}
+    for source in sorted((Path(checkpoint) / "sources").glob("*/0")):
+        try:
+            text = source.read_text(encoding="utf-8", errors="replace")
+            doc = json.loads(text.strip().splitlines()[-1])
+            out.update({(t, int(p)): int(o) for t, parts in doc.items() for p, o in parts.items()})
+        except (OSError, ValueError, IndexError, AttributeError):
+            continue
+    return out or None
 
 
 def _as_map(offsets: dict[str, dict[str, int]]) -> dict[tuple[str, int], int]:

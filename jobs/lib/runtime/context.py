@@ -12,8 +12,6 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQueryListener
 
 from jobs.lib.kafka import map_to_offsets, merge_offsets, offsets_to_map
-from jobs.lib.kafka.options import canonical_option
-from jobs.lib.kafka.progress import clear as clear_progress, progress_dir
 from jobs.lib.runtime.status import Status
 from orchestrator.core.exceptions import KappaError
 
@@ -47,33 +45,6 @@ class JobContext:
         self._rules_hash = value
         self.status.update(rules_hash=value)
 
-    def source_options(self, topics: list[str] | str | None = None) -> dict[str, str]:
-        """The Kafka source options the arguments imply, named as in Spark's Kafka connector (see
-        `jobs.lib.kafka.options`). ``--extra`` ``source_options`` override them by either name
-        of an option (an old dotted name replaces the primary one the arguments set)."""
-        if topics is None:
-            topics = self.args.topics_list
-        if not isinstance(topics, str):
-            topics = ",".join(topics)
-        opts = {
-            "kafka.bootstrap.servers": self.args.bootstrap_servers,
-            "subscribe": topics,
-            "kafka.group.id": self.args.group_id,
-            "maxOffsetsPerTrigger": str(self.args.max_records_per_batch),
-        }
-        try:
-            opts["minPartitions"] = str(max(1, int(self.spark.sparkContext.defaultParallelism)))
-        except Exception:
-            pass
-        for k, v in (self.args.kafka_config or {}).items():
-            opts[f"kafka.{k}"] = str(v)
-        overrides: dict[str, str] = {}
-        for k, v in (self.extra.get("source_options") or {}).items():
-            overrides[str(k)] = v if isinstance(v, str) else json.dumps(v)
-        named = {canonical_option(k) for k in overrides}
-        opts = {k: v for k, v in opts.items() if canonical_option(k) not in named}
-        return {**opts, **overrides}
-
     def kafka_options(self, topics: list[str] | str | None = None) -> dict[str, str]:
         """The options of Spark's Kafka source for this version (`jobs.lib.runtime.stream.kafka_options`):
         ``--extra`` ``source_options`` override them."""
@@ -92,22 +63,6 @@ class JobContext:
         return kafka_options(self.args.bootstrap_servers, topics, kafka_config=self.args.kafka_config,
                              max_offsets_per_trigger=self.args.max_records_per_batch, min_partitions=cores,
                              overrides=overrides)
-
-    def read_stream(self, topics: list[str] | str | None = None) -> Any:
-        """A streaming DataFrame over ``topics`` (default: all of ``--topics``); schema in the contract.
-
-        Its one-batch backfill reports read progress under the checkpoint (`jobs.lib.kafka.progress`),
-        where the orchestrator's lag reads it, unless ``source_options`` set ``readProgressDir``.
-        Reports found there now are a dead run's (the query has not started): they are dropped."""
-        reader = self.spark.readStream.format("kappa_kafka")
-        opts = self.source_options(topics)
-        where = progress_dir(self.args.checkpoint)
-        if where and "readProgressDir" not in {canonical_option(k) for k in opts}:
-            clear_progress(where)
-            opts["readProgressDir"] = where
-        for k, v in opts.items():
-            reader = reader.option(k, v)
-        return reader.load()
 
     def trigger_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``DataStreamWriter.trigger`` from ``--trigger``/``--interval-seconds``."""
@@ -155,12 +110,8 @@ class JobContext:
             if end is not None and fields["batch_id"] == batch_id:
                 fields["end_offsets"] = end
             self.status.update(**fields)
-        if end is not None and self.commit_offsets:
+        if end is not None:   # Spark's Kafka source never commits to a consumer group: kappa does
             self._commit_to_group(end)
-
-    #: Whether finished batches' end offsets go to the version's consumer group (jobs on Spark's
-    #: Kafka source, which never commits; kappa's own source commits them itself).
-    commit_offsets = False
 
     def _commit_to_group(self, end: dict) -> None:
         """The batch's end offsets to the version's consumer group, so Kafka's own tools

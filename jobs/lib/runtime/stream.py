@@ -200,16 +200,22 @@ def needs_backfill(checkpoint: str | Path) -> bool:
     return not commits.is_dir() or not any(p.name.isdigit() for p in commits.iterdir())
 
 
-def _reader(spark: Any, options: dict[str, str]) -> Any:
-    reader = spark.readStream.format("kafka")
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    return reader.load()
+def _reader(spark: Any, options: dict[str, str]) -> Callable[..., Any]:
+    """`read(topics=None)`: a Kafka stream with `options`, over `topics` instead of ``subscribe``."""
+    def read(topics: str | list[str] | None = None) -> Any:
+        opts = dict(options)
+        if topics is not None:
+            opts["subscribe"] = topics if isinstance(topics, str) else ",".join(topics)
+        reader = spark.readStream.format("kafka")
+        for k, v in opts.items():
+            reader = reader.option(k, v)
+        return reader.load()
+    return read
 
 
-def _start(spark: Any, options: dict[str, str], transform: Callable[[Any], Any], sink: Callable[[Any, int], None],
-           checkpoint: str, trigger: dict, name: str) -> Any:
-    return (transform(_reader(spark, options)).writeStream.queryName(name).foreachBatch(sink)
+def _start(spark: Any, options: dict[str, str], build: Callable[..., Any], sink: Callable[[Any, int], None],
+           checkpoint: str, trigger: dict, name: str, output_mode: str) -> Any:
+    return (build(_reader(spark, options)).writeStream.queryName(name).outputMode(output_mode).foreachBatch(sink)
             .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
 
 
@@ -217,21 +223,24 @@ BACKFILL_MODES = ("one-batch", "capped")
 
 
 def start_stream(spark: Any, options: dict[str, str], sink: Callable[[Any, int], None], *, checkpoint: str,
-                 trigger: dict, name: str, transform: Callable[[Any], Any] = lambda df: df,
-                 backfill: str = "one-batch") -> Any:
+                 trigger: dict, name: str, build: Callable[..., Any] = lambda read: read(),
+                 backfill: str = "one-batch", output_mode: str = "append") -> Any:
     """Start the version's query (see the module for the backfill); returns a StreamingQuery, or a
-    `ChainedQuery` of the backfill and the live query that behaves as one. ``backfill="capped"``: the
-    first pass is capped by ``maxOffsetsPerTrigger`` too (several batches; for a log too large to read
-    in one, at the price of event-time skew between partitions)."""
+    `ChainedQuery` of the backfill and the live query that behaves as one.
+
+    `build(read)` makes the query's DataFrame: ``read()`` is the Kafka stream over the version's topics,
+    ``read(topics)`` one over some of them (a join of two streams). ``backfill="capped"``: the first
+    pass is capped by ``maxOffsetsPerTrigger`` too (several batches; for a log too large to read in
+    one, at the price of event-time skew between partitions)."""
     if backfill not in BACKFILL_MODES:
         raise ConfigError(f"backfill must be one of {', '.join(BACKFILL_MODES)}, got {backfill!r}")
     if backfill == "capped" or not needs_backfill(checkpoint):
-        return _start(spark, options, transform, sink, checkpoint, trigger, name)
+        return _start(spark, options, build, sink, checkpoint, trigger, name, output_mode)
     uncapped = {k: v for k, v in options.items() if k.lower() != "maxoffsetspertrigger"}
-    first = _start(spark, uncapped, transform, sink, checkpoint, {"availableNow": True}, name)
+    first = _start(spark, uncapped, build, sink, checkpoint, {"availableNow": True}, name, output_mode)
     if trigger.get("availableNow"):
         return first
-    return ChainedQuery(first, lambda: _start(spark, options, transform, sink, checkpoint, trigger, name))
+    return ChainedQuery(first, lambda: _start(spark, options, build, sink, checkpoint, trigger, name, output_mode))
 
 
 class ChainedQuery:

@@ -30,7 +30,7 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RUNNING
 from orchestrator.dev import datagen
-from jobs.lib.seedjob import HOLD_FILE, HOLD_HOOK
+from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
 from orchestrator.dev.broker import EmbeddedBroker
 from orchestrator.jobctl import inspect_version, read_launch
 from orchestrator.lifecycle.await_ready import wait_ready

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from jobs.lib.delta_sink import read_table
+from orchestrator.core.tables import read_table
 from jobs.lib.runtime import JobContext, Status, parse_args
 
 UTC = timezone.utc

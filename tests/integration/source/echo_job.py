@@ -33,7 +33,10 @@ def build(ctx: JobContext):
             time.sleep(float(extra["batch_sleep"]))
         ctx.record_batch(batch_id, table.num_rows, table.num_rows, 0, rejects_total=0)
 
-    return (ctx.read_stream().writeStream.foreachBatch(write)
+    reader = ctx.spark.readStream.format("kafka")
+    for k, v in ctx.kafka_options().items():
+        reader = reader.option(k, v)
+    return (reader.load().writeStream.foreachBatch(write)
             .option("checkpointLocation", ctx.args.checkpoint)
             .trigger(**ctx.trigger_kwargs()).start())
 

@@ -82,35 +82,6 @@ class Kafka:
                           f"{expected}", 60, done=lambda got: got == expected)
 
 
-def source(spark, bootstrap: str, topics: str, **options):
-    """A kappa_kafka streaming DataFrame (options by Spark's Kafka connector names or their old
-    dotted names; pass them as a dict where they are not identifiers)."""
-    r = spark.readStream.format("kappa_kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topics)
-    for k, v in options.items():
-        r = r.option(k, str(v))
-    return r.load()
-
-
-def run_available_now(spark, df, name: str, checkpoint: str, parquet_dir: str | None = None):
-    """Drive an available-now query to completion; returns (rows as dicts, progress list).
-
-    Memory sink by default; ``parquet_dir`` uses a file sink instead, which (unlike the memory sink)
-    can resume from an existing checkpoint.
-    """
-    w = df.writeStream.queryName(name).option("checkpointLocation", checkpoint).trigger(availableNow=True)
-    w = w.format("parquet").option("path", parquet_dir) if parquet_dir else w.format("memory")
-    q = w.start()
-    try:
-        done = q.awaitTermination(WAIT_SECONDS)
-        assert done, f"available-now query {name} still running after {WAIT_SECONDS}s"
-        assert q.exception() is None, q.exception()
-        progress = list(q.recentProgress)
-    finally:
-        q.stop()
-    rows = read_parquet_rows(parquet_dir) if parquet_dir else spark.table(name).toArrow().to_pylist()
-    return rows, progress
-
-
 def read_parquet_rows(path: str) -> list[dict]:
     """Rows of the Parquet files under ``path`` (none: empty), ignoring Spark's _spark_metadata."""
     from pathlib import Path
@@ -122,20 +93,3 @@ def read_parquet_rows(path: str) -> list[dict]:
     for f in files:
         rows.extend(pq.read_table(f).to_pylist())
     return rows
-
-
-def await_failure(q) -> BaseException:
-    """Wait for a query that must fail; returns its exception (stops the query in any case)."""
-    from pyspark.errors import StreamingQueryException
-
-    try:
-        try:
-            finished = q.awaitTermination(WAIT_SECONDS)
-        except StreamingQueryException as e:
-            return e
-        assert finished, f"query still running after {WAIT_SECONDS}s; expected it to fail"
-        err = q.exception()
-        assert err is not None, "query finished without the expected failure"
-        return err
-    finally:
-        q.stop()

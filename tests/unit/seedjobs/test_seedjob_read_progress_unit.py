@@ -1,23 +1,20 @@
-"""Read progress of a one-batch backfill, without services: the files the source's driver and
-tasks write (`jobs.lib.kafka.progress`), the positions the orchestrator derives from them, the lag
+"""Read progress of a one-batch backfill, without services: the files the job's driver writes
+(`jobs.lib.kafka.progress`), the positions the orchestrator derives from them, the lag
 arithmetic over them, and the floor that keeps an uncommitted backfill from counting as caught up."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from types import SimpleNamespace
 
 import pytest
 
-from jobs.lib.kafka import SourceSettings
 from jobs.lib.kafka.progress import (
     MANIFEST, BatchProgress, RangeReport, ReadPosition, backfill_reading, progress_dir, progress_positions,
     read_progress, source_dir, write_manifest,
 )
-from jobs.lib.kafka.source import KafkaStreamReader
-from jobs.lib.seedjob import HOLD_FILE, HOLD_HOOK, hold_if_asked
+from jobs.lib.batches import HOLD_FILE, HOLD_HOOK, hold_if_asked
 from orchestrator.observe.lag import lag_from_offsets, pending_floor, uncommitted_limits
 from tests.waiting import wait_until
 
@@ -97,26 +94,6 @@ def test_a_report_whose_directory_is_gone_is_dropped_quietly(tmp_path):
     report.update(5, final=True)
     report.update(10, final=True)
     assert report._off and not (tmp_path / "committed-and-cleared").exists()
-
-
-def test_only_the_backfill_batch_reports_and_its_commit_clears_it(tmp_path):
-    opts = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": T, "readProgressDir": progress_dir(tmp_path),
-            "minPartitions": "1"}
-    reader = KafkaStreamReader(SourceSettings.from_options(opts))
-    reader._first = {(T, 0): 0, (T, 1): 0}
-    start, end = {T: {"0": 0, "1": 0}}, {T: {"0": 100, "1": 40}}
-    first = reader.partitions(start, end)
-    second = reader.partitions(start, end)   # a second scan of the source in the query's plan
-    where = source_dir(progress_dir(tmp_path), (T,))
-    assert {r.progress for r in first + second} == {where}
-    assert json.loads((tmp_path / "kappa-read-progress" / T / MANIFEST).read_text())["scans"] == 2
-    live = reader.partitions(end, {T: {"0": 110, "1": 40}})
-    assert [r.progress for r in live] == [None]
-    reader.commit(end)
-    assert not os.path.exists(where)
-    capped = KafkaStreamReader(SourceSettings.from_options({**opts, "backfill": "capped"}))
-    capped._first = {(T, 0): 0, (T, 1): 0}
-    assert {r.progress for r in capped.partitions(start, end)} == {None}
 
 
 LOGS = {(T, 0): (0, 130), (T, 1): (0, 40)}

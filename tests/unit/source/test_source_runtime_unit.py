@@ -43,14 +43,15 @@ def _ctx(tmp_path, *more):
     return JobContext(args, spark=None, status=status)
 
 
-def test_source_options_and_trigger(tmp_path):
+def test_kafka_options_and_trigger(tmp_path):
     ctx = _ctx(tmp_path, "--kafka-config", '{"security.protocol": "SSL"}', "--max-records-per-batch", "500",
-               "--extra", '{"source_options": {"on.missing.offsets": "earliest"}}', "--interval-seconds", "0.5")
-    opts = ctx.source_options()
-    assert opts == {"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "a,b",
-                    "kafka.group.id": "kappa.standardize.v3", "maxOffsetsPerTrigger": "500",
-                    "kafka.security.protocol": "SSL", "on.missing.offsets": "earliest"}
-    assert ctx.source_options(["b"])["subscribe"] == "b"
+               "--extra", '{"source_options": {"minPartitions": 8}}', "--interval-seconds", "0.5")
+    opts = ctx.kafka_options()
+    assert {k: opts[k] for k in ("kafka.bootstrap.servers", "subscribe", "startingOffsets", "maxOffsetsPerTrigger",
+                                 "kafka.security.protocol", "minPartitions")} == {
+        "kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "a,b", "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": "500", "kafka.security.protocol": "SSL", "minPartitions": "8"}
+    assert ctx.kafka_options(["b"])["subscribe"] == "b"
     assert ctx.trigger_kwargs() == {"processingTime": "500 milliseconds"}
     assert _ctx(tmp_path, "--trigger", "available-now").trigger_kwargs() == {"availableNow": True}
 
@@ -103,17 +104,3 @@ def test_error_summary_finds_the_kappa_error_inside_a_spark_failure():
     assert summarize_error(SourceError("bad")) == "SourceError: bad"
     other = summarize_error(StreamingQueryException("boom\nRuntimeError: echo job told to fail at batch 1"))
     assert other == "RuntimeError: echo job told to fail at batch 1"
-
-
-def test_source_options_overridden_by_either_name_of_an_option(tmp_path):
-    """--extra source_options replace what the arguments set, by the old or the new name, so the
-    source never sees both names of one option (which it refuses when they differ)."""
-    from jobs.lib.kafka import SourceSettings
-
-    ctx = _ctx(tmp_path, "--max-records-per-batch", "500", "--extra",
-               '{"source_options": {"max.records.per.batch": 7, "backfill": "capped", "failOnDataLoss": "false"}}')
-    opts = ctx.source_options()
-    assert "maxOffsetsPerTrigger" not in opts and opts["max.records.per.batch"] == "7"
-    s = SourceSettings.from_options(opts)
-    assert (s.max_records_per_batch, s.backfill, s.on_missing_offsets) == (7, "capped", "earliest")
-    assert s.bootstrap_servers == "127.0.0.1:9092" and s.topics == ("a", "b") and s.group_id == "kappa.standardize.v3"
