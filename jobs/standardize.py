@@ -22,7 +22,7 @@ Options (``[pipelines.<name>.options]``, passed as ``--extra``): ``key_order`` (
 refuse a key seen in two partitions; ``timestamp``: order by record timestamp, partition, offset),
 ``backfill`` (``one-batch``: a version's first pass is one micro-batch; ``capped``: capped by
 ``maxOffsetsPerTrigger`` like the live tail), ``source_options`` (options of Spark's Kafka source,
-or ``kafka.*`` client settings).
+or ``kafka.*`` client settings), ``upkeep`` (`jobs.lib.upkeep`: OPTIMIZE and VACUUM).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from jobs.lib.rules import Rules, load_rules
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
 from jobs.lib.batches import MicroBatches, Prepared
 from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, start_stream
+from jobs.lib.upkeep import Upkeep
 from jobs.lib.sink import CRASH_HOOK, KEY_ORDERS, PARTITIONS, DeltaTables, latest_per_key
 from orchestrator.core.exceptions import ConfigError, KappaError, RulesError
 from orchestrator.core.names import app_id
@@ -58,7 +59,7 @@ def load_job_rules(path: str | None) -> Rules:
 class JobOptions:
     """The job's own options (``--extra``), validated before Spark starts."""
 
-    KNOWN = ("key_order", "backfill", "source_options")
+    KNOWN = ("key_order", "backfill", "source_options", "upkeep")
 
     def __init__(self, extra: dict | None):
         extra = dict(extra or {})
@@ -76,6 +77,7 @@ class JobOptions:
         if not isinstance(source, dict):
             raise ConfigError(f"--extra: source_options must be a table of options, got {source!r}")
         check_source_options(source)
+        Upkeep.from_options([], extra.get("upkeep"))
 
 
 def transform(records: Any, rules: Rules, key_order: str) -> tuple[Any, Any, Any]:

@@ -13,7 +13,8 @@ For each micro-batch, in this order:
 4. the job's `prepare` computes its rejects and output rows (persisted, so a stateful plan runs once)
    and counts them; `check` may refuse the batch before anything is written;
 5. the rejects are appended, then the output written (`write`), each an idempotent Delta commit;
-6. the counts go to the runtime's status (`on_batch`).
+6. the counts go to the runtime's status (`on_batch`);
+7. every so many batches, the tables' upkeep (`jobs.lib.upkeep`: OPTIMIZE, VACUUM).
 
 Test hooks (`jobs.lib.sink`): ``KAPPA_TEST_PAUSE_AT=read:<id>`` / ``commit:<id>``,
 ``KAPPA_TEST_CRASH_AFTER_COMMIT=<id>``, and ``KAPPA_TEST_HOLD_BEFORE_COMMIT=<id>`` with
@@ -32,6 +33,7 @@ from typing import Any, Callable
 from jobs.lib.runtime.backfill import BackfillProgress, initial_offsets
 from jobs.lib.runtime.stream import fail_on_data_loss, lost_offsets, needs_backfill
 from jobs.lib.sink import DeltaTables, batch_end_offsets, crash_if_asked, pause_if_asked
+from jobs.lib.upkeep import Upkeep
 from orchestrator.core.exceptions import SourceError
 
 __all__ = ["Prepared", "MicroBatches", "batch_start_offsets", "hold_if_asked", "HOLD_HOOK", "HOLD_FILE"]
@@ -94,8 +96,9 @@ class MicroBatches:
         self.checkpoint = str(args.checkpoint)
         self.bootstrap_servers = getattr(args, "bootstrap_servers", None)
         self.kafka_config = getattr(args, "kafka_config", None)
-        source = (getattr(args, "extra", None) or {}).get("source_options") or {}
-        self.fail_on_data_loss = fail_on_data_loss(source)
+        extra = getattr(args, "extra", None) or {}
+        self.fail_on_data_loss = fail_on_data_loss(extra.get("source_options") or {})
+        self.upkeep = Upkeep.from_options([tables.table_uri, tables.rejects_uri], extra.get("upkeep"), self.log)
         self.skipped: list[int] = []
         self.timings: list[dict[str, float]] = []
         self.rejects_total: int | None = None
@@ -162,8 +165,9 @@ class MicroBatches:
             for df in held:
                 df.unpersist()
         crash_if_asked(batch_id)
+        self.upkeep.after_batch(spark)
         self.timings.append({"batch_id": batch_id, "read_transform_count": t1 - t0, "rejects": t2 - t1,
-                             "write": t3 - t2})
+                             "write": t3 - t2, "upkeep": time.perf_counter() - t3})
         self.log.info("micro-batch %d: %d records, %d rows written, %d rejects (%.2f s)", batch_id, p.rows_in,
                       p.rows_out, p.n_rejects, t3 - t0)
         if self.on_batch is not None:

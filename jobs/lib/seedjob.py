@@ -28,6 +28,7 @@ from jobs.lib.profiles import DELETED
 from jobs.lib.runtime import JobContext
 from jobs.lib.runtime.stream import start_stream
 from jobs.lib.sink import DeltaTables
+from jobs.lib.upkeep import Upkeep
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import app_id
 
@@ -155,7 +156,7 @@ _DURATION = re.compile(r"^\d+ (second|minute|hour|day)s?$")
 
 
 #: `--extra` options every seed job takes besides its own durations (handled here, not by the job)
-COMMON_OPTIONS = ("source_options", "state_partitions")
+COMMON_OPTIONS = ("source_options", "state_partitions", "upkeep")
 
 
 def state_partitions(ctx: JobContext, job: str) -> int | None:
@@ -182,6 +183,7 @@ def job_options(ctx: JobContext, defaults: dict[str, str], job: str) -> dict[str
     (checked by `state_partitions` and the source)."""
     extra = {k: v for k, v in (ctx.extra or {}).items() if k not in COMMON_OPTIONS}
     state_partitions(ctx, job)
+    Upkeep.from_options([], (ctx.extra or {}).get("upkeep"))
     unknown = sorted(set(extra) - set(defaults))
     if unknown:
         raise ConfigError(f"job {job} has no option {', '.join(map(repr, unknown))} in --extra; "

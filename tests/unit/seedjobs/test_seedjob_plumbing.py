@@ -89,3 +89,20 @@ def test_seed_generators_are_deterministic_and_valid():
     assert any(d > timedelta(minutes=10) for d in delays) and any(d <= timedelta(minutes=10) for d in delays)
     merged = seedgen.by_time(imps, clicks)
     assert [r.timestamp_ms for r in merged] == sorted(r.timestamp_ms for r in merged)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ("often", "upkeep must be a table such as"),
+    ({"optimise_every": 3}, "unknown upkeep option(s) 'optimise_every'; known: optimize_every, vacuum_retention_hours"),
+    ({"optimize_every": -1}, "'optimize_every' must be a whole number of micro-batches >= 0"),
+    ({"optimize_every": 2.5}, "'optimize_every' must be a whole number of micro-batches"),
+    ({"vacuum_retention_hours": 0.5}, "'vacuum_retention_hours' must be a number of hours >= 1"),
+])
+def test_upkeep_options_are_checked_before_spark_starts(options, fragment):
+    from jobs.lib.upkeep import Upkeep
+
+    with pytest.raises(ConfigError) as e:
+        job_options(ctx("a", {"upkeep": options}), {}, "j")
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+    up = Upkeep.from_options(["/t"], {"optimize_every": 0, "vacuum_retention_hours": 24})
+    assert (up.optimize_every, up.retention_hours) == (0, 24.0)
