@@ -114,11 +114,13 @@ def test_bad_rules_file_fails_before_anything_starts(bootstrap, changelog, paths
 
 @pytest.mark.parametrize("extra, message", [
     ({"buckets": 32}, "ConfigError: --extra: unknown standardize option(s) 'buckets'; known: key_order, backfill, "
-                      "source_options"),
+                      "source_options, upkeep"),
     ({"key_order": "offset"}, "ConfigError: --extra: key_order must be one of partition, timestamp, got 'offset'"),
     ({"backfill": "all"}, "ConfigError: --extra: backfill must be one of one-batch, capped, got 'all'"),
     ({"source_options": {"readTimeoutSeconds": 5}},
      "ConfigError: source_options: unknown option 'readTimeoutSeconds' of Spark's Kafka source; known: "),
+    ({"upkeep": {"optimize_every": -1}},
+     "ConfigError: --extra: upkeep option 'optimize_every' must be a whole number of micro-batches >= 0"),
 ])
 def test_bad_job_options_fail_before_anything_starts(paths, extra, message):
     argv = paths.argv("127.0.0.1:9", "no_topic", rules_path("titles", "v2"))
