@@ -29,13 +29,13 @@ Output table columns: impression_id, ad_id, member_id, shown_at, click_id, click
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs.lib.events import AD_CLICK, AD_IMPRESSION, parse_batches, parsed_ddl
+from jobs.lib.event_columns import parse_events
+from jobs.lib.events import AD_CLICK, AD_IMPRESSION
 from jobs.lib.runtime import JobContext, run
 from jobs.lib.seedjob import (
     TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, rejects_and_counts,
@@ -71,8 +71,8 @@ def transform(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT
 
     Columns: `OUTPUT_DDL`, then `jobs.lib.seedjob.TAIL_DDL`.
     """
-    imps = impressions.mapInArrow(partial(parse_batches, AD_IMPRESSION), parsed_ddl(AD_IMPRESSION))
-    clks = clicks.mapInArrow(partial(parse_batches, AD_CLICK), parsed_ddl(AD_CLICK))
+    imps = parse_events(impressions, AD_IMPRESSION)
+    clks = parse_events(clicks, AD_CLICK)
     i = (imps.where(F.col("error").isNull())
          .select("impression_id", "ad_id", "member_id", "shown_at")
          .withWatermark("shown_at", impressions_watermark))

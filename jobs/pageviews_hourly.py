@@ -30,13 +30,13 @@ Output table: member_id string, window_start timestamp, window_end timestamp, vi
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs.lib.events import PAGE_VIEW, parse_batches, parsed_ddl
+from jobs.lib.event_columns import parse_events
+from jobs.lib.events import PAGE_VIEW
 from jobs.lib.runtime import JobContext, run
 from jobs.lib.seedjob import (
     TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, rejects_and_counts,
@@ -70,7 +70,7 @@ def transform(source: DataFrame, *, window: str = DEFAULT_WINDOW,
     a stateless union with the aggregation (one query, one sink), so Spark reads each micro-batch's
     offset range once per branch.
     """
-    parsed = source.mapInArrow(partial(parse_batches, PAGE_VIEW), parsed_ddl(PAGE_VIEW))
+    parsed = parse_events(source, PAGE_VIEW)
     counts = (
         parsed.where(F.col("error").isNull())
         .withWatermark("viewed_at", watermark)

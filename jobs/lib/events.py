@@ -22,9 +22,9 @@ Profiles and settings are changelogs: a null value (tombstone) deletes the membe
 caller handles it before parsing. Events have no tombstones; a null value is rejected.
 
 Parsing never raises: it returns the typed row or the reason the record was rejected, and
-the jobs write that reason to the version's rejects table. The functions here are plain
-Python and pyarrow, picklable, and run on Spark executors (inside ``mapInArrow`` and the
-stateful pandas functions) as well as in the tests.
+the jobs write that reason to the version's rejects table. `parse_record` is the exact parser:
+the stateless jobs parse in the JVM (`jobs.lib.event_columns.parse_events`, which sends it only
+the records the JVM cannot vouch for), the stateful pandas functions call it on executors.
 
 What the seed jobs share around Spark (the rejects and counts beside the output, the
 micro-batch writer) is `jobs.lib.seedjob`.
@@ -35,14 +35,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
 __all__ = [
     "STRING", "TIMESTAMP", "BOOL", "EventType", "PAGE_VIEW", "PROFILE", "SETTINGS", "AD_IMPRESSION", "AD_CLICK",
     "parse_timestamp", "decode_key", "parse_value", "parse_record", "POSITION_FIELDS", "RAW_FIELDS",
-    "parsed_schema", "parsed_ddl", "parse_batches",
+    "parsed_schema", "parsed_ddl",
 ]
 
 STRING, TIMESTAMP, BOOL = "string", "timestamp", "bool"
@@ -188,7 +188,7 @@ def parse_record(et: EventType, key: bytes | None,
     return parse_value(et, text, value)
 
 
-# -- Arrow: the stateless parse step of the jobs built on Spark's native operators -------------
+# -- the schema of parsed records (`jobs.lib.event_columns.parse_events`) ------------------------
 
 #: Columns passed through from the Kafka source next to the parsed fields.
 POSITION_FIELDS = [pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
@@ -197,45 +197,11 @@ RAW_FIELDS = [pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.f
 
 
 def parsed_schema(et: EventType) -> pa.Schema:
-    """Schema of `parse_batches` output: typed fields, source position, and for rejects raw key,
-    value and the reason (`error` is null exactly for the rows that parsed)."""
+    """Schema of `jobs.lib.event_columns.parse_events` output: typed fields, source position, and for
+    rejects raw key, value and the reason (`error` is null exactly for the rows that parsed)."""
     return pa.schema(list(et.arrow_schema()) + POSITION_FIELDS + RAW_FIELDS)
 
 
 def parsed_ddl(et: EventType) -> str:
     return (et.spark_ddl() + ", topic string, partition int, offset bigint, timestamp timestamp, "
             "key binary, value binary, error string")
-
-
-def parse_batches(et: EventType, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`mapInArrow` function: Kafka source batches in, `parsed_schema(et)` batches out.
-
-    Runs on executors. One output row per input row, so no record disappears here: a record
-    either parses (typed fields set, `error` null, raw bytes dropped) or becomes a reject row
-    (typed fields null, raw key and value kept, `error` the reason).
-    """
-    schema = parsed_schema(et)
-    names = list(et.fields)
-    for batch in batches:
-        cols: dict[str, list] = {n: [] for n in names}
-        raw_key, raw_value, errors = [], [], []
-        keys = batch.column("key").to_pylist()
-        values = batch.column("value").to_pylist()
-        for k, v in zip(keys, values):
-            row, error = parse_record(et, k, v)
-            if error is None:
-                for n in names:
-                    cols[n].append(row[n])
-                raw_key.append(None)
-                raw_value.append(None)
-            else:
-                for n in names:
-                    cols[n].append(None)
-                raw_key.append(k)
-                raw_value.append(v)
-            errors.append(error)
-        arrays = [pa.array(cols[n], type=schema.field(n).type) for n in names]
-        arrays += [batch.column(f.name).cast(f.type) for f in POSITION_FIELDS]
-        arrays += [pa.array(raw_key, pa.binary()), pa.array(raw_value, pa.binary()),
-                   pa.array(errors, pa.string())]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from jobs.lib.batches import MicroBatches, Prepared
 from jobs.lib.profiles import DELETED
 from jobs.lib.runtime import JobContext
-from jobs.lib.runtime.stream import start_stream
+from jobs.lib.runtime.stream import BACKFILL_MODES, start_stream
 from jobs.lib.sink import DeltaTables
 from jobs.lib.upkeep import Upkeep
 from orchestrator.core.exceptions import ConfigError
@@ -35,7 +35,7 @@ from orchestrator.core.names import app_id
 __all__ = [
     "REJECT_COLUMNS", "TAIL_DDL", "TAIL_COLUMNS", "null_columns", "rejects_and_counts", "reject_row",
     "rows_frame", "SeedBatches", "make_writer", "job_topics", "COMMON_OPTIONS", "state_partitions",
-    "job_options", "start_query",
+    "job_options", "backfill_mode", "start_query",
 ]
 
 REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
@@ -55,7 +55,7 @@ def null_columns(ddl: str) -> list[Any]:
 
 
 def rejects_and_counts(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`mapInArrow` function over `parse_batches` output: its reject rows, plus one row counting
+    """`mapInArrow` function over `jobs.lib.event_columns.parse_events` output: its reject rows, plus one row counting
     the records of each non-empty batch (`input_rows`), so the job can report exactly how many
     records it read even though its output holds aggregates or joined pairs. Runs on executors."""
     schema = pa.schema([pa.field("key", pa.binary()), pa.field("value", pa.binary()),
@@ -156,7 +156,7 @@ _DURATION = re.compile(r"^\d+ (second|minute|hour|day)s?$")
 
 
 #: `--extra` options every seed job takes besides its own durations (handled here, not by the job)
-COMMON_OPTIONS = ("source_options", "state_partitions", "upkeep")
+COMMON_OPTIONS = ("source_options", "state_partitions", "upkeep", "backfill")
 
 
 def state_partitions(ctx: JobContext, job: str) -> int | None:
@@ -177,6 +177,15 @@ def state_partitions(ctx: JobContext, job: str) -> int | None:
     return int(raw)
 
 
+def backfill_mode(ctx: JobContext) -> str:
+    """`--extra` ``backfill``: ``one-batch`` (default: a version's first pass is one micro-batch) or
+    ``capped`` (capped by ``maxOffsetsPerTrigger`` like the live tail); ConfigError otherwise."""
+    mode = (ctx.extra or {}).get("backfill", "one-batch")
+    if mode not in BACKFILL_MODES:
+        raise ConfigError(f"--extra: backfill must be one of {', '.join(BACKFILL_MODES)}, got {mode!r}")
+    return mode
+
+
 def job_options(ctx: JobContext, defaults: dict[str, str], job: str) -> dict[str, str]:
     """The job-specific `--extra` options (durations such as "10 minutes") over their defaults;
     ConfigError naming an unknown option or a malformed duration. `COMMON_OPTIONS` are left out
@@ -184,6 +193,7 @@ def job_options(ctx: JobContext, defaults: dict[str, str], job: str) -> dict[str
     extra = {k: v for k, v in (ctx.extra or {}).items() if k not in COMMON_OPTIONS}
     state_partitions(ctx, job)
     Upkeep.from_options([], (ctx.extra or {}).get("upkeep"))
+    backfill_mode(ctx)
     unknown = sorted(set(extra) - set(defaults))
     if unknown:
         raise ConfigError(f"job {job} has no option {', '.join(map(repr, unknown))} in --extra; "
@@ -202,7 +212,7 @@ def start_query(ctx: JobContext, build: Callable[..., Any], writer: SeedBatches,
     """Start a seed job's streaming query on Spark's Kafka source: `build(read)` makes its DataFrame
     (``read()`` the stream over all of ``--topics``, ``read(topic)`` one over a topic), foreachBatch
     into `writer`, the version's checkpoint and trigger, its `state_partitions`; the backfill is one
-    micro-batch. Returns the StreamingQuery (the runtime contract of `build(ctx)`).
+    micro-batch unless ``backfill = "capped"``. Returns the StreamingQuery (the runtime contract of `build(ctx)`).
 
     The query takes the session's SQL settings when it starts, so the number of state partitions is
     set for the start only and the session's own value restored (tests share one session)."""
@@ -216,7 +226,7 @@ def start_query(ctx: JobContext, build: Callable[..., Any], writer: SeedBatches,
     try:
         return start_stream(ctx.spark, ctx.kafka_options(), writer, checkpoint=str(ctx.args.checkpoint),
                             trigger=ctx.trigger_kwargs(), name=f"{job}_{ctx.args.pipeline}_v{ctx.args.version}",
-                            build=build, output_mode=output_mode)
+                            build=build, output_mode=output_mode, backfill=backfill_mode(ctx))
     finally:
         if partitions is not None:
             conf.set(key, before)

@@ -49,7 +49,7 @@ def test_profile_settings_join_as_a_process(bootstrap, unique, tmp_path):
     # capped batches from the start (not the one-batch backfill): the join state carries across them
     job = JobRun(tmp_path, "profile_settings_join", f"psj_{unique}", bootstrap,
                  [profiles_topic, settings_topic], max_records=25,
-                 extra={"source_options": {"backfill": "capped"}})
+                 extra={"backfill": "capped"})
     proc = subprocess.run([sys.executable, "-m", "jobs.profile_settings_join", *job.argv], cwd=REPO,
                           env={**os.environ, **spark_env()}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -37,9 +37,8 @@ class Job:
                 "--bootstrap-servers", kafka.bootstrap, "--topics", topic, "--output", str(self.output),
                 "--checkpoint", str(self.checkpoint), "--run-dir", str(self.run_dir), "--group-id", self.group,
                 "--master", "local[2]", *extra_args]
-        # these tests follow a job batch by batch: no one-batch backfill
-        extra = {"source_options": {"backfill": "capped"}, **(extra or {})}
-        args += ["--extra", json.dumps(extra)]
+        if extra:
+            args += ["--extra", json.dumps(extra)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         self.log = open(self.run_dir / "job.log", "wb")
         self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT,
