@@ -7,10 +7,11 @@ changelogs keyed by member id (the Kafka key, UTF-8); a tombstone (null value) d
 
 The Samza implementation: one key-value store keyed by member id holds the latest profile and the
 latest settings; a change on either side updates its half and emits the new joined record. Here
-that store is the state of `applyInPandasWithState` over the union of both topics (one source, one
-read per micro-batch), grouped by the Kafka key, on the RocksDB state store with changelog
-checkpointing. Within a micro-batch a side's records are applied in offset order, so the latest
-record of each side wins exactly as compaction would keep it.
+that store is a streaming aggregation in the JVM over the union of both topics (one source),
+grouped by member id, on the RocksDB state store with changelog checkpointing: per side, ``max_by``
+of the side's record (fields, offset, tombstone) by its (partition, offset). A key lives in one
+partition of each topic, so the latest record of each side wins exactly as compaction would keep
+it. Records are parsed in the JVM too (`jobs.lib.event_columns.parse_events`).
 
 Emission and output: for every member touched in a micro-batch the function emits the joined
 record as of the end of the batch (the intermediate joins of one batch would be overwritten by the
@@ -30,24 +31,20 @@ is made of).
 
 from __future__ import annotations
 
-import json
 import logging
-from functools import partial
-from typing import Iterator
 
-import pandas as pd
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from jobs.lib.events import PROFILE, SETTINGS, decode_key, parse_value
+from jobs.lib.event_columns import parse_events
+from jobs.lib.events import PROFILE, SETTINGS
 from jobs.lib.runtime import JobContext, run
 from jobs.lib.seedjob import (
-    TAIL_DDL, job_options, job_topics, make_writer, reject_row, rows_frame, start_query,
+    TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, rejects_and_counts, start_query,
 )
 
-__all__ = ["KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "join_member", "transform", "build"]
+__all__ = ["KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "transform", "build"]
 
 log = logging.getLogger("kappa.profile_settings_join")
 
@@ -59,75 +56,57 @@ OUTPUT_SCHEMA = pa.schema(
     + [pa.field("profile_offset", pa.int64()), pa.field("settings_offset", pa.int64())]
 )
 
-STATE_DDL = "profile string, profile_offset bigint, settings string, settings_offset bigint"
 OUTPUT_DDL = (
     "member_id string, " + PROFILE.spark_ddl() + ", " + SETTINGS.spark_ddl()
-    + ", profile_offset bigint, settings_offset bigint, _deleted boolean, " + TAIL_DDL
+    + ", profile_offset bigint, settings_offset bigint, _deleted boolean"
 )
-_OUT_COLUMNS = [c.split(" ")[0] for c in OUTPUT_DDL.split(", ")]
+_RAW = ["key", "value", "topic", "partition", "offset", "timestamp"]
 
 
-def join_member(profiles_topic: str, settings_topic: str, key: tuple, pdfs: Iterator[pd.DataFrame],
-                state: GroupState) -> Iterator[pd.DataFrame]:
-    """One member's records of one micro-batch -> their joined row (or delete) and rejects.
-
-    Runs on an executor, once per key and micro-batch; state = the latest valid value (as JSON)
-    and offset of each side.
-    """
-    df = pd.concat(list(pdfs), ignore_index=True)
-    member, key_error = decode_key(PROFILE, key[0])
-    out: list[dict] = [{"input_rows": len(df)}]
-    if key_error:
-        out.extend(reject_row(r, decode_key(SETTINGS if r.topic == settings_topic else PROFILE, key[0])[1])
-                   for r in df.itertuples(index=False))
-        yield rows_frame(out, _OUT_COLUMNS)
-        return
-    profile, profile_offset, settings, settings_offset = (
-        state.get if state.exists else (None, None, None, None))
-    changed = False
-    df = df.sort_values(["partition", "offset"], kind="stable")
-    for r in df.itertuples(index=False):
-        is_profile = r.topic == profiles_topic
-        if not is_profile and r.topic != settings_topic:
-            out.append(reject_row(r, f"topic {r.topic!r} is neither the profiles topic "
-                                  f"{profiles_topic!r} nor the settings topic {settings_topic!r}"))
-            continue
-        if r.value is None:
-            doc = None
-        else:
-            row, error = parse_value(PROFILE if is_profile else SETTINGS, member, r.value)
-            if error:
-                out.append(reject_row(r, error))
-                continue
-            doc = json.dumps(row)
-        if is_profile:
-            profile, profile_offset = doc, (None if doc is None else int(r.offset))
-        else:
-            settings, settings_offset = doc, (None if doc is None else int(r.offset))
-        changed = True
-    if changed:
-        if profile is None and settings is None:
-            state.remove()
-        else:
-            state.update((profile, profile_offset, settings, settings_offset))
-        joined = {"member_id": member, "_deleted": profile is None}
-        if profile is not None:
-            joined.update(json.loads(profile), profile_offset=profile_offset)
-            if settings is not None:
-                joined.update(json.loads(settings), settings_offset=settings_offset)
-        out.append(joined)
-    yield rows_frame(out, _OUT_COLUMNS)
+def _side(parsed: DataFrame, tombstones: DataFrame, et, name: str) -> DataFrame:
+    """One side's valid records and tombstones as (member_id, side struct, its order)."""
+    fields = list(et.fields)
+    valid = parsed.where(F.col("error").isNull()).select(
+        "member_id", *fields, "partition", "offset", F.lit(False).alias("gone"))
+    gone = tombstones.select(F.col("key").cast("string").alias("member_id"),
+                             *[F.lit(None).cast(valid.schema[n].dataType).alias(n) for n in fields],
+                             "partition", "offset", F.lit(True).alias("gone"))
+    return valid.unionByName(gone).select(
+        "member_id", F.struct(*fields, "offset", "gone").alias(name), F.struct("partition", "offset").alias("order"))
 
 
 def transform(source: DataFrame, profiles_topic: str, settings_topic: str) -> DataFrame:
     """Kafka rows of both topics -> joined rows to upsert (`_deleted` marks deletes), rejects and
     input counts (`jobs.lib.seedjob.TAIL_DDL`)."""
-    return (
-        source.select("key", "value", "topic", "partition", "offset", "timestamp")
-        .groupBy("key")
-        .applyInPandasWithState(partial(join_member, profiles_topic, settings_topic), OUTPUT_DDL,
-                                STATE_DDL, "update", GroupStateTimeout.NoTimeout)
-    )
+    recs = source.select(*_RAW)
+    key_ok = F.col("key").isNotNull() & F.expr("is_valid_utf8(key)") & (F.length("key") > 0)
+    tomb = F.col("value").isNull() & key_ok
+    is_profile = F.col("topic") == profiles_topic
+    prof = parse_events(recs.where(is_profile & ~tomb), PROFILE, key_as="member_id")
+    sett = parse_events(recs.where(~is_profile & ~tomb), SETTINGS, key_as="member_id")
+    p = _side(prof, recs.where(is_profile & tomb), PROFILE, "p")
+    s = _side(sett, recs.where(~is_profile & tomb), SETTINGS, "s")
+    both = p.withColumn("s", F.lit(None).cast(s.schema["s"].dataType)).unionByName(
+        s.withColumn("p", F.lit(None).cast(p.schema["p"].dataType)))
+    latest = both.groupBy("member_id").agg(
+        F.max_by("p", F.when(F.col("p").isNotNull(), F.col("order"))).alias("p"),
+        F.max_by("s", F.when(F.col("s").isNotNull(), F.col("order"))).alias("s"))
+    has_p = F.col("p").isNotNull() & ~F.col("p.gone")
+    has_s = has_p & F.col("s").isNotNull() & ~F.col("s.gone")
+    joined = latest.select(
+        "member_id",
+        *[F.when(has_p, F.col(f"p.{n}")).alias(n) for n in PROFILE.fields],
+        *[F.when(has_s, F.col(f"s.{n}")).alias(n) for n in SETTINGS.fields],
+        F.when(has_p, F.col("p.offset")).alias("profile_offset"),
+        F.when(has_s, F.col("s.offset")).alias("settings_offset"),
+        (~has_p).alias("_deleted"), *null_columns(TAIL_DDL))
+    counted = prof.unionByName(sett, allowMissingColumns=True).select("key", "value", "topic", "partition", "offset",
+                                                                      "error")
+    tombs = recs.where(tomb).select("key", "value", "topic", "partition", "offset",
+                                    F.lit(None).cast("string").alias("error"))
+    side = counted.unionByName(tombs).mapInArrow(rejects_and_counts, TAIL_DDL).select(
+        *null_columns(OUTPUT_DDL), *TAIL_COLUMNS)
+    return joined.unionByName(side)
 
 
 def build(ctx: JobContext) -> StreamingQuery:

@@ -49,9 +49,10 @@ def _slow_rows(et: EventType, keys: Any, values: Any) -> Any:
     return pd.Series(out, dtype=object)
 
 
-def parse_events(records: Any, et: EventType) -> Any:
+def parse_events(records: Any, et: EventType, key_as: str | None = None) -> Any:
     """Kafka source rows -> `jobs.lib.events.parsed_ddl(et)` rows: typed fields, position, and for a
-    reject its raw key and value and the reason (`error` null exactly for the rows that parsed)."""
+    reject its raw key and value and the reason (`error` null exactly for the rows that parsed).
+    With `key_as`, also the record key as text in a column of that name (for every valid row)."""
     from functools import partial
 
     from pyspark.sql import functions as F
@@ -97,16 +98,18 @@ def parse_events(records: Any, et: EventType) -> Any:
         same = F.coalesce((typ(ident) == "STRING") & (as_string(ident) == F.col("key").cast("string")), F.lit(False))
         ok = ok & (~present | same)
     checked = base.withColumn("__ok", F.coalesce(ok, F.lit(False)))
+    keyed = [F.col("key").cast("string").alias(key_as)] if key_as else []
     fast = checked.where(F.col("__ok")).select(
-        *[typed[n].cast(_SPARK[t]).alias(n) for n, (t, _) in et.fields.items()], *_POSITION,
+        *keyed, *[typed[n].cast(_SPARK[t]).alias(n) for n, (t, _) in et.fields.items()], *_POSITION,
         F.lit(None).cast("binary").alias("key"), F.lit(None).cast("binary").alias("value"),
         F.lit(None).cast("string").alias("error"))
     slow_udf = F.pandas_udf(partial(_slow_rows, et), "string", PythonEvalType.SQL_SCALAR_PANDAS_UDF)
     parsed = F.from_json(slow_udf(F.col("key"), F.col("value")), _slow_ddl(et))
     slow = checked.where(~F.col("__ok")).select("key", "value", *_POSITION, parsed.alias("__p"))
     failed = F.col("__p.error").isNotNull()
+    keyed = [F.when(~failed, F.col("key").cast("string")).alias(key_as)] if key_as else []
     slow = slow.select(
-        *[F.col(f"__p.{n}").cast(_SPARK[t]).alias(n) for n, (t, _) in et.fields.items()], *_POSITION,
+        *keyed, *[F.col(f"__p.{n}").cast(_SPARK[t]).alias(n) for n, (t, _) in et.fields.items()], *_POSITION,
         F.when(failed, F.col("key")).alias("key"), F.when(failed, F.col("value")).alias("value"),
         F.col("__p.error").alias("error"))
     return fast.unionByName(slow)

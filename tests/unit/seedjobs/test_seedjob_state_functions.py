@@ -1,4 +1,4 @@
-"""The per-key state functions of the two keyed-state jobs, driven without Spark.
+"""The per-key state function of pageview_enrich, driven without Spark.
 
 Spark calls them once per key and micro-batch with the key's rows and its GroupState; `FakeState`
 has the same surface (exists, get, update, remove).
@@ -11,9 +11,8 @@ import json
 import pandas as pd
 
 from jobs.pageview_enrich import enrich_member
-from jobs.profile_settings_join import join_member
 
-P, S, V = "profiles", "settings", "views"
+P, V = "profiles", "views"
 
 
 class FakeState:
@@ -53,51 +52,6 @@ def run(fn, topics, recs, state, key=b"m1"):
         columns=["key", "value", "topic", "partition", "offset", "error", "input_rows"])
     rejects = out[out["error"].notna()][["topic", "partition", "offset", "error"]]
     return data.to_dict("records"), rejects.to_dict("records")
-
-
-def test_join_emits_latest_joined_record_and_outer_settings():
-    state = FakeState()
-    data, rejects = run(join_member, (P, S), [
-        (S, 0, 5, 1, {"language": "en", "email_notifications": True, "visibility": "public"}),
-        (P, 0, 7, 2, {"name": "Ana", "zip": "10115"}),
-        (P, 0, 9, 3, {"name": "Ana B", "zip": "10117"}),
-        (S, 0, 6, 4, "not json".encode()),
-    ], state)
-    assert rejects == [{"topic": S, "partition": 0, "offset": 6, "error": rejects[0]["error"]}]
-    assert rejects[0]["error"].startswith("value is not JSON")
-    assert data == [{"member_id": "m1", "name": "Ana B", "title": None, "company": None, "location": None,
-                     "zip": "10117", "language": "en", "email_notifications": True, "visibility": "public",
-                     "profile_offset": 9, "settings_offset": 5, "_deleted": False}]
-    # settings deleted: the profile stays, settings columns null
-    data, _ = run(join_member, (P, S), [(S, 0, 8, 5, None)], state)
-    assert data[0]["language"] is None and data[0]["settings_offset"] is None and data[0]["name"] == "Ana B"
-    # profile deleted: the row is deleted and the state forgets the member
-    data, _ = run(join_member, (P, S), [(P, 0, 11, 6, None)], state)
-    assert data[0]["_deleted"] is True and data[0]["name"] is None
-    assert state.value is None
-
-
-def test_join_keeps_settings_until_the_profile_arrives():
-    state = FakeState()
-    data, _ = run(join_member, (P, S), [(S, 1, 0, 1, {"language": "fr"})], state)
-    assert data == [dict(data[0], _deleted=True)]
-    data, _ = run(join_member, (P, S), [(P, 1, 3, 2, {"name": "Zoë"})], state)
-    assert data[0]["_deleted"] is False and data[0]["language"] == "fr" and data[0]["name"] == "Zoë"
-
-
-def test_join_batch_of_only_rejects_emits_no_row():
-    state = FakeState(('{"name": "A"}', 1, None, None))
-    data, rejects = run(join_member, (P, S), [(P, 0, 2, 1, {"title": "no name"})], state)
-    assert data == [] and [r["error"] for r in rejects] == ["field 'name' is missing"]
-    assert state.value == ('{"name": "A"}', 1, None, None)
-
-
-def test_join_rejects_every_record_of_a_bad_key():
-    data, rejects = run(join_member, (P, S), [(P, 0, 1, 1, {"name": "A"}), (S, 0, 2, 2, {})],
-                        FakeState(), key=None)
-    assert data == []
-    assert [r["error"] for r in rejects] == ["null key: member profile records are keyed by member_id",
-                                             "null key: member settings records are keyed by member_id"]
 
 
 def view(i, at="2024-05-01T10:00:00Z"):
