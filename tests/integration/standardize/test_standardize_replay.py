@@ -36,7 +36,8 @@ def test_process_killed_after_delta_commit_then_restarted(bootstrap, changelog, 
 
     code, log = run_job_process(argv, paths.run_dir / "job.log")
     assert code == 0, log[-3000:]
-    assert "micro-batch 1 is in the table already (a replay after a crash): skipped" in log
+    assert (f"micro-batch 1 is in {paths.output} already (app transaction kappa.standardize.v1): not written again "
+            f"(a replay after a restart)") in log
     expected = changelog.expected("v2")
     assert read_table(paths.output).sort_by("member_id").equals(expected.table)
     rejects = sorted((r["partition"], r["offset"], r["error"]) for r in read_table(paths.rejects).to_pylist())
