@@ -105,8 +105,8 @@ class FieldRules:
         """These rules as a Spark expression over the string column `raw`, evaluated in the JVM but for
         the normalisation (Unicode NFKC and case folding, which Spark has no function for): a pandas
         UDF that normalises each distinct value of its input once. The exact and alias spellings are
-        a map lookup, the regex rules ``rlike`` in priority order (Java's regex with Unicode classes,
-        ``(?U)``, as Python's str patterns), the ``keep`` policy a whitespace collapse. Equal to
+        a map lookup, the regex rules ``rlike`` in priority order (`java_regex`: Python's syntax and
+        classes in Java's regex), the ``keep`` policy a whitespace collapse. Equal to
         `standardize` on every value (tests/unit/standardize/test_standardize_rules_spark.py)."""
         from pyspark.sql import functions as F
 
@@ -115,7 +115,7 @@ class FieldRules:
         if self.unmatched == "keep":
             out = F.trim(F.regexp_replace(raw, _PY_WHITESPACE, " "))
         for rule in reversed(self.regex):
-            out = F.when(key.rlike("(?U)" + rule.pattern.pattern), F.lit(rule.canonical)).otherwise(out)
+            out = F.when(key.rlike(java_regex(rule.pattern.pattern)), F.lit(rule.canonical)).otherwise(out)
         if self.lookup:
             pairs = [F.lit(x) for k, v in sorted(self.lookup.items()) for x in (k, v)]
             out = F.coalesce(F.try_element_at(F.create_map(*pairs), key), out)
@@ -139,6 +139,75 @@ class FieldRules:
 #: What Python's str.split() splits on, as a Java regex: Unicode White_Space and U+001C..U+001F, which
 #: Python counts as whitespace and Unicode does not.
 _PY_WHITESPACE = r"(?U)[\s\x{1c}-\x{1f}]+"
+
+#: Python's \w on str (``c.isalnum() or c == "_"``) and \s (``c.isspace()``) as Java class bodies:
+#: Java's (?U) \w also takes in combining marks, and its \s leaves out U+001C..U+001F.
+_WORD = r"\p{L}\p{N}_"
+_SPACE = r"\s\x{1c}-\x{1f}"
+_OUTSIDE = {"w": f"[{_WORD}]", "W": f"[^{_WORD}]", "s": f"[{_SPACE}]", "S": f"[^{_SPACE}]", "Z": r"\z",
+            "b": f"(?:(?<=[{_WORD}])(?![{_WORD}])|(?<![{_WORD}])(?=[{_WORD}]))",
+            "B": f"(?:(?<=[{_WORD}])(?=[{_WORD}])|(?<![{_WORD}])(?![{_WORD}]))"}
+_INSIDE = {"w": _WORD, "W": f"[^{_WORD}]", "s": _SPACE, "S": f"[^{_SPACE}]", "b": r"\x{08}"}
+
+
+def java_regex(pattern: str) -> str:
+    """A Python str regex as a Java regex that finds the same matches: Unicode classes and case
+    (``(?U)``), ``.`` and ``$`` about \\n only (``(?d)``, as Python), Python's \\w, \\W, \\s,
+    \\S, \\b, \\B and \\Z spelled out, ``\\uXXXX``/``\\UXXXXXXXX`` as ``\\x{...}``, named groups
+    ``(?P<n>...)``/``(?P=n)``, ``{,n}``, and a ``[``, ``&`` or leading ``]`` inside a class taken
+    literally (Java reads them as nested classes and intersections)."""
+    out, i, n, in_class = ["(?Ud)"], 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            e = pattern[i + 1]
+            if e in "uU":
+                width = 4 if e == "u" else 8
+                out.append("\\x{" + pattern[i + 2:i + 2 + width] + "}")
+                i += 2 + width
+                continue
+            table = _INSIDE if in_class else _OUTSIDE
+            out.append(table.get(e, "\\" + e))
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+                out.append(c)
+            elif c in "[&":
+                out.append("\\" + c)
+            else:
+                out.append(c)
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            if i < n and pattern[i] == "^":
+                out.append("^")
+                i += 1
+            if i < n and pattern[i] == "]":
+                out.append("\\]")
+                i += 1
+            continue
+        if pattern.startswith("(?P<", i):
+            out.append("(?<")
+            i += 4
+            continue
+        if pattern.startswith("(?P=", i):
+            end = pattern.index(")", i)
+            out.append("\\k<" + pattern[i + 4:end] + ">")
+            i = end + 1
+            continue
+        m = re.match(r"\{,(\d+)\}", pattern[i:])
+        if m:
+            out.append("{0," + m.group(1) + "}")
+            i += m.end()
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _normalizer(keep: str):

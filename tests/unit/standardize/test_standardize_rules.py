@@ -240,3 +240,15 @@ def test_available_rules_natural_order(tmp_path, monkeypatch):
     # through the module: other tests may have re-imported jobs.lib.rules since this file imported from it
     assert rules_mod.available_rules(tmp_path.name) == ["v1", "v2", "v10"]
     assert rules_mod.available_rules("no_such_ruleset") == []
+
+
+def test_python_regex_syntax_and_classes_are_spelled_out_for_java():
+    from jobs.lib.rules import java_regex
+
+    word = r"[\p{L}\p{N}_]"
+    assert java_regex(r"^(sr|senior) .*engineer$") == r"(?Ud)^(sr|senior) .*engineer$"
+    assert java_regex(r"\w\W\s\S\Z") == rf"(?Ud){word}[^\p{{L}}\p{{N}}_][\s\x{{1c}}-\x{{1f}}][^\s\x{{1c}}-\x{{1f}}]\z"
+    assert java_regex(r"\bx") == rf"(?Ud)(?:(?<={word})(?!{word})|(?<!{word})(?={word}))x"
+    assert java_regex(r"[\w&[]") == r"(?Ud)[\p{L}\p{N}_\&\[]"
+    assert java_regex(r"[]a][^]b]") == r"(?Ud)[\]a][^\]b]"
+    assert java_regex(r"(?P<t>a)(?P=t)a{,2}\u00e9\U0001F4A1") == r"(?Ud)(?<t>a)\k<t>a{0,2}\x{00e9}\x{0001F4A1}"
