@@ -12,8 +12,8 @@ The test holds:
 - the output table equals the oracle's expected table, the rejects equal the expected rejects;
 - the Kafka scan's tasks ran on both executors and read every record once between them, the Delta
   writes' tasks wrote on both executors, none ran on the driver;
-- the driver never holds a batch: all task results of the application together are under 1% of
-  the log's key and value bytes.
+- the driver never holds a batch: every task result is under 64 KiB and under 2% of a scan task's
+  share of the log (a result carries the task's metrics, a few KB, not records).
 """
 
 from __future__ import annotations
@@ -95,8 +95,11 @@ def test_records_are_read_transformed_and_written_on_both_executors(bootstrap, u
     assert RECORDS <= sum(read.values()) <= RECORDS + len(scan["tasks"]), read
     assert sorted(e for e, b in wrote.items() if b > 0) == workers, wrote
 
-    # the driver never holds a batch: every task result of the application is small
-    handed_back = sum(t["result_size"] for s in result["stages"] for t in s["tasks"])
+    # the driver never holds a batch: every task result of the application is small. A result carries
+    # the task's metrics (5 to 7 KB a task for this plan's SQL metrics, whatever the data), so the
+    # bound is per task: a task that returned its share of the records (~5 MB) would be far over it
+    sizes = [t["result_size"] for s in result["stages"] for t in s["tasks"]]
+    handed_back, biggest = sum(sizes), max(sizes)
     print(f"log {log_bytes} B of keys and values; task results to the driver {handed_back} B "
-          f"({handed_back / log_bytes:.3%})")
-    assert 0 < handed_back < log_bytes / 100
+          f"({handed_back / log_bytes:.3%}) from {len(sizes)} tasks, the biggest {biggest} B")
+    assert 0 < biggest < min(64 * 1024, log_bytes / len(scan["tasks"]) / 50)
