@@ -41,8 +41,11 @@ DELTA_CONF = {
 }
 #: The driver JVM compiles with C1 only: a driver mostly plans and calls back into Python, and C2's
 #: compile threads compete with start-up for the cores (with the CDS archive, 1.9 s less start-up on
-#: 2 cores; the standardize backfill measured no slower).
-DRIVER_JIT = "-XX:TieredStopAtLevel=1"
+#: 2 cores; the standardize backfill measured no slower). C1 alone gets a code cache of 48 MB, which a
+#: live job filled within a few dozen micro-batches (each MERGE plan is new generated code): the
+#: sweeper then evicted and C1 recompiled without end, and a 150-record micro-batch took 15 s. The
+#: code cache is therefore reserved at the size the full JIT has.
+DRIVER_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def find_java17() -> str | None:

@@ -45,7 +45,7 @@ def test_driver_options_use_the_archive_only_once_it_exists(cache):
     archive.parent.mkdir(parents=True, exist_ok=True)
     archive.write_bytes(b"jsa")
     opts = session.driver_java_options("-Dmine=1").split()
-    assert opts[0] == session.DRIVER_JIT and opts[-1] == "-Dmine=1"     # the caller's own options last
+    assert " ".join(opts[:2]) == session.DRIVER_JIT and opts[-1] == "-Dmine=1"     # the caller's own options last
     assert f"-XX:SharedArchiveFile={archive}" in opts and "-Xlog:cds=off" in opts
     # making an archive: the dump option is not combined with using one
     assert "-XX:SharedArchiveFile" not in session.driver_java_options(f"-XX:ArchiveClassesAtExit={archive}.new")
@@ -67,3 +67,12 @@ def test_the_archive_is_made_per_set_of_connector_jars(cache):
     from orchestrator.core.jars import jar_dir
 
     assert session.cds_archive_path().name.endswith(f"-{jar_dir('spark').name}.jsa")
+
+
+def test_a_c1_only_driver_keeps_the_full_jit_s_code_cache(cache):
+    """C1 alone sizes the code cache at 48 MB; a live job's new MERGE plans filled it within a few
+    dozen micro-batches, and the sweeper and C1 then took the cores (15 s for 150 records)."""
+    opts = session.driver_java_options().split()
+    assert "-XX:TieredStopAtLevel=1" in opts
+    sizes = [o.split("=", 1)[1] for o in opts if o.startswith("-XX:ReservedCodeCacheSize=")]
+    assert len(sizes) == 1 and sizes[0].endswith("m") and int(sizes[0][:-1]) >= 240
