@@ -156,7 +156,7 @@ class MicroBatches:
                 self.check(batch_id, p)
                 pause_if_asked("read", batch_id)
                 hold_if_asked(batch_id, self.log)
-                self.tables.write_rejects(batch_id, p.rejects)
+                self.tables.write_rejects(batch_id, p.rejects, p.n_rejects)
                 t2 = time.perf_counter()
                 pause_if_asked("commit", batch_id)
                 self.write(batch_id, p.output)
@@ -168,8 +168,9 @@ class MicroBatches:
         self.upkeep.after_batch(spark)
         self.timings.append({"batch_id": batch_id, "read_transform_count": t1 - t0, "rejects": t2 - t1,
                              "write": t3 - t2, "upkeep": time.perf_counter() - t3})
-        self.log.info("micro-batch %d: %d records, %d rows written, %d rejects (%.2f s)", batch_id, p.rows_in,
-                      p.rows_out, p.n_rejects, t3 - t0)
+        self.log.info("micro-batch %d: %d records, %d rows written, %d rejects (%.2f s: read and transform %.2f, "
+                      "rejects %.2f, write %.2f)", batch_id, p.rows_in, p.rows_out, p.n_rejects, t3 - t0, t1 - t0,
+                      t2 - t1, t3 - t2)
         if self.on_batch is not None:
             if self.rejects_total is None:   # counted once (a restart), then kept up to date
                 from orchestrator.core.tables import count_rows

@@ -192,6 +192,11 @@ class DeltaTables:
 
         return DeltaTable.is_deltatable(self.table_uri)
 
+    def rejects_exist(self) -> bool:
+        from deltalake import DeltaTable
+
+        return self.rejects_uri is not None and DeltaTable.is_deltatable(self.rejects_uri)
+
     @contextlib.contextmanager
     def _transaction(self, session: Any, batch_id: int) -> Iterator[None]:
         """Delta's idempotent-write settings and the commit's metadata for one write, in `session`: the
@@ -210,9 +215,15 @@ class DeltaTables:
                 conf.unset(k)
 
     # -- writing ----------------------------------------------------------------------------------
-    def write_rejects(self, batch_id: int, rejects: Any) -> None:
-        """Append the batch's rejects (created empty by the first batch, so readers always find it)."""
+    def write_rejects(self, batch_id: int, rejects: Any, count: int | None = None) -> None:
+        """Append the batch's rejects (created empty by the first batch, so readers always find it).
+
+        A batch with none (`count` 0) commits nothing once the table exists: each commit under a
+        transaction identifier costs Delta a reconstruction of the table's state (about a second
+        here) to check it, and a replay of such a batch finds nothing to write either."""
         if self.rejects_uri is None:
+            return
+        if count == 0 and self.rejects_exist():
             return
         done = self._txn_version(self.rejects_uri)
         if done is not None and done >= batch_id:

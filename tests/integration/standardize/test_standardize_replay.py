@@ -68,3 +68,27 @@ def test_replay_of_an_uncommitted_batch_in_process(spark, bootstrap, changelog, 
     assert sorted((r["partition"], r["offset"], r["error"]) for r in read_table(paths.rejects).to_pylist()) == sorted(
         expected.rejects)
     assert output_commits(paths.output) == list(range(last + 1))
+
+
+def test_a_micro_batch_without_rejects_commits_nothing_to_the_rejects_table(spark, bootstrap, paths, unique, seed):
+    """Batch 0 creates the rejects table; a later batch with no reject adds no commit to it (each
+    commit under a transaction identifier costs Delta a state reconstruction), and a batch with
+    rejects still commits them under its own batch id."""
+    from orchestrator.dev.datagen import ensure_topic, generate_changelog, produce
+
+    topic = f"profiles_clean_{unique}"
+    ensure_topic(bootstrap, topic, partitions=4)
+    clean = list(generate_changelog(1200, 300, seed=seed, malformed_share=0.0))
+    produce(bootstrap, topic, clean[:900])
+    args = paths.args(bootstrap, topic, rules_path("titles", "v2"))
+    args.extra = {"backfill": "capped"}
+    run_in_process(spark, bootstrap, topic, args, V2, max_records=300)
+    produce(bootstrap, topic, clean[900:] + list(generate_changelog(40, 300, seed=seed + 1, malformed_share=1.0, delete_share=0.0,
+                                                                       first_new=False)))
+    run_in_process(spark, bootstrap, topic, args, V2, max_records=300)
+    last = last_committed_batch(paths.checkpoint)
+    assert last >= 3
+    assert output_commits(paths.output) == list(range(last + 1))
+    with_rejects = sorted({r["batch_id"] for r in read_table(paths.rejects).to_pylist()})
+    assert with_rejects and 0 not in with_rejects           # the malformed records came last
+    assert output_commits(paths.rejects) == [0, *with_rejects]
