@@ -49,7 +49,7 @@ def test_repo_pipelines_file_declares_the_seed_jobs():
         "standardize", "standardize", ("member_profiles",), "member_id", "titles", "member_profiles_std")
     assert (std.catchup_threshold, std.catchup_samples, std.grace_period_seconds, std.keep_versions,
             std.key_count_tolerance, std.max_reject_rate, std.max_records_per_batch) == (
-        1000, 3, 300.0, 3, 0.01, 0.01, 500000)
+        1000, 3, 300.0, 3, 0.05, 0.01, 500000)
     assert {name: (s.job, s.topics) for name, s in specs.items() if name != "standardize"} == {
         "pageviews_hourly": ("pageviews_hourly", ("page_views",)),
         "profile_settings_join": ("profile_settings_join", ("member_profiles", "member_settings")),
