@@ -150,7 +150,7 @@ def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
     args = _job_args(k, pipeline, version, trigger=trigger, rules_file=rules_file, master=master)
     if _is_local_master(master):
         return [sys.executable, "-m", f"jobs.{spec.job}", *args], "local"
-    from jobs.lib.session import spark_env
+    from jobs.lib.session import connector_jars, driver_java_options, spark_env
 
     env = spark_env()
     pythonpath = os.pathsep.join([str(_project_root()), *sys.path[1:]])
@@ -159,9 +159,12 @@ def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
         "spark.executorEnv.PYTHONPATH": pythonpath,
         "spark.pyspark.python": env["PYSPARK_PYTHON"],
         "spark.pyspark.driver.python": env["PYSPARK_DRIVER_PYTHON"],
+        "spark.driver.extraJavaOptions": driver_java_options(),
     }
+    # spark-submit starts the driver JVM before the job's Python: the connector JARs must be on its
+    # command line to reach the driver's classpath (a session's own spark.jars only ships them)
     cmd = [str(_spark_submit_path()), "--master", master, "--deploy-mode", "client",
-           "--name", f"kappa.{pipeline}.v{version}"]
+           "--name", f"kappa.{pipeline}.v{version}", "--jars", ",".join(connector_jars())]
     for key, value in conf.items():
         if value:
             cmd += ["--conf", f"{key}={value}"]

@@ -209,3 +209,6 @@ def test_job_command_local_and_spark_submit(k):
     assert cmd[cmd.index("--deploy-mode") + 1] == "client"
     assert any(c.endswith("jobs/standardize.py") for c in cmd)
     assert "spark.driver.host=127.0.0.1" in cmd
+    # the driver JVM starts before the job's Python: Spark's Kafka connector and delta-spark on its command line
+    jars = cmd[cmd.index("--jars") + 1].split(",")
+    assert any("spark-sql-kafka" in j for j in jars) and any("delta-spark" in j for j in jars)
