@@ -123,21 +123,18 @@ class StandardizeBatches(MicroBatches):
         self.options = options
 
     def prepare(self, batch: Any, batch_id: int) -> Prepared:
-        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        # The batch is cached: parsing reads it in two branches (what Spark vouches for, the rest), and
-        # Kafka is read once. Each step's result is then checkpointed in the executors' memory (eager,
-        # lineage cut): the later actions and the MERGE's own jobs start from it instead of re-planning
-        # and re-running the parse and the rules.
-        records = batch.persist(StorageLevel.MEMORY_AND_DISK)
-        parsed = parse_records(records).localCheckpoint(eager=True)
+        # Each step's result is checkpointed in the executors' memory (eager, lineage cut): every later
+        # action and the MERGE's own jobs start from it instead of re-planning and re-running the
+        # parse and the rules (a cached plan that the optimizer would have to match again)
+        parsed = parse_records(batch).localCheckpoint(eager=True)
         counts = parsed.agg(F.count(F.lit(1)), F.count("error")).first()
         rejects, out = derive(parsed, self.rules, self.options.key_order)
         out = out.localCheckpoint(eager=True)
         rejects = rejects.withColumn("batch_id", F.lit(batch_id).cast("long")).select(*REJECT_COLUMNS)
         return Prepared(rows_in=int(counts[0]), rejects=rejects, n_rejects=int(counts[1]), output=out,
-                        rows_out=out.count(), held=[records, parsed, out])
+                        rows_out=out.count(), held=[parsed, out])
 
     def check(self, batch_id: int, prepared: Prepared) -> None:
         self.tables.check_key_order(batch_id, prepared.output)
