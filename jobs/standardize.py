@@ -85,14 +85,9 @@ def transform(records: Any, rules: Rules, key_order: str) -> tuple[Any, Any, Any
 
     The last has the output table's columns and `DELETED` (a tombstone); rejects have the rejects
     table's columns but the batch id."""
-    parsed = parse_records(records)
-    return (parsed, *derive(parsed, rules, key_order))
-
-
-def derive(parsed: Any, rules: Rules, key_order: str) -> tuple[Any, Any]:
-    """Parsed records (`parse_records`) -> (rejects, one row per touched member), as `transform`."""
     from pyspark.sql import functions as F
 
+    parsed = parse_records(records)
     rejects = parsed.where(F.col("error").isNotNull()).select(
         F.col("key").cast("binary"), F.col("value").cast("binary"), "topic", F.col("partition").cast("int"),
         F.col("offset").cast("long"), "error")
@@ -106,7 +101,7 @@ def derive(parsed: Any, rules: Rules, key_order: str) -> tuple[Any, Any]:
         "company_raw", rules.column("companies", F.col("company_raw")).alias("company"), "location",
         "source_partition", "source_offset", "source_timestamp", DELETED,
         *([PARTITIONS] if PARTITIONS in latest.columns else []))
-    return rejects, out
+    return parsed, rejects, out
 
 
 class StandardizeBatches(MicroBatches):
@@ -123,18 +118,17 @@ class StandardizeBatches(MicroBatches):
         self.options = options
 
     def prepare(self, batch: Any, batch_id: int) -> Prepared:
+        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        # Each step's result is checkpointed in the executors' memory (eager, lineage cut): every later
-        # action and the MERGE's own jobs start from it instead of re-planning and re-running the
-        # parse and the rules (a cached plan that the optimizer would have to match again)
-        parsed = parse_records(batch).localCheckpoint(eager=True)
+        held = [batch.persist(StorageLevel.MEMORY_AND_DISK)]
+        parsed, rejects, out = transform(held[0], self.rules, self.options.key_order)
+        held.append(parsed.persist(StorageLevel.MEMORY_AND_DISK))
         counts = parsed.agg(F.count(F.lit(1)), F.count("error")).first()
-        rejects, out = derive(parsed, self.rules, self.options.key_order)
-        out = out.localCheckpoint(eager=True)
+        held.append(out.persist(StorageLevel.MEMORY_AND_DISK))
         rejects = rejects.withColumn("batch_id", F.lit(batch_id).cast("long")).select(*REJECT_COLUMNS)
         return Prepared(rows_in=int(counts[0]), rejects=rejects, n_rejects=int(counts[1]), output=out,
-                        rows_out=out.count(), held=[parsed, out])
+                        rows_out=out.count(), held=held)
 
     def check(self, batch_id: int, prepared: Prepared) -> None:
         self.tables.check_key_order(batch_id, prepared.output)
