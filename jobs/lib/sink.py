@@ -187,15 +187,11 @@ class DeltaTables:
                 return meta.get("end_offsets")
         return None
 
-    def exists(self) -> bool:
+    def exists(self, uri: str | None = None) -> bool:
+        """Whether the output table (or the table at `uri`) exists."""
         from deltalake import DeltaTable
 
-        return DeltaTable.is_deltatable(self.table_uri)
-
-    def rejects_exist(self) -> bool:
-        from deltalake import DeltaTable
-
-        return self.rejects_uri is not None and DeltaTable.is_deltatable(self.rejects_uri)
+        return DeltaTable.is_deltatable(uri or self.table_uri)
 
     @contextlib.contextmanager
     def _transaction(self, session: Any, batch_id: int) -> Iterator[None]:
@@ -215,7 +211,7 @@ class DeltaTables:
                 conf.unset(k)
 
     # -- writing ----------------------------------------------------------------------------------
-    def write_rejects(self, batch_id: int, rejects: Any, count: int | None = None) -> None:
+    def write_rejects(self, batch_id: int, rejects: Any, count: int) -> None:
         """Append the batch's rejects (created empty by the first batch, so readers always find it).
 
         A batch with none (`count` 0) commits nothing once the table exists: each commit under a
@@ -223,7 +219,7 @@ class DeltaTables:
         here) to check it, and a replay of such a batch finds nothing to write either."""
         if self.rejects_uri is None:
             return
-        if count == 0 and self.rejects_exist():
+        if count == 0 and self.exists(self.rejects_uri):
             return
         done = self._txn_version(self.rejects_uri)
         if done is not None and done >= batch_id:
