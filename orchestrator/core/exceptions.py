@@ -46,7 +46,15 @@ class LifecycleError(KappaError):
 
 
 class NotReadyError(KappaError):
-    """A version does not meet the preconditions of the operation (promote, flip)."""
+    """A version does not meet the preconditions of the operation (promote, flip).
+
+    `failed_checks` names the preconditions that failed when the refusal comes from a list of
+    checks (a promote's "ready", "key_count", "reject_rate", "report"); empty otherwise.
+    """
+
+    def __init__(self, message: str, failed_checks: tuple[str, ...] | list[str] = ()) -> None:
+        super().__init__(message)
+        self.failed_checks = tuple(failed_checks)
 
 
 class AirflowError(KappaError):

@@ -278,27 +278,48 @@ class Demo:
         return t
 
     def deploy_and_wait(self, rules: str, threshold: int, reason: str) -> int:
-        from orchestrator.lifecycle.await_ready import wait_ready
         from orchestrator.lifecycle.deploy import deploy
-        from orchestrator.observe.progress import LagProgress
 
         info = deploy(self.k, PIPELINE, rules, actor=ACTOR, reason=reason, threshold=threshold)
         if info.pid:
             self.started.job_pids[info.version] = info.pid
         self.say(info.message)
         self.say(f"  rules {info.rules_version} (sha256 {(info.rules_hash or '')[:12]}), table {info.table}")
-        t = time.monotonic()
-        with LagProgress(self.c, line_every=2.0) as bars:
-            r = wait_ready(self.k, PIPELINE, info.version, deadline_seconds=self.opts.deadline,
-                           poll_seconds=self.opts.poll, on_sample=bars.update, actor=ACTOR)
-        self.say(f"v{info.version} is ready after {time.monotonic() - t:.0f} s: {r.reason} "
-                 f"(lag now {r.total_lag:,}; {self.started.produced_live:,} live updates produced so far)")
+        self.wait_ready(info.version)
         return info.version
 
+    def wait_ready(self, version: int) -> None:
+        from orchestrator.lifecycle.await_ready import wait_ready
+        from orchestrator.observe.progress import LagProgress
+
+        t = time.monotonic()
+        with LagProgress(self.c, line_every=2.0) as bars:
+            r = wait_ready(self.k, PIPELINE, version, deadline_seconds=self.opts.deadline,
+                           poll_seconds=self.opts.poll, on_sample=bars.update, actor=ACTOR)
+        self.say(f"v{version} is ready after {time.monotonic() - t:.0f} s: {r.reason} "
+                 f"(lag now {r.total_lag:,}; {self.started.produced_live:,} live updates produced so far)")
+
     def promote(self, version: int, reason: str) -> None:
+        """Promote; when the promote's own readiness check finds the version behind again (live updates
+        arrive faster than one micro-batch for a moment, so lag crosses the threshold between the wait
+        and the flip), say so, wait until it has caught up again and promote then, as an operator would.
+        Any other refusal (key count, reject rate) ends the demo with its message."""
+        from rich.markup import escape
+
+        from orchestrator.core.exceptions import NotReadyError
         from orchestrator.lifecycle.promote import promote
 
-        res = promote(self.k, PIPELINE, version, actor=ACTOR, reason=reason)
+        deadline = time.monotonic() + self.opts.deadline
+        while True:
+            try:
+                res = promote(self.k, PIPELINE, version, actor=ACTOR, reason=reason)
+                break
+            except NotReadyError as e:
+                if set(e.failed_checks) != {"ready"} or time.monotonic() >= deadline:
+                    raise
+                self.say(f"[yellow]the promote was refused: v{version} fell behind again since it was ready "
+                         f"({escape(str(e))}); waiting until it has caught up again[/]")
+                self.wait_ready(version)
         for check in res.checks:
             self.say(f"  check {check.name}: {'ok' if check.ok else 'FAILED'} - {check.detail}")
         self.say(f"[bold green]{res.message}[/]")

@@ -244,7 +244,7 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
     if failed:
         reg.audit("promote", actor=actor, pipeline=pipeline, version=version, reason=reason, outcome="refused",
                   details={"error": error, "checks": audited_checks, "samples": r.samples})
-        raise NotReadyError(error)
+        raise NotReadyError(error, failed_checks=[c.name for c in failed])
     pointer = flip(k, pipeline, expected_version=current, new_version=version, actor=actor, reason=reason,
                    action="promote", details={"checks": audited_checks, "samples": r.samples,
                                               "report": report.model_dump(mode="json", exclude={"top_changes"})

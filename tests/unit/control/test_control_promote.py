@@ -79,9 +79,51 @@ def test_promote_refused_while_lagging_with_the_exact_error_and_nothing_changed(
         promote(k, PIPELINE, v, actor="alice", reason="too early")
     assert str(e.value) == (f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: "
                             f"hydrating, lag 150, 0/3 samples <= 0; lag 150 > threshold 0")
+    assert e.value.failed_checks == ("ready",)
     assert k.registry.get_alias(ALIAS) is None
     assert read_pointer(k.alias_file(ALIAS)) is None
     assert k.registry.audit_log(PIPELINE, action="promote")[-1].outcome == "refused"
+
+
+def test_the_demo_waits_again_when_a_ready_version_falls_behind_before_its_promote(k, fake_log, monkeypatch):
+    """CI's `kappa demo` failed here: v2 was ready (lag 976, threshold 1000), live updates pushed the
+    lag to 1010 before the promote's own check, and the demo gave up. The demo must wait until the
+    version has caught up again, then promote; any other refusal still ends it."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.dev import demo as demo_mod
+    from orchestrator.lifecycle import await_ready
+
+    monkeypatch.setattr(demo_mod, "PIPELINE", PIPELINE)
+    v = ready_version(k, fake_log, ROWS_V1)
+    k.registry.add_lag_sample(PIPELINE, v, 0, {})       # ready: three samples at lag 0
+    fake_log.ends = {tp: end + 5 for tp, end in fake_log.ends.items()}   # live updates arrive before the flip
+    real_wait, waits = await_ready.wait_ready, []
+
+    def job_catches_up_then_wait(*args, **kwargs):
+        waits.append(k.registry.get_alias(ALIAS))
+        fake_log.read_all()                               # the job's next micro-batch commits
+        return real_wait(*args, **{**kwargs, "poll_seconds": 0.01})
+
+    monkeypatch.setattr(await_ready, "wait_ready", job_catches_up_then_wait)
+    out = io.StringIO()
+    d = demo_mod.Demo(demo_mod.DemoOptions(deadline=30, poll=0.01), Console(file=out, width=300))
+    d.k, d.alias = k, ALIAS
+    d.promote(v, "demo")
+    assert waits == [None]                                # refused once, waited once, then flipped
+    assert resolve_alias(ALIAS, k.settings)["version"] == v
+    text = out.getvalue()
+    assert f"the promote was refused: v{v} fell behind again since it was ready" in text
+    assert f"lag 10 > threshold 0); waiting until it has caught up again" in text
+    assert [e.outcome for e in k.registry.audit_log(PIPELINE, action="promote")] == ["refused", "ok"]
+
+    v2 = ready_version(k, fake_log, ROWS_V1[:1])           # 1 key against 3: over the 10% tolerance
+    with pytest.raises(NotReadyError) as e:             # a key-count refusal is not waited out
+        d.promote(v2, "demo")
+    assert e.value.failed_checks == ("key_count",)
+    assert waits == [None]
 
 
 def test_promote_refused_when_the_job_failed(k, fake_log):
