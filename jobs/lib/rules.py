@@ -1,9 +1,14 @@
 """Standardization rules: versioned TOML files that map raw titles and companies to canonical ones.
 
-A rules file lives at `jobs/rules/<ruleset>/<version>.toml` (the standardize pipeline uses the
-ruleset "titles", versions "v1", "v2", ...). It is loaded and validated on the driver before a
-job starts, so a bad file fails the deploy with a message naming the file, the line or the rule,
-and nothing is written.
+A rules file lives at `<rules location>/<ruleset>/<version>.toml` (the standardize pipeline uses
+the ruleset "titles", versions "v1", "v2", ...). The rules location is the setting
+`rules_location` (`--rules-location`, `KAPPA_RULES`, `rules_location` in kappa.toml): a local
+folder or a file:// URI, such as the rules folder of a team's own repository; without it, the
+rules kappa ships in `jobs/rules/` (the examples). A file is loaded and validated on the driver
+before a job starts, so a bad file fails the deploy with a message naming the file, the line or
+the rule, and nothing is written. At deploy, the file's text is stored with the version
+(`orchestrator.lifecycle.version_rules`): every later start of that version uses that text, never
+the file as it is by then.
 
 Format (format_version 1)::
 
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tomllib
 import unicodedata
@@ -55,8 +61,8 @@ from typing import Any
 
 from orchestrator.core.exceptions import RulesError
 
-__all__ = ["FORMAT_VERSION", "RULES_DIR", "SECTIONS", "normalize", "RegexRule", "FieldRules", "Rules", "rules_path",
-           "available_rules", "load_rules"]
+__all__ = ["FORMAT_VERSION", "RULES_DIR", "SECTIONS", "normalize", "RegexRule", "FieldRules", "Rules", "rules_root",
+           "rules_path", "available_rules", "load_rules", "parse_rules"]
 
 FORMAT_VERSION = 1
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
@@ -291,31 +297,51 @@ class Rules:
 # ---------------------------------------------------------------------------------------------
 # Loading and validation
 
-def rules_path(ruleset: str, version: str) -> Path:
-    """`jobs/rules/<ruleset>/<version>.toml`; RulesError naming the versions there if it is missing."""
+def rules_root(location: str | os.PathLike | None = None) -> Path:
+    """The rules folder: `location` (a local folder or a file:// URI), else the shipped `jobs/rules`."""
+    if location is None or str(location) == "":
+        return RULES_DIR
+    text = str(location)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", text) and not text.startswith("file:"):
+        raise RulesError(f"rules location {text!r}: kappa reads rules from a local folder or a file:// URI; "
+                         f"check the rules out (or sync them) to a folder and set rules_location "
+                         f"(--rules-location, KAPPA_RULES) to it")
+    if text.startswith("file:"):
+        from orchestrator.core.uris import local_path
+
+        if (local := local_path(text)) is None:
+            raise RulesError(f"rules location {text!r} is not a valid file:// URI; write file:///absolute/folder")
+        return local
+    return Path(text).expanduser().resolve()
+
+
+def rules_path(ruleset: str, version: str, location: str | os.PathLike | None = None) -> Path:
+    """`<rules location>/<ruleset>/<version>.toml`; RulesError naming the versions there if it is missing."""
     for what, name in (("ruleset", ruleset), ("rules version", version)):
         if not isinstance(name, str) or not _NAME.match(name):
             raise RulesError(
                 f"invalid {what} {name!r}: expected lowercase letters, digits, '_', '.', '-' "
                 f"(at most 63 characters, no path separators)"
             )
-    path = RULES_DIR / ruleset / f"{version}.toml"
+    root = rules_root(location)
+    path = root / ruleset / f"{version}.toml"
     if not path.is_file():
-        known = available_rules(ruleset)
+        known = available_rules(ruleset, location)
+        where = "" if root.is_dir() else f" (the rules location {root} is not a folder; set rules_location)"
         raise RulesError(
-            f"no rules file {path}: ruleset {ruleset!r} has "
+            f"no rules file {path}{where}: ruleset {ruleset!r} has "
             + (f"versions {', '.join(known)}" if known else "no versions")
             + f"; add {path.name} to {path.parent} or pick one of those"
         )
     return path
 
 
-def available_rules(ruleset: str) -> list[str]:
+def available_rules(ruleset: str, location: str | os.PathLike | None = None) -> list[str]:
     """Rules versions of a ruleset, in natural order (v1, v2, ..., v10)."""
-    folder = RULES_DIR / ruleset
+    folder = rules_root(location) / ruleset
     if not folder.is_dir():
         return []
-    names = [p.stem for p in folder.glob("*.toml")]
+    names = [p.stem for p in folder.glob("*.toml") if _NAME.match(p.stem)]
 
     def natural(s: str):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
@@ -336,6 +362,12 @@ def load_rules(path: str | Path) -> Rules:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RulesError(f"rules file {path}: not UTF-8 (byte {e.start}); save it as UTF-8") from None
+    return parse_rules(text, path)
+
+
+def parse_rules(text: str, path: str | Path) -> Rules:
+    """Validate the text of a rules file; `path` names it in errors and gives the version (its stem)."""
+    path = Path(path)
     try:
         content = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -48,7 +48,8 @@ def form_choices(settings: Settings | None = None) -> dict[str, Any]:
 
     settings = settings or resolve_settings()
     specs = load_pipelines(settings.pipelines_file)
-    rules = {name: available_rules(spec.ruleset) for name, spec in specs.items() if spec.ruleset}
+    rules = {name: available_rules(spec.ruleset, settings.rules_location)
+             for name, spec in specs.items() if spec.ruleset}
     labels: dict[str, list[str]] = {}  # rules version -> the rulesets that have it
     for name, versions in rules.items():
         for v in versions:

@@ -119,9 +119,21 @@ def status_table(data: list[dict[str, Any]]) -> Table:
                       "-" if v.get("readiness") is None else fmt_count(v.get("lag")),
                       "-" if v.get("readiness") is None else fmt_eta(v.get("eta_seconds")),
                       "-" if v.get("rejects") is None else f"{v['rejects']:,}",
-                      v.get("rules_version") or "-", jtext)
+                      _rules_cell(v), jtext)
     t.caption = "* serves the pipeline's alias"
+    edited = sorted({v["rules_version"] for p in data for v in p["versions"] if v.get("rules_file") == "changed"})
+    if edited:
+        t.caption += (f"; rules file edited since deploy: {', '.join(edited)} (each version runs the rules "
+                      f"stored at its deploy; `kappa rules diff` compares versions, a new deploy takes the edit)")
     return t
+
+
+def _rules_cell(v: dict[str, Any]) -> str:
+    """The rules version, and how the file of that name compares with what the version runs."""
+    name = v.get("rules_version") or "-"
+    note = {"changed": "file edited since deploy", "missing": "file gone", "invalid": "file invalid now"}.get(
+        v.get("rules_file") or "")
+    return f"{name} ({note})" if note else name
 
 
 def history_table(entries: list[dict[str, Any]]) -> Table:

@@ -1,10 +1,11 @@
-"""`kappa rules preview|check`: roll out standardization rules with confidence.
+"""`kappa rules preview|check|diff`: roll out standardization rules with confidence.
 
 `preview` applies a rules version to the raw columns of the table a pipeline serves now and
 shows, in seconds and before any reprocess, what would change (the validation report's change
 section: rows changed per field, the most frequent changes). `check` validates rules files the
 way `deploy` does, for CI: exit 0 and one `ok` line per file, or one error line per bad file
-and exit 1.
+and exit 1. `diff` shows what changed between the rules two deployed versions run, as stored at
+their deploys (`orchestrator.lifecycle.version_rules`), whatever the files say now.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from orchestrator.core.exceptions import KappaError
 
 __all__ = ["rules_app"]
 
-rules_app = new_typer(help="Standardization rules: preview what a rules version would change, check rules files.")
+rules_app = new_typer(help="Standardization rules: preview what a rules version would change, check rules files, "
+                           "diff two versions' rules.")
 app.add_typer(rules_app, name="rules")
 
 
@@ -73,18 +75,18 @@ def render_preview(console: Any, p: dict[str, Any]) -> None:
         console.print(t)
 
 
-def check_summary(path: Path) -> dict[str, Any]:
+def check_summary(path: Path, location: str | None = None) -> dict[str, Any]:
     """Validate one rules file as deploy does; its summary, or the deploy's RulesError.
 
-    deploy finds a file by ruleset and version (`jobs/rules/<ruleset>/<version>.toml`) and loads
-    it with `load_rules`; a file inside that folder is found and named the same way here, so a
+    deploy finds a file by ruleset and version (`<rules location>/<ruleset>/<version>.toml`) and
+    loads it with `load_rules`; a file inside that folder is found and named the same way here, so a
     version name deploy would refuse is refused too. Any other path is loaded as it is.
     """
-    from jobs.lib.rules import RULES_DIR, load_rules, rules_path
+    from jobs.lib.rules import load_rules, rules_path, rules_root
 
     resolved = path.resolve()
-    in_tree = resolved.parent.parent == RULES_DIR.resolve() and resolved.suffix == ".toml"
-    rules = load_rules(rules_path(resolved.parent.name, resolved.stem) if in_tree else path)
+    in_tree = resolved.parent.parent == rules_root(location).resolve() and resolved.suffix == ".toml"
+    rules = load_rules(rules_path(resolved.parent.name, resolved.stem, location) if in_tree else path)
     sections = {
         name: {"spellings": len(f.lookup), "regex": len(f.regex), "unmatched": f.unmatched}
         for name, f in rules.fields.items()
@@ -95,15 +97,17 @@ def check_summary(path: Path) -> dict[str, Any]:
 
 @rules_app.command("check")
 def check_cmd(
+    ctx: typer.Context,
     files: Annotated[list[Path], typer.Argument(help="rules files, e.g. jobs/rules/titles/v3.toml",
                                                 show_default=False)],
     as_json: AsJson = False,
 ) -> None:
     """Validate rules files with the checks and errors of `kappa deploy` (for CI): exit 1 if any is bad."""
     results: list[dict[str, Any]] = []
+    location = cli_of(ctx).settings().rules_location
     for path in files:
         try:
-            results.append(check_summary(path))
+            results.append(check_summary(path, location))
         except KappaError as e:
             results.append({"file": str(path), "ok": False, "error": str(e)})
             if not as_json:
@@ -118,3 +122,39 @@ def check_cmd(
         print_json(results)
     if not all(r["ok"] for r in results):
         raise typer.Exit(1)
+
+
+@rules_app.command("diff")
+def diff_cmd(
+    ctx: typer.Context,
+    pipeline: Annotated[str, typer.Argument(help="pipeline name (see `kappa pipelines`)")],
+    old: Annotated[str, typer.Argument(help="a deployed version, e.g. v1 or 1")],
+    new: Annotated[str, typer.Argument(help="another deployed version, e.g. v2")],
+    as_json: AsJson = False,
+) -> None:
+    """Show what changed between the rules two deployed versions run (as stored at their deploys)."""
+    from orchestrator.lifecycle.version_rules import rules_diff
+
+    d = rules_diff(cli_of(ctx).kappa(), pipeline, _version(old, "OLD"), _version(new, "NEW"))
+    if as_json:
+        print_json(d)
+        return
+    out = cli_of(ctx).out
+    head = (f"rules of {d.pipeline} v{d.old_version} ({d.old_rules}, {d.old_hash[:12]}) and "
+            f"v{d.new_version} ({d.new_rules}, {d.new_hash[:12]})")
+    if d.same_content:
+        out.print(f"{head}: same content" + (", formatting or comments differ" if d.diff else ""), highlight=False)
+    else:
+        out.print(f"{head}: the rules differ", highlight=False)
+    for line in d.diff:
+        style = "green" if line.startswith("+") and not line.startswith("+++") else (
+            "red" if line.startswith("-") and not line.startswith("---") else None)
+        out.print(line, style=style, highlight=False, markup=False)
+
+
+def _version(text: str, what: str) -> int:
+    """A version number written `3` or `v3`."""
+    digits = text[1:] if text[:1] in ("v", "V") else text
+    if not digits.isdigit() or int(digits) < 1:
+        raise typer.BadParameter(f"{text!r} is not a version; write a version number such as 2 or v2", param_hint=what)
+    return int(digits)

@@ -35,7 +35,7 @@ def pipelines_data(k: Kappa) -> list[dict[str, Any]]:
         rules: list[str] = []
         if spec.ruleset:
             try:
-                rules = list(available_rules(spec.ruleset))
+                rules = list(available_rules(spec.ruleset, k.settings.rules_location))
             except KappaError:
                 rules = []
         alias = k.registry.get_alias(spec.alias)
@@ -59,10 +59,14 @@ def pipelines_cmd(ctx: typer.Context, as_json: AsJson = False) -> None:
 
 
 def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasRecord | None, *,
-                   record: bool = False) -> dict[str, Any]:
-    """One row of `kappa status`: registry record, job, lag and readiness of a version."""
+                   record: bool = False, rules_cache: dict | None = None) -> dict[str, Any]:
+    """One row of `kappa status`: registry record, job, lag and readiness of a version.
+
+    `rules_file` compares the rules file of the version's name, as it is now, with the rules the
+    version runs (stored at its deploy): "same", "changed", "missing" or "invalid" (None: no rules)."""
     from orchestrator.jobctl import inspect_version
     from orchestrator.lifecycle.await_ready import readiness
+    from orchestrator.lifecycle.version_rules import file_state
 
     n = rec.version
     row: dict[str, Any] = {
@@ -71,6 +75,7 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         "serving": alias is not None and alias.pipeline == pipeline and alias.version == n,
         "rules_version": rec.rules_version,
         "rules_hash": rec.rules_hash,
+        "rules_file": file_state(k, pipeline, rec, rules_cache if rules_cache is not None else {}),
         "created_at": rec.created_at,
     }
     if rec.state == VersionState.RETIRED:
@@ -98,7 +103,7 @@ def _versions(k: Kappa, pipeline: str) -> list[VersionRecord]:
 
 def status_data(k: Kappa, pipelines: list[str], *, record: bool = False) -> list[dict[str, Any]]:
     """`kappa status --json`: per pipeline, its alias and every version's row."""
-    out = []
+    out, cache = [], {}
     for name in pipelines:
         spec = k.pipeline(name)
         alias = k.registry.get_alias(spec.alias)
@@ -107,7 +112,8 @@ def status_data(k: Kappa, pipelines: list[str], *, record: bool = False) -> list
             "alias": spec.alias,
             "serving_version": alias.version if alias is not None else None,
             "previous_version": alias.previous_version if alias is not None else None,
-            "versions": [version_status(k, name, rec, alias, record=record) for rec in _versions(k, name)],
+            "versions": [version_status(k, name, rec, alias, record=record, rules_cache=cache)
+                         for rec in _versions(k, name)],
         })
     return out
 

@@ -223,7 +223,7 @@ def check_ruleset_exists(spec: PipelineSpec, *, rules_dir: Path | None = None) -
     raise ConfigError(
         f"pipeline {spec.name!r}, field 'ruleset': unknown ruleset {spec.ruleset!r}: no rules files "
         f"(*.toml) in {folder} (rulesets found: {', '.join(known) or 'none'}); add "
-        f"jobs/rules/{spec.ruleset}/v1.toml or fix 'ruleset' in the pipelines file")
+        f"{folder / 'v1.toml'} or fix 'ruleset' in the pipelines file (or rules_location)")
 
 
 def check_pipeline_code(spec: PipelineSpec, *, jobs_dir: Path | None = None,

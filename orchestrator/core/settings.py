@@ -77,7 +77,7 @@ SECONDS_FIELDS = ("lag_sample_retention_seconds", "readiness_window_seconds")
 CLI_FLAGS: dict[str, str] = {name: "--" + name.replace("_", "-") for name in ENV_VARS if name not in SECONDS_FIELDS}
 PATH_FIELDS = ("home", "state_dir", "pipelines_file")
 #: Locations handled by Spark and delta-rs: a local path (made absolute) or a URI kept as given.
-LOCATION_FIELDS = ("warehouse", "checkpoints")
+LOCATION_FIELDS = ("warehouse", "checkpoints", "rules_location")
 
 _GROUP_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _REGISTRY_URL_HINT = "expected sqlite:///<path> or postgresql+psycopg2://<user>[:<password>]@<host>:<port>/<db>"
@@ -128,6 +128,7 @@ class Settings(BaseSettings):
     kafka_config: dict[str, str | SecretStr] = {}
     group_prefix: str = "kappa"
     pipelines_file: Path = Field(default_factory=default_pipelines_file)
+    rules_location: str | None = None
     spark_master: str = "local[2]"
     lag_sample_retention_seconds: float = 3 * 86400.0
     readiness_window_seconds: float = 300.0
@@ -175,6 +176,13 @@ class Settings(BaseSettings):
     @classmethod
     def _check_location(cls, v: Any) -> Any:
         return None if v is None else _location(v, Path.cwd())
+
+    @field_validator("rules_location")
+    @classmethod
+    def _check_rules_location(cls, v: str | None) -> str | None:
+        if v is not None and re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", v) and not v.startswith("file:"):
+            raise ValueError("rules are read from a local folder or a file:// URI; check them out to a folder")
+        return v
 
     @field_validator("registry_url")
     @classmethod
@@ -264,12 +272,9 @@ class Settings(BaseSettings):
 
         For a child process (a job, an Airflow worker) that must resolve exactly these settings.
         """
-        env = {ENV_VARS[f]: str(getattr(self, f)) for f in ENV_VARS
-               if f not in ("kafka_config", "bootstrap_servers", "checkpoints")}
-        if self.checkpoints is not None:
-            env[ENV_VARS["checkpoints"]] = self.checkpoints
-        if self.bootstrap_servers is not None:
-            env[ENV_VARS["bootstrap_servers"]] = self.bootstrap_servers
+        optional = ("bootstrap_servers", "checkpoints", "rules_location")
+        env = {ENV_VARS[f]: str(getattr(self, f)) for f in ENV_VARS if f not in ("kafka_config", *optional)}
+        env.update({ENV_VARS[f]: getattr(self, f) for f in optional if getattr(self, f) is not None})
         if self.kafka_config:
             env[ENV_VARS["kafka_config"]] = self.kafka_config_json()
         return env

@@ -129,13 +129,11 @@ def _job_args(k, pipeline: str, version: int, *, trigger: str = "continuous",
 
 
 def _rules_file(k, pipeline: str, version_record: VersionRecord) -> Path | None:
-    """The rules file a version was deployed with (None for a job without rules)."""
-    spec = k.pipeline(pipeline)
-    if not spec.ruleset or not version_record.rules_version:
-        return None
-    from jobs.lib.rules import rules_path
+    """The rules file this start of a version runs with: the rules stored at its deploy, written to
+    its run dir (`orchestrator.lifecycle.version_rules`); None for a job without rules."""
+    from orchestrator.lifecycle.version_rules import materialize
 
-    return Path(rules_path(spec.ruleset, version_record.rules_version))
+    return materialize(k, pipeline, version_record)
 
 
 def _is_local_master(master: str) -> bool:

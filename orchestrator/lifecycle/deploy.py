@@ -31,6 +31,7 @@ from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import IN_FLIGHT, VersionState
 from orchestrator.jobctl import inspect_version, mark_failed, start_version
 from orchestrator.lifecycle.promote import Check
+from orchestrator.lifecycle.version_rules import stored_rules
 
 __all__ = ["DeployPlan", "DeployPreview", "VersionInfo", "check_request", "check_topics", "deploy", "code_ref"]
 
@@ -51,6 +52,8 @@ class DeployPlan(BaseModel):
     threshold: int
     force: bool
     warnings: tuple[str, ...] = ()
+    #: the rules file's text as read and validated, stored with the version (never in the audit log)
+    rules_text: str | None = Field(default=None, exclude=True, repr=False)
 
 
 class VersionInfo(BaseModel):
@@ -163,27 +166,34 @@ def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold
     """The checks of a deploy request that need no broker: pipeline, job module, threshold, rules file."""
     from orchestrator.core.pipelines import check_pipeline_code
 
+    from jobs.lib.rules import rules_root
+
     spec = k.pipeline(pipeline)
-    check_pipeline_code(spec)
+    check_pipeline_code(spec, rules_dir=rules_root(k.settings.rules_location))
     if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0):
         raise ConfigError(f"invalid catch-up threshold {threshold!r}: expected a number of records >= 0")
-    rules_file = rules_hash = None
+    rules_file = rules_hash = rules_text = None
     if spec.ruleset:
-        from jobs.lib.rules import available_rules, load_rules, rules_path
+        from jobs.lib.rules import available_rules, rules_path
+        from orchestrator.lifecycle.version_rules import read_rules_file
 
+        location = k.settings.rules_location
         if rules_version is None:
-            known = available_rules(spec.ruleset)
+            known = available_rules(spec.ruleset, location)
             if not known:
-                raise ConfigError(f"pipeline {pipeline!r} uses ruleset {spec.ruleset!r}, which has no rules files")
+                raise ConfigError(f"pipeline {pipeline!r} uses ruleset {spec.ruleset!r}, which has no rules files "
+                                  f"in {rules_root(location) / spec.ruleset} (rules_location); add "
+                                  f"<version>.toml files there")
             rules_version = known[-1]
-        path = rules_path(spec.ruleset, rules_version)
-        rules = load_rules(path)
+        path = rules_path(spec.ruleset, rules_version, location)
+        rules, rules_text = read_rules_file(path)
         rules_file, rules_hash = str(path), rules.content_hash
     elif rules_version is not None:
         raise ConfigError(f"pipeline {pipeline!r} (job {spec.job!r}) takes no rules, but rules version "
                           f"{rules_version!r} was given; drop it")
     return DeployPlan(pipeline=pipeline, job=spec.job, topics=tuple(spec.topics), rules_version=rules_version,
-                      rules_file=rules_file, rules_hash=rules_hash, force=force,
+                      rules_file=rules_file, rules_hash=rules_hash, rules_text=rules_text if spec.ruleset else None,
+                      force=force,
                       threshold=spec.catchup_threshold if threshold is None else threshold)
 
 
@@ -361,5 +371,5 @@ def _allocate(k: Kappa, plan: DeployPlan, ref: str, actor: str, reason: str | No
         plan.pipeline, rules_version=plan.rules_version, rules_hash=plan.rules_hash, code_ref=ref,
         paths=lambda n: k.paths(plan.pipeline, n), actor=actor, reason=reason, queue=queue,
         details={"threshold": plan.threshold, "force": plan.force, "rules_file": plan.rules_file,
-                 "warnings": list(plan.warnings)},
+                 "warnings": list(plan.warnings), **stored_rules(plan)},
     )

@@ -84,7 +84,7 @@ def _load(k: Kappa, pipeline: str, rules_version: str):
     spec = k.pipeline(pipeline)
     if not spec.ruleset:
         raise ConfigError(f"pipeline {pipeline!r} (job {spec.job!r}) takes no rules: there is nothing to preview")
-    return spec, load_rules(rules_path(spec.ruleset, rules_version))
+    return spec, load_rules(rules_path(spec.ruleset, rules_version, k.settings.rules_location))
 
 
 def _open(pointer: dict[str, Any], alias: str):

@@ -219,8 +219,8 @@ def test_unknown_key_in_config_file(tmp_path):
         resolve_settings(cfg, env={}, cwd=tmp_path)
     assert str(e.value) == (
         f"config file {cfg}: unknown setting 'warehous'; known settings: home, warehouse, state_dir, "
-        f"checkpoints, registry_url, bootstrap_servers, kafka_config, group_prefix, pipelines_file, spark_master, "
-            f"lag_sample_retention_seconds, readiness_window_seconds")
+        f"checkpoints, registry_url, bootstrap_servers, kafka_config, group_prefix, pipelines_file, rules_location, "
+            f"spark_master, lag_sample_retention_seconds, readiness_window_seconds")
 
 
 def test_config_file_wrong_type_and_bad_toml(tmp_path):

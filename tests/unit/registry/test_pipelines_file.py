@@ -232,8 +232,8 @@ def test_unknown_ruleset(tmp_path, code_dirs):
         check_pipeline_code(spec, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
     assert str(e.value) == (
         f"pipeline 'standardize', field 'ruleset': unknown ruleset 'empty': no rules files (*.toml) in "
-        f"{code_dirs / 'rules' / 'empty'} (rulesets found: titles); add jobs/rules/empty/v1.toml or fix "
-        f"'ruleset' in the pipelines file")
+        f"{code_dirs / 'rules' / 'empty'} (rulesets found: titles); add {code_dirs / 'rules' / 'empty' / 'v1.toml'} "
+        f"or fix 'ruleset' in the pipelines file (or rules_location)")
 
 
 def test_job_without_rules_needs_no_ruleset(tmp_path, code_dirs):

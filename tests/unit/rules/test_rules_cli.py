@@ -134,3 +134,68 @@ def test_check_many_files_reports_each_and_fails_if_one_is_bad(run, tmp_path):
     as_json = json.loads(run("rules", "check", str(good), str(bad), "--json").stdout)
     assert [(r["file"], r["ok"]) for r in as_json] == [(str(good), True), (str(bad), False)]
     assert as_json[0]["hash"] == load_rules(good).content_hash
+
+
+# -- the team's rules location, diff, status ---------------------------------------------------------
+
+@pytest.fixture
+def team(home, tmp_path, monkeypatch):
+    """A team's rules folder named by `rules_location` in the home's kappa.toml; deploys allocate only."""
+    from orchestrator.lifecycle import deploy as deploy_mod
+
+    root = tmp_path / "team" / "rules"
+    shutil.copytree(RULES_DIR / "titles", root / "titles")
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "kappa.toml").write_text('rules_location = "../team/rules"\n')
+    monkeypatch.setattr(deploy_mod, "_topic_policies", lambda k, topics: {t: ("compact", False) for t in topics})
+    return root
+
+
+def _deploy(home, rules_version: str) -> int:
+    from orchestrator.core.kappa import Kappa
+    from orchestrator.core.settings import resolve_settings
+    from orchestrator.lifecycle.deploy import deploy
+
+    with Kappa(resolve_settings(home=str(home), env={})) as kk:
+        return deploy(kk, PIPELINE, rules_version, actor="alice", reason="r", start=False, queue=True).version
+
+
+def test_rules_diff_prints_what_changed_between_two_deployed_versions(run, team, home):
+    v1, v2 = _deploy(home, "v1"), _deploy(home, "v2")
+    res = run("rules", "diff", PIPELINE, f"v{v1}", str(v2))
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    h1 = load_rules(team / "titles" / "v1.toml").content_hash[:12]
+    h2 = load_rules(team / "titles" / "v2.toml").content_hash[:12]
+    assert lines[0] == f"rules of {PIPELINE} v{v1} (v1, {h1}) and v{v2} (v2, {h2}): the rules differ"
+    assert lines[1] == f"--- {PIPELINE} v{v1} (rules v1, {h1})"
+    assert any(line.startswith("+") and "Senior Software Engineer" in line for line in lines[3:])
+    res = run("rules", "diff", PIPELINE, "one", "v2")             # a usage error, as for every verb: exit 2
+    assert res.exit_code == 2 and res.stderr.splitlines()[-1] == (
+        "Error: Invalid value for OLD: 'one' is not a version; write a version number such as 2 or v2")
+    assert one_error_line(run("rules", "diff", PIPELINE, str(v1), "9")) == (
+        f"Error: pipeline {PIPELINE!r} has no version v9 (versions: v{v1}, v{v2}); see kappa status {PIPELINE}")
+
+
+def test_status_says_when_a_versions_rules_file_was_edited_since_its_deploy(run, team, home):
+    v1 = _deploy(home, "v1")
+    path = team / "titles" / "v1.toml"
+    path.write_text(path.read_text(encoding="utf-8").replace('"Software Engineer" = [', '"Software Eng." = ['),
+                    encoding="utf-8")
+    res = run("status", PIPELINE, "--json")
+    assert res.exit_code == 0, res.stderr
+    (row,) = json.loads(res.stdout)["pipelines"][0]["versions"]
+    assert (row["version"], row["rules_version"], row["rules_file"]) == (v1, "v1", "changed")
+    res = run("status", PIPELINE)
+    assert "v1 (file edited since deploy)" in res.stdout
+    assert "rules file edited since deploy: v1 (each version runs the rules stored at its deploy" in " ".join(
+        res.stdout.split())
+
+
+def test_check_finds_a_file_of_the_rules_location_as_deploy_does(run, team):
+    odd = team / "titles" / "V3.toml"
+    shutil.copy(team / "titles" / "v2.toml", odd)
+    line = one_error_line(run("rules", "check", str(odd)))
+    assert line.startswith("Error: invalid rules version 'V3': expected lowercase letters, digits")
+    res = run("rules", "check", str(team / "titles" / "v1.toml"))
+    assert res.exit_code == 0 and res.stdout.startswith(f"ok: {team / 'titles' / 'v1.toml'}: rules v1 ")
