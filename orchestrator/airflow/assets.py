@@ -54,10 +54,10 @@ def kappa_alias_asset(alias: str) -> Asset:
 
 def declared_alias_assets(settings: Any = None) -> dict[str, Asset]:
     """alias -> Asset for every pipeline in the pipelines file (read at parse time; nothing else is touched)."""
+    from orchestrator.airflow.settings_var import airflow_settings
     from orchestrator.core.pipelines import load_pipelines
-    from orchestrator.core.settings import resolve_settings
 
-    specs = load_pipelines((settings or resolve_settings()).pipelines_file)
+    specs = load_pipelines((settings or airflow_settings()).pipelines_file)
     return {spec.alias: kappa_alias_asset(spec.alias) for spec in specs.values()}
 
 

@@ -44,9 +44,9 @@ def form_choices(settings: Settings | None = None) -> dict[str, Any]:
     """Choices for the DAG forms: declared pipelines and available rules versions."""
     from jobs.lib.rules import available_rules
     from orchestrator.core.pipelines import load_pipelines
-    from orchestrator.core.settings import resolve_settings
+    from orchestrator.airflow.settings_var import airflow_settings
 
-    settings = settings or resolve_settings()
+    settings = settings or airflow_settings()
     specs = load_pipelines(settings.pipelines_file)
     rules = {name: available_rules(spec.ruleset, settings.rules_location)
              for name, spec in specs.items() if spec.ruleset}

@@ -79,13 +79,12 @@ def tagged_reason(reason: str | None, dag_id: str, run_id: str, default: str) ->
 
 
 def _kappa() -> Kappa:
-    """Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*), with the
-    Kafka settings of the Airflow connection `kafka_default` when it is defined (`kafka_conn`)."""
-    from orchestrator.airflow.kafka_conn import connection_overrides
-    from orchestrator.core.settings import resolve_settings
+    """Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*), the
+    Variable `kappa_settings` over it and the Kafka settings of the Airflow connection
+    `kafka_default` over both, when they are defined (`settings_var`, `kafka_conn`)."""
+    from orchestrator.airflow.settings_var import airflow_settings
 
-    overrides = connection_overrides()
-    return Kappa(resolve_settings(**overrides)) if overrides else Kappa()
+    return Kappa(airflow_settings())
 
 
 def _lag_line(r: Readiness) -> str:

@@ -174,15 +174,8 @@ class Settings(BaseSettings):
 
     @field_validator(*LOCATION_FIELDS, mode="before")
     @classmethod
-    def _check_location(cls, v: Any) -> Any:
-        return None if v is None else _location(v, Path.cwd())
-
-    @field_validator("rules_location")
-    @classmethod
-    def _check_rules_location(cls, v: str | None) -> str | None:
-        if v is not None and re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", v) and not v.startswith("file:"):
-            raise ValueError("rules are read from a local folder or a file:// URI; check them out to a folder")
-        return v
+    def _check_location(cls, v: Any, info: Any) -> Any:
+        return None if v is None else _location(v, Path.cwd(), local=info.field_name == "rules_location")
 
     @field_validator("registry_url")
     @classmethod
@@ -301,13 +294,15 @@ class Settings(BaseSettings):
             yield name, (mask_url(value) if name == "registry_url" else value)
 
 
-def _location(value: Any, base: Path) -> str:
-    """A table or checkpoint root: a URI (normalized, never through pathlib), else an absolute local path."""
+def _location(value: Any, base: Path, local: bool = False) -> str:
+    """A URI (normalized, never through pathlib), else an absolute path; `local`: no URI but file://."""
     from orchestrator.core import uris
 
     text = str(value)
     if not text.strip():
         raise ValueError("expected a local path or a URI such as s3://bucket/warehouse")
+    if local and uris.scheme(text) not in (None, "file"):
+        raise ValueError("rules are read from a local folder or a file:// URI; check them out to a folder")
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", text):   # a URI, or one whose `//` was lost (refused)
         try:
             return uris.normalize(text)
@@ -343,6 +338,8 @@ def _how_to_fix(field: str, source: str) -> str:
         return f"fix or unset the environment variable {source}"
     if source.startswith("config file"):
         return f"fix {field!r} in the {source[len('config file '):]}"
+    if source.startswith("Airflow"):
+        return f"fix {field!r} in the {source}"
     flag = f"{CLI_FLAGS[field]}, " if field in CLI_FLAGS else ""
     return f"set it with {flag}{ENV_VARS[field]} or {field!r} in {CONFIG_FILE_NAME}"
 
@@ -440,7 +437,7 @@ class _Layer(PydanticBaseSettingsSource):
                 value = _absolute(Path(value), self.base)
             elif field in LOCATION_FIELDS:
                 try:
-                    value = _location(value, self.base)
+                    value = _location(value, self.base, local=field == "rules_location")
                 except ValueError as e:
                     raise ConfigError(f"invalid setting {field}={value!r} (from {source}): {e}; "
                                       f"{_how_to_fix(field, source)}") from None
@@ -466,8 +463,10 @@ class _HomeDefault(PydanticBaseSettingsSource):
 class _Resolution:
     """What one `resolve_settings` call reads, and where each value came from (highest layer first)."""
 
-    def __init__(self, env: Mapping[str, str], cwd: Path, file_path: Path | None) -> None:
+    def __init__(self, env: Mapping[str, str], cwd: Path, file_path: Path | None,
+                 override_sources: Mapping[str, str] | None = None) -> None:
         self.env, self.cwd, self.file_path = env, cwd, file_path
+        self.override_sources = dict(override_sources or {})
         self.file_label = f"config file {file_path}" if file_path else ""
         self.record: dict[str, list[str]] = {}
         self.file = _ConfigFile(Settings, toml_file=file_path) if file_path else None
@@ -475,7 +474,8 @@ class _Resolution:
     def sources(self, settings_cls: type[BaseSettings],
                 flags: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
         layers: list[PydanticBaseSettingsSource] = [
-            _Layer(settings_cls, flags, CLI_FLAGS.__getitem__, self.cwd, self.record),
+            _Layer(settings_cls, flags, lambda f: self.override_sources.get(f) or CLI_FLAGS[f], self.cwd,
+                   self.record),
             _Layer(settings_cls, _Environment(settings_cls, self.env), ENV_VARS.__getitem__, self.cwd, self.record)]
         if self.file is not None and self.file_path is not None:
             layers.append(_Layer(settings_cls, self.file, lambda _: self.file_label, self.file_path.parent,
@@ -504,13 +504,14 @@ def _problem(err: Any, resolution: _Resolution) -> str:
 
 
 def resolve_settings(config_file: str | Path | None = None, *, env: Mapping[str, str] | None = None,
-                     cwd: str | Path | None = None, **cli_overrides: Any) -> Settings:
+                     cwd: str | Path | None = None, override_sources: Mapping[str, str] | None = None,
+                     **cli_overrides: Any) -> Settings:
     """Resolve every setting: CLI flag > environment variable > config file > default.
 
     `cli_overrides` are keyword arguments named like the settings (`home=`, `registry_url=`,
     `kafka_config=` as a dict or JSON text, ...); None means "flag not given". `env` defaults to
-    `os.environ` and `cwd` to the current directory (both injectable for tests).
-    """
+    `os.environ` and `cwd` to the current directory (both injectable for tests). `override_sources`
+    names an override's source when it is no CLI flag ("Airflow Variable 'kappa_settings'")."""
     env = os.environ if env is None else env
     cwd_path = Path.cwd() if cwd is None else Path(cwd)
     unknown = sorted(set(cli_overrides) - set(CLI_FLAGS))
@@ -519,7 +520,7 @@ def resolve_settings(config_file: str | Path | None = None, *, env: Mapping[str,
     cli = {k: v for k, v in cli_overrides.items() if v is not None}
 
     file_path = _locate_config_file(config_file, env, cli, cwd_path)
-    resolution = _Resolution(env, cwd_path, file_path)
+    resolution = _Resolution(env, cwd_path, file_path, override_sources)
     token = _RESOLUTION.set(resolution)
     try:
         settings = Settings(**cli)

@@ -32,7 +32,7 @@ from orchestrator.core.states import RUNNING
 from orchestrator.dev import datagen
 from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
 from orchestrator.dev.broker import EmbeddedBroker
-from orchestrator.jobctl import inspect_version, read_launch
+from orchestrator.jobctl import inspect_version, read_launch, stop_version
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
@@ -199,3 +199,51 @@ def test_a_killed_serving_job_and_a_broker_outage_are_supervised_back_to_an_exac
     entries = k.registry.audit_log(PIPELINE, limit=None, version=v, action="restart")
     assert [e.outcome for e in entries] == ["ok", "ok"] and entries[1].details["failure"] == "broker_unavailable"
     assert k.registry.get_version(PIPELINE, v).state == "serving"
+
+
+def test_a_version_restarted_after_its_rules_file_was_edited_keeps_the_rules_of_its_deploy(live, tmp_path):
+    """Issue 20's case on real jobs: a version deployed with the team's titles/v1.toml, the file then
+    edited ("Software Engineer" renamed), the job killed with SIGKILL and restarted by the supervisor.
+    The restarted job runs the rules stored at the deploy: the version's table, after more records,
+    is exactly the oracle's table for the original v1 rules (tests/oracle, worked out by hand)."""
+    import shutil
+
+    from jobs.lib.rules import RULES_DIR, load_rules
+    from orchestrator.lifecycle.version_rules import file_state
+
+    team = tmp_path / "team-repo" / "rules"
+    shutil.copytree(RULES_DIR / "titles", team / "titles")
+    k = Kappa(live.k.settings.model_copy(update={"rules_location": str(team)}), registry=live.k.registry,
+              pipelines={PIPELINE: live.k.pipeline(PIPELINE)})
+    info = deploy(k, PIPELINE, "v1", actor="tests", reason="the team's v1 rules", queue=True)
+    assert wait_ready(k, PIPELINE, info.version, deadline_seconds=DEADLINE, poll_seconds=1).ready
+    ok, msg = served_equals_expected(live, "v1", version=info.version)
+    assert ok, msg
+
+    path = team / "titles" / "v1.toml"
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace('"Software Engineer" = [', '"Software Eng." = [')
+                    .replace('canonical = "Software Engineer"', 'canonical = "Software Eng."'), encoding="utf-8")
+    rec = k.registry.get_version(PIPELINE, info.version)
+    assert load_rules(path).content_hash != rec.rules_hash and file_state(k, PIPELINE, rec) == "changed"
+
+    old = inspect_version(k, PIPELINE, info.version)
+    os.killpg(old.pid, signal.SIGKILL)
+    wait_until(lambda: inspect_version(k, PIPELINE, info.version).failed, "the killed job to count as dead", 60)
+    actions: list = []
+    supervise_pass(k, actions)
+    assert [a["kind"] for a in actions] == ["restart"], actions
+    wait_until(lambda: inspect_version(k, PIPELINE, info.version).health == "running", "the restarted job to run",
+               DEADLINE)
+    live.produce(300, KEYS)                  # new records, titles included, standardized after the edit
+    why: list[str] = []
+
+    def exact():
+        ok, msg = served_equals_expected(live, "v1", version=info.version)
+        why[:] = [msg]
+        return ok
+    wait_until(exact, f"v{info.version}'s table to equal the original v1 rules' (last: {why[-1] if why else '?'})",
+               DEADLINE, poll=1.0)
+    st = inspect_version(k, PIPELINE, info.version)
+    assert st.rules_hash == rec.rules_hash, (st.rules_hash, rec.rules_hash)
+    stop_version(k, PIPELINE, info.version, actor="tests", reason="done", force=True, final_state=None)
