@@ -39,6 +39,9 @@ __all__ = ["refusals_are_final", "actor_for", "run_tag", "tagged_reason",
 log = logging.getLogger("kappa.airflow")
 F = TypeVar("F", bound=Callable[..., Any])
 PokeResult = dict[str, Any]   # {"is_done": bool, "xcom_value": ...}: the kwargs of a PokeReturnValue
+#: An auto-promote refused only because the version fell behind again waits this long for it, this often.
+READY_AGAIN_SECONDS = 300.0
+READY_AGAIN_TRIES = 3
 
 
 def refusals_are_final(fn: F) -> F:
@@ -274,14 +277,34 @@ def report(pipeline: str, version: int) -> dict[str, Any]:
 def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: str | None = None, *,
                      user: str | None, run_id: str, dag_id: str = "kappa_reprocess",
                      outlet_events: Any = None) -> dict[str, Any] | None:
-    """Promote when auto-promote is on; otherwise say how to promote and return None."""
+    """Promote when auto-promote is on; otherwise say how to promote and return None.
+
+    The sensor found the version ready; live updates may push its lag over the threshold again
+    before the promote's own readiness check. Such a refusal (readiness alone failed) is waited
+    out: the task waits until the version is ready again (at most `READY_AGAIN_SECONDS`) and
+    promotes then, up to `READY_AGAIN_TRIES` times. Any other refusal fails the task at once."""
+    from orchestrator.lifecycle.await_ready import wait_ready
+
     if not auto_promote:
         conf = json.dumps({"pipeline": pipeline, "version": version})
         log.info("%s v%s is ready and NOT promoted (auto-promote is off). To promote it, trigger kappa_promote "
                  "with this configuration JSON: %s, or run `kappa promote %s %s` or `kappa trigger promote %s %s`.",
                  pipeline, version, conf, pipeline, version, pipeline, version)
         return None
-    return promote(pipeline, version, reason, user=user, run_id=run_id, dag_id=dag_id, outlet_events=outlet_events)
+    for attempt in range(1, READY_AGAIN_TRIES + 1):
+        try:
+            return promote.__wrapped__(pipeline, version, reason, user=user, run_id=run_id, dag_id=dag_id,
+                                       outlet_events=outlet_events)
+        except NotReadyError as e:
+            if e.failed_checks != ("ready",) or attempt == READY_AGAIN_TRIES:
+                raise
+            log.warning("the promote was refused: %s v%s fell behind again since the sensor found it ready (%s); "
+                        "waiting until it has caught up again (attempt %d of %d)", pipeline, version, e, attempt,
+                        READY_AGAIN_TRIES)
+            with _kappa() as k:
+                wait_ready(k, pipeline, version, deadline_seconds=READY_AGAIN_SECONDS, poll_seconds=2.0,
+                           actor=actor_for(user))
+    raise AssertionError("unreachable")
 
 
 # -- kappa_promote ----------------------------------------------------------------------------

@@ -129,6 +129,37 @@ def test_promote_if_asked_off_says_how(kappa_env, caplog):
     assert json.loads(conf) == {"pipeline": "std_a", "version": 4}
 
 
+
+def test_an_auto_promote_refused_because_the_version_fell_behind_waits_and_promotes(kappa_env, monkeypatch):
+    """The demo's CI failure, in the reprocess DAG: the sensor saw the version ready, the promote's own
+    check a moment later saw lag 1010 over 1000. The task waits until it is ready again and promotes;
+    a refusal for anything else (key count) fails at once."""
+    from orchestrator.core.exceptions import NotReadyError
+    from orchestrator.lifecycle import await_ready
+
+    outcomes = [NotReadyError("ready: lag 1010 > threshold 1000", failed_checks=["ready"]), {"flipped": True}]
+    calls, waits = [], []
+
+    def verb(pipeline, version, reason, **kw):
+        calls.append(version)
+        out = outcomes.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def wrapper(*a, **kw):
+        raise AssertionError("the task calls the verb under its own refusal policy")
+    wrapper.__wrapped__ = verb
+    monkeypatch.setattr(tasks, "promote", wrapper)
+    monkeypatch.setattr(await_ready, "wait_ready", lambda k, p, v, **kw: waits.append((p, v, kw["deadline_seconds"])))
+    assert tasks.promote_if_asked("std_a", 4, True, "why", user="alice", run_id="r") == {"flipped": True}
+    assert calls == [4, 4] and waits == [("std_a", 4, tasks.READY_AGAIN_SECONDS)]
+
+    outcomes[:] = [NotReadyError("key_count: 1 keys vs 3", failed_checks=["key_count"])]
+    with pytest.raises(NotReadyError, match="key_count"):
+        tasks.promote_if_asked("std_a", 4, True, "why", user="alice", run_id="r")
+    assert len(waits) == 1
+
 @pytest.mark.parametrize("after, done", [(299.5, False), (300.0, True), (300.5, True)])
 def test_stop_previous_waits_exactly_the_grace_period_in_seconds(kappa_env, monkeypatch, after, done):
     """The promote's `at` and the grace period are seconds: 299.5 s after it the standby is kept."""
