@@ -137,9 +137,14 @@ def file_state(k, pipeline: str, rec: Any, cache: dict | None = None) -> FileSta
         current = cache[key]
     else:
         try:
-            current = read_rules_file(rules_path(spec.ruleset, rec.rules_version, k.settings.rules_location))[0].content_hash
-        except RulesError as e:
-            current = "missing" if "no rules file" in str(e) or "does not exist" in str(e) else "invalid"
+            path = rules_path(spec.ruleset, rec.rules_version, k.settings.rules_location)
+        except RulesError:
+            current = "missing"
+        else:
+            try:
+                current = read_rules_file(path)[0].content_hash
+            except RulesError:
+                current = "invalid"
         if cache is not None:
             cache[key] = current
     if current in ("missing", "invalid"):

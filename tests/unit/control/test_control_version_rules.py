@@ -147,3 +147,14 @@ def test_the_rules_location_setting_takes_a_folder_or_a_file_uri(tmp_path, team)
     assert str(e.value).startswith("invalid setting rules_location")
     assert "rules are read from a local folder or a file:// URI" in str(e.value)
     assert "KAPPA_RULES" in str(e.value)
+
+
+def test_file_state_names_a_rules_file_gone_or_broken_since_the_deploy(kt, team, policies):
+    rec = deploy(kt, PIPELINE, "v1", actor="alice", reason="r", start=False)
+    rec = kt.registry.get_version(PIPELINE, rec.version)
+    path = team / "titles" / "v1.toml"
+    path.write_text("format_version = 1\n[titles.aliases]\n\"A\" = [\"x\"]\n\"B\" = [\"X\"]\n", encoding="utf-8")
+    assert file_state(kt, PIPELINE, rec) == "invalid"
+    path.unlink()
+    assert file_state(kt, PIPELINE, rec) == "missing"
+    assert deployed_rules(kt, PIPELINE, rec).stored               # what v1 runs is still there
