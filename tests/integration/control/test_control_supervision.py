@@ -236,14 +236,9 @@ def test_a_version_restarted_after_its_rules_file_was_edited_keeps_the_rules_of_
     wait_until(lambda: inspect_version(k, PIPELINE, info.version).health == "running", "the restarted job to run",
                DEADLINE)
     live.produce(300, KEYS)                  # new records, titles included, standardized after the edit
-    why: list[str] = []
-
-    def exact():
-        ok, msg = served_equals_expected(live, "v1", version=info.version)
-        why[:] = [msg]
-        return ok
-    wait_until(exact, f"v{info.version}'s table to equal the original v1 rules' (last: {why[-1] if why else '?'})",
-               DEADLINE, poll=1.0)
+    wait_until(lambda: served_equals_expected(live, "v1", version=info.version),
+               f"v{info.version}'s table to equal the oracle's for the original v1 rules", DEADLINE, poll=1.0,
+               done=lambda result: result[0])
     st = inspect_version(k, PIPELINE, info.version)
     assert st.rules_hash == rec.rules_hash, (st.rules_hash, rec.rules_hash)
     stop_version(k, PIPELINE, info.version, actor="tests", reason="done", force=True, final_state=None)
