@@ -1,14 +1,11 @@
 """Standardization rules: versioned TOML files that map raw titles and companies to canonical ones.
 
-A rules file lives at `<rules location>/<ruleset>/<version>.toml` (the standardize pipeline uses
-the ruleset "titles", versions "v1", "v2", ...). The rules location is the setting
-`rules_location` (`--rules-location`, `KAPPA_RULES`, `rules_location` in kappa.toml): a local
-folder or a file:// URI, such as the rules folder of a team's own repository; without it, the
-rules kappa ships in `jobs/rules/` (the examples). A file is loaded and validated on the driver
-before a job starts, so a bad file fails the deploy with a message naming the file, the line or
-the rule, and nothing is written. At deploy, the file's text is stored with the version
-(`orchestrator.lifecycle.version_rules`): every later start of that version uses that text, never
-the file as it is by then.
+A rules file is `<rules location>/<ruleset>/<version>.toml` (standardize: ruleset "titles", versions
+"v1", "v2", ...); the location is the setting `rules_location` (a local folder or file:// URI such
+as a team's repository), else the examples kappa ships in `jobs/rules/`. A file is validated before
+a job starts, so a bad file fails the deploy naming the file, the line or the rule, and nothing is
+written. Deploy stores the text with the version (`orchestrator.lifecycle.version_rules`); every
+later start of that version uses it, never the file as it is by then.
 
 Format (format_version 1)::
 
@@ -62,7 +59,7 @@ from typing import Any
 from orchestrator.core.exceptions import RulesError
 
 __all__ = ["FORMAT_VERSION", "RULES_DIR", "SECTIONS", "normalize", "RegexRule", "FieldRules", "Rules", "rules_root",
-           "rules_path", "available_rules", "load_rules", "parse_rules"]
+           "rules_path", "available_rules", "load_rules", "read_rules_text", "parse_rules"]
 
 FORMAT_VERSION = 1
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
@@ -323,8 +320,7 @@ def rules_path(ruleset: str, version: str, location: str | os.PathLike | None = 
                 f"invalid {what} {name!r}: expected lowercase letters, digits, '_', '.', '-' "
                 f"(at most 63 characters, no path separators)"
             )
-    root = rules_root(location)
-    path = root / ruleset / f"{version}.toml"
+    path = (root := rules_root(location)) / ruleset / f"{version}.toml"
     if not path.is_file():
         known = available_rules(ruleset, location)
         where = "" if root.is_dir() else f" (the rules location {root} is not a folder; set rules_location)"
@@ -351,6 +347,11 @@ def available_rules(ruleset: str, location: str | os.PathLike | None = None) -> 
 
 def load_rules(path: str | Path) -> Rules:
     """Read and validate a rules file; RulesError names the file, line or rule and what is wrong."""
+    return parse_rules(read_rules_text(path), path)
+
+
+def read_rules_text(path: str | Path) -> str:
+    """A rules file's text; RulesError when it is missing, unreadable or not UTF-8."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -359,10 +360,9 @@ def load_rules(path: str | Path) -> Rules:
     except OSError as e:
         raise RulesError(f"rules file {path} cannot be read: {e.strerror}") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RulesError(f"rules file {path}: not UTF-8 (byte {e.start}); save it as UTF-8") from None
-    return parse_rules(text, path)
 
 
 def parse_rules(text: str, path: str | Path) -> Rules:

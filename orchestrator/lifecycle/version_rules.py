@@ -45,18 +45,9 @@ class DeployedRules(BaseModel):
 
 def read_rules_file(path: Path):
     """(Rules, text) of a rules file, validated from exactly the text returned."""
-    from jobs.lib.rules import parse_rules
+    from jobs.lib.rules import parse_rules, read_rules_text
 
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise RulesError(f"rules file {path} does not exist; add it or pick an existing rules version") from None
-    except OSError as e:
-        raise RulesError(f"rules file {path} cannot be read: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RulesError(f"rules file {path}: not UTF-8 (byte {e.start}); save it as UTF-8") from None
+    text = read_rules_text(path)
     return parse_rules(text, path), text
 
 
