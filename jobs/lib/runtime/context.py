@@ -33,7 +33,7 @@ class JobContext:
         self._reported: dict[int, tuple[int, int, int]] = {}
         self._counted_batches: set[int] = set()
         self._rules_hash: str | None = None
-        self._group_lock = threading.Lock()
+        self._group_committing = False
         self._group_end: dict | None = None
 
     @property
@@ -123,14 +123,18 @@ class JobContext:
             return
 
         with self._lock:
-            self._group_end = end          # the newest batch's; a slower commit of an older one yields
+            self._group_end = end          # the newest batch's; a commit still running takes it next
+            if self._group_committing:
+                return                     # one commit thread at a time, however slow the broker is
+            self._group_committing = True
 
         def commit() -> None:
-            with self._group_lock:         # one commit at a time, always of the newest end offsets
-                latest = self._group_end
-                if latest is None:
-                    return
-                self._group_end = None
+            while True:
+                with self._lock:
+                    latest, self._group_end = self._group_end, None
+                    if latest is None:
+                        self._group_committing = False
+                        return
                 try:
                     commit_group_offsets(args.bootstrap_servers, args.group_id, latest, args.kafka_config)
                 except Exception as e:  # noqa: BLE001 - the checkpoint is the truth; the group is for tools

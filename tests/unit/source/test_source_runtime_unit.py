@@ -9,6 +9,7 @@ import pytest
 from jobs.lib.runtime import JobContext, Status, parse_args, read_status, summarize_error
 from orchestrator.core.files import write_json_atomic
 from orchestrator.core.exceptions import SourceError
+from tests.waiting import wait_until
 
 ARGS = ["--pipeline", "standardize", "--version", "3", "--bootstrap-servers", "127.0.0.1:9092",
         "--topics", "a, b", "--output", "/w/standardize/v3", "--checkpoint", "/s/cp", "--run-dir", "/s/run"]
@@ -62,7 +63,32 @@ def _progress(batch_id, rows, end):
             "sources": [{"endOffset": json.dumps(end)}]}
 
 
-def test_batch_accounting_from_listener_and_job(tmp_path):
+@pytest.fixture
+def group_commits(monkeypatch):
+    """The consumer-group commits the runtime makes, recorded instead of sent to a broker. A commit
+    waits while `gate` is clear, so a test can hold one in flight."""
+    import threading
+
+    import jobs.lib.kafka as kafka_mod
+
+    calls, gate = [], threading.Event()
+    gate.set()
+
+    def commit(bootstrap, group_id, offsets, kafka_config=None, timeout=30.0):
+        calls.append((group_id, offsets))
+        gate.wait(60)
+
+    monkeypatch.setattr(kafka_mod, "commit_group_offsets", commit)
+    return calls, gate
+
+
+def _commit_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "kappa-group-commit"]
+
+
+def test_batch_accounting_from_listener_and_job(tmp_path, group_commits):
     ctx = _ctx(tmp_path)
     ctx.status.update(state="running")
     ctx.record_batch(0, rows_in=10, rows_out=8, rejects=2, rejects_total=2)
@@ -79,6 +105,26 @@ def test_batch_accounting_from_listener_and_job(tmp_path):
     assert s["end_offsets"] == {"a": {"0": 15}}
     ctx.rules_hash = "abc"
     assert read_status(tmp_path)["rules_hash"] == "abc"
+    wait_until(lambda: not _commit_threads(), "the group commits to end", 30)
+    assert group_commits[0] and group_commits[0][-1] == ("kappa.standardize.v3", {"a": {"0": 15}})
+
+
+def test_batches_that_end_during_a_slow_group_commit_start_no_second_commit(tmp_path, group_commits):
+    """With the broker down a commit waits for the coordinator until it gives up (45 s here: librdkafka
+    waits a session timeout), and every batch meanwhile started one more thread, blocked behind it. Now one commit runs at a time
+    and then commits the newest offsets."""
+    calls, gate = group_commits
+    gate.clear()                                                  # the first commit hangs
+    ctx = _ctx(tmp_path)
+    ctx.status.update(state="running")
+    ctx.on_progress(_progress(0, 10, {"a": {"0": 10}}))
+    wait_until(lambda: len(calls) == 1, "the first commit to start", 30)
+    for b in range(1, 6):
+        ctx.on_progress(_progress(b, 1, {"a": {"0": 10 + b}}))
+    assert len(_commit_threads()) == 1 and len(calls) == 1
+    gate.set()
+    wait_until(lambda: not _commit_threads(), "the commit thread to end", 30)
+    assert [offsets for _, offsets in calls] == [{"a": {"0": 10}}, {"a": {"0": 15}}]
 
 
 def test_status_is_replaced_atomically(tmp_path):
