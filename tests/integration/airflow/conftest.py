@@ -8,8 +8,8 @@ AIRFLOW_HOME under the test kappa home; both read this repository's dags/.
 Every test pipeline reads its own compacted topic and serves its own alias, so tests do not
 depend on each other's versions. The topics hold tombstones and malformed records, generated
 from the logged `session_seed` (rerun with KAPPA_TEST_SEED=<seed>). The Spark jobs a test started
-are stopped after it (by PID, through kappa's lifecycle); the stack is stopped by its PIDs at the
-end of the session.
+are stopped after it (by PID, through kappa's lifecycle); the stack is stopped by its PIDs after the
+last test of this folder, so that its four processes do not take CPU from the rest of the suite.
 """
 
 from __future__ import annotations
@@ -73,6 +73,17 @@ def airflow_db():
     return home
 
 
+_HERE = Path(__file__).parent
+_STACKS: list = []  # the session stack, while it runs
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the session stack once no test of this folder is left to run (the fixture's own
+    teardown would only run at the end of the whole session)."""
+    if _STACKS and (nextitem is None or _HERE not in Path(str(nextitem.path)).parents):
+        _STACKS.pop().stop()
+
+
 @pytest.fixture(scope="session")
 def airflow(airflow_testbed):
     """One Airflow (api-server, scheduler, dag-processor, triggerer) for the session.
@@ -87,9 +98,12 @@ def airflow(airflow_testbed):
         client = stack.client()
         for dag_id in ("kappa_reprocess", "kappa_promote", "kappa_rollback"):
             client.set_paused(dag_id, False)
+        _STACKS.append(stack)
         yield stack
     finally:
-        stack.stop()
+        if stack in _STACKS:  # else the hook above stopped it
+            _STACKS.remove(stack)
+            stack.stop()
         stop_all_jobs(airflow_testbed)
 
 
