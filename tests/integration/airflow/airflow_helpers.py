@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from tests.pipelines import standardize_pipeline
 
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
-PIPELINES = ("af_dagtest", "af_rest", "af_busy", "af_ui", "af_flip", "af_conn", "af_asset")
+PIPELINES = ("af_dagtest", "af_busy", "af_flip", "af_conn")
 RECORDS, KEYS = 300, 200
 #: Of the records after the first KEYS (which create each member once): tombstones and malformed
 #: records (rejects), so that every DAG run meets both; the pipelines allow this reject rate.

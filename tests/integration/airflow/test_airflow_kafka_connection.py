@@ -7,6 +7,10 @@ through that listener: the job got the password (in its 0600 kafka.json, the onl
 reads it from), while the stack's own KAPPA_* environment has none. The password is in no task log, no job log, no registry row or
 audit entry, and no process's command line or environment. The connection is deleted after the
 test, so the other tests of the session keep the stack's settings.
+
+The run is also the suite's check of a whole kappa_reprocess through the REST API (what `kappa
+trigger` does): the states it went through, every task's end state, the validation report
+against the oracle, the actor and reason in the registry and the audit log, and the served table.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from airflow_helpers import RUN_TIMEOUT
+from airflow_helpers import RUN_TIMEOUT, expected, served_diff
 
 from orchestrator.airflow import client as trigger
 
@@ -49,11 +53,12 @@ def test_reprocess_takes_kafka_settings_from_the_airflow_connection(airflow, sta
                           extra={"bootstrap.servers": broker.sasl_bootstrap_servers,
                                  "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": SCRAM_MECHANISM,
                                  "client.id": "kappa-from-connection"})
+    run_states = []
     try:
         outcome = trigger.trigger_and_follow(airflow.url, "admin", "admin", "kappa_reprocess",
                                              {"pipeline": PIPELINE, "rules_version": "v1",
                                               "reason": "settings from the kafka_default connection"},
-                                             timeout=RUN_TIMEOUT)
+                                             timeout=RUN_TIMEOUT, on_state=lambda state, tasks: run_states.append(state))
         assert outcome.ok, f"{outcome.error}\n" + "\n".join(line for t in outcome.tasks for line in t.log_tail)
         version = outcome.xcom["start_version"]["version"]
         logs = [json.dumps(client.task_log("kappa_reprocess", outcome.run_id, t.task_id, max(t.try_number, 1)))
@@ -62,7 +67,24 @@ def test_reprocess_takes_kafka_settings_from_the_airflow_connection(airflow, sta
     finally:
         client.delete_connection("kafka_default")
 
+    # the whole run, as the REST API reports it
+    assert run_states[-1] == "success" and "running" in run_states
+    assert {t.task_id: t.state for t in outcome.tasks} == {
+        "validate": "success", "preview_rules": "success", "start_version": "success", "wait_ready": "success",
+        "validation_report": "success", "promote": "success", "stop_previous": "success"}
+    assert version == 1 and outcome.xcom["promote"]["flipped"] is True
+    exp = expected(bed, PIPELINE, "v1")
+    assert exp.rejects, "the test data must hold malformed records"
+    report = outcome.xcom["validation_report"]
+    assert (report["keys_new"], report["rejects"]) == (exp.table.num_rows, len(exp.rejects))
+    assert served_diff(bed, PIPELINE, "v1") is None
+
     with bed.kappa() as k:
+        v1 = k.registry.get_version(PIPELINE, version)
+        assert (v1.state, v1.rules_version, v1.actor) == ("serving", "v1", "airflow:admin")
+        assert v1.reason == f"settings from the kafka_default connection [airflow kappa_reprocess run {outcome.run_id}]"
+        promote = [e for e in k.registry.audit_log(PIPELINE, action="promote") if e.outcome == "ok"][-1]
+        assert promote.actor == "airflow:admin" and outcome.run_id in promote.reason
         paths = k.paths(PIPELINE, version)
         kafka_file = paths.version_dir / "kafka.json"
         given = json.loads(kafka_file.read_text())

@@ -4,6 +4,11 @@ DAG's two refusals: nothing to roll back to, and a target without its checkpoint
 
 After every run the registry, the alias pointer file readers follow and the audit log are
 checked; after a refusal, the exact message in the failed task's log, and that nothing changed.
+
+Each serving alias is an Airflow Asset: the promote and the rollback each emit an event on the
+alias's Asset, and `kappa_example_downstream` (scheduled on every declared alias's Asset, paused
+when created) runs after each and sees, in the event's extra, the version now served with its
+rules. A promote that flips nothing emits nothing.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ import shutil
 import subprocess
 import sys
 
+import time
+
 import psutil
 import pytest
 from airflow_helpers import RUN_TIMEOUT
 
 from orchestrator.airflow import client as trigger
+from orchestrator.airflow.assets import kappa_alias_asset
 from orchestrator.jobctl import inspect_version, stop_version
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
@@ -32,6 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 PIPELINE = "af_flip"
 DEADLINE = float(os.environ.get("KAPPA_TEST_READY_DEADLINE", "900"))
 ACTOR = "ops:flip-test"
+DOWNSTREAM = "kappa_example_downstream"
 
 
 def kappa_cli(bed, *args: str) -> subprocess.CompletedProcess:
@@ -91,15 +100,68 @@ def refused_rollback(airflow, conf: dict, message: str):
     return outcome
 
 
+def asset_events(client, run_id: str, dag_id: str) -> list[dict]:
+    """The asset events a run of `dag_id` emitted (Airflow's own record, through its REST API)."""
+    return client._request("GET", "/api/v2/assets/events", what="list asset events",
+                           params={"source_dag_id": dag_id, "source_run_id": run_id}).json()["asset_events"]
+
+
+def downstream_run_after(client, flip_run_id: str, seen: set[str], dag_id: str, timeout: float = 180):
+    """The run of the downstream DAG that the flipping run's event triggered, followed to its end."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for run in client.list_runs(DOWNSTREAM)["dag_runs"]:
+            if run["dag_run_id"] in seen:
+                continue
+            outcome = trigger.follow(client, DOWNSTREAM, run["dag_run_id"], timeout=RUN_TIMEOUT)
+            seen.add(run["dag_run_id"])
+            flips = outcome.xcom.get("log_flips") or []
+            if not outcome.ok or any((f["source_dag_id"], f["source_run_id"]) == (dag_id, flip_run_id)
+                                     for f in flips):
+                return outcome
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {DOWNSTREAM} run after {dag_id} run {flip_run_id} in {timeout:.0f}s")
+        time.sleep(1.0)
+
+
+def assert_event_seen_downstream(client, alias: str, dag_id: str, run_id: str, extra: dict, seen: set[str]) -> None:
+    """The flipping run's event reached the downstream DAG's run, with the same extra, and Airflow lists it."""
+    asset = kappa_alias_asset(alias)
+    downstream = downstream_run_after(client, run_id, seen, dag_id)
+    assert downstream.ok, downstream.error
+    [flip] = downstream.xcom["log_flips"]
+    assert (flip["asset"], flip["uri"], flip["source_dag_id"], flip["source_run_id"]) == (
+        asset.name, asset.uri, dag_id, run_id)
+    assert flip["extra"] == extra
+    # listed once the downstream run it created has started: Airflow answers 500 for an event whose
+    # created run is still queued (start_date NULL; apache/airflow#71360, fixed by #71379)
+    [event] = asset_events(client, run_id, dag_id)
+    assert (event["name"], event["uri"], event["extra"]) == (asset.name, asset.uri, extra)
+
+
 def test_promote_and_rollback_through_rest_and_the_rollback_refusals(airflow, stack_jobs_stopped):
     bed = stack_jobs_stopped
     alias = bed.alias(PIPELINE)
+    client = airflow.client()
+    client.wait_for_dags([DOWNSTREAM], timeout=120)
+    assert client.get_dag(DOWNSTREAM)["is_paused"] is True
     with bed.kappa() as k:
         v1 = deploy(k, PIPELINE, "v1", actor=ACTOR, reason="first build").version
         wait_ready(k, PIPELINE, v1, deadline_seconds=DEADLINE, poll_seconds=1)
-        promote(k, PIPELINE, v1, actor=ACTOR, reason="first build")
+        promote(k, PIPELINE, v1, actor=ACTOR, reason="first build")   # outside Airflow: no event
         v1_rows = table_rows(k.paths(PIPELINE, v1).table)
+        v1_hash, v1_table = k.registry.get_version(PIPELINE, v1).rules_hash, str(k.paths(PIPELINE, v1).table)
+    seen = {r["dag_run_id"] for r in client.list_runs(DOWNSTREAM)["dag_runs"]}
+    client.set_paused(DOWNSTREAM, False)
+    try:
+        flips_through_airflow(airflow, bed, client, alias, v1, v1_rows, v1_hash, v1_table, seen)
+    finally:
+        # a new client: a connection the server dropped must not turn the pause into the reported failure
+        airflow.client().set_paused(DOWNSTREAM, True)
 
+
+def flips_through_airflow(airflow, bed, client, alias, v1, v1_rows, v1_hash, v1_table, seen):
+    """The test's steps, with v1 serving and the downstream DAG unpaused."""
     # 1. refused: the alias serves its first version, there is nothing to roll back to
     before = state_of(bed)
     refused_rollback(airflow, {"reason": "undo the first build"},
@@ -143,6 +205,15 @@ def test_promote_and_rollback_through_rest_and_the_rollback_refusals(airflow, st
                         f"standby grace period of 0 s after promoting v{v2} is over {tag}")]
     assert not psutil.pid_exists(v1_pid) or psutil.Process(v1_pid).status() == psutil.STATUS_ZOMBIE
     assert_pointer(bed, v2)
+    with bed.kappa() as k:
+        v2_hash, v2_table = k.registry.get_version(PIPELINE, v2).rules_hash, str(k.paths(PIPELINE, v2).table)
+    assert v2_hash != v1_hash
+    extra = outcome["xcom"]["promote"]["asset_event"]
+    assert {key: value for key, value in extra.items() if key != "at"} == {
+        "pipeline": PIPELINE, "alias": alias, "action": "promote", "version": v2, "previous_version": v1,
+        "rules_version": "v2", "rules_hash": v2_hash, "table": v2_table, "actor": "airflow:admin",
+        "reason": f"reviewed v2 {tag}"}
+    assert_event_seen_downstream(client, alias, "kappa_promote", run_id, extra, seen)
 
     # 3. `kappa trigger rollback`: v1 restarts from its checkpoint, catches up, serves again
     done = kappa_cli(bed, "trigger", "rollback", PIPELINE, "--reason", "v2 titles look wrong", "--actor", ACTOR,
@@ -169,6 +240,13 @@ def test_promote_and_rollback_through_rest_and_the_rollback_refusals(airflow, st
     assert_pointer(bed, v1)
     with bed.kappa() as k:
         assert table_rows(k.paths(PIPELINE, v1).table).equals(v1_rows)  # resumed from its checkpoint
+        moved_at = k.registry.get_alias(alias).updated_at
+    back = outcome["xcom"]["flip"]["asset_event"]
+    assert back == {
+        "pipeline": PIPELINE, "alias": alias, "action": "rollback", "version": v1, "previous_version": v2,
+        "rules_version": "v1", "rules_hash": v1_hash, "table": v1_table, "actor": "airflow:admin",
+        "reason": f"v2 titles look wrong {tag}", "at": moved_at}
+    assert_event_seen_downstream(client, alias, "kappa_rollback", run_id, back, seen)
 
     # 4. refused: the rollback target v2 lost its checkpoint; a rollback never re-reads from zero
     with bed.kappa() as k:
@@ -182,6 +260,14 @@ def test_promote_and_rollback_through_rest_and_the_rollback_refusals(airflow, st
     assert state_of(bed) == before
     assert not checkpoint.exists()
     assert_pointer(bed, v1)
+
+    # promoting the version that serves already flips nothing: no asset event
+    again = trigger.trigger_and_follow(airflow.url, "admin", "admin", "kappa_promote",
+                                       trigger.promote_conf(PIPELINE, v1, reason="serve v1 again",
+                                                            grace_period_seconds=0), timeout=RUN_TIMEOUT)
+    assert again.ok, again.error
+    assert again.xcom["promote"]["flipped"] is False and again.xcom["promote"]["asset_event"] is None
+    assert asset_events(client, again.run_id, "kappa_promote") == []
 
 
 def test_kappa_airflow_start_and_status_find_the_running_stack(airflow, airflow_testbed):

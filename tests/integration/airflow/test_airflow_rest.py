@@ -1,46 +1,16 @@
-"""kappa_reprocess through Airflow's REST API (what `kappa trigger` does) on a real Airflow stack,
-and the requests Airflow or kappa must refuse: a bad param, a wrong password, a second reprocess
-while one is in flight."""
+"""The requests to Airflow's REST API (what `kappa trigger` does) on a real Airflow stack that
+Airflow or kappa must refuse: a bad param, a wrong password, a second reprocess while one is in
+flight. A whole reprocess through the REST API is test_airflow_kafka_connection's run."""
 
 from __future__ import annotations
 
 import pytest
-from airflow_helpers import RUN_TIMEOUT, expected, served_diff
+from airflow_helpers import RUN_TIMEOUT
 
 from orchestrator.airflow import client as trigger
 from orchestrator.core.exceptions import AirflowError
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
-
-
-def test_reprocess_through_rest(airflow, stack_jobs_stopped):
-    bed = stack_jobs_stopped
-    run_states = []
-    outcome = trigger.trigger_and_follow(
-        airflow.url, "admin", "admin", "kappa_reprocess",
-        {"pipeline": "af_rest", "rules_version": "v2", "reason": "standardize titles with v2"},
-        timeout=RUN_TIMEOUT, on_state=lambda state, tasks: run_states.append(state))
-    assert outcome.ok, f"{outcome.error}\n" + "\n".join(line for t in outcome.tasks for line in t.log_tail)
-    assert run_states[-1] == "success" and "running" in run_states
-    assert {t.task_id: t.state for t in outcome.tasks} == {
-        "validate": "success", "preview_rules": "success", "start_version": "success", "wait_ready": "success",
-        "validation_report": "success", "promote": "success", "stop_previous": "success"}
-    assert outcome.xcom["start_version"]["version"] == 1
-    exp = expected(bed, "af_rest", "v2")
-    assert exp.rejects, "the test data must hold malformed records"
-    report = outcome.xcom["validation_report"]
-    assert (report["keys_new"], report["rejects"]) == (exp.table.num_rows, len(exp.rejects))
-    assert outcome.xcom["promote"]["flipped"] is True
-
-    with bed.kappa() as k:
-        assert k.registry.get_alias(bed.alias("af_rest")).version == 1
-        v1 = k.registry.get_version("af_rest", 1)
-        assert v1.state == "serving" and v1.rules_version == "v2"
-        assert v1.actor == "airflow:admin"
-        assert v1.reason == f"standardize titles with v2 [airflow kappa_reprocess run {outcome.run_id}]"
-        promote = [e for e in k.registry.audit_log("af_rest", action="promote") if e.outcome == "ok"][-1]
-        assert promote.actor == "airflow:admin" and outcome.run_id in promote.reason
-    assert served_diff(bed, "af_rest", "v2") is None
 
 
 def test_param_validation_rejects_bad_conf_before_any_run(airflow, airflow_testbed):

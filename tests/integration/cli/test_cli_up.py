@@ -1,7 +1,7 @@
 """`kappa up` end to end, as a new user meets it: one command, then the Airflow UI in headless Debian
 Chromium. The command brings up the embedded broker with the profile changelog and live updates,
 v1 serving and Airflow, and prints the URL and login. In the UI: trigger kappa_reprocess with the
-v2 rules, see v2 promoted, roll back with kappa_rollback. Then Ctrl-C (SIGINT): everything it
+v2 rules (both dropdowns of the form chosen), see v2 promoted by the run, roll back with kappa_rollback. Then Ctrl-C (SIGINT): everything it
 started (Airflow's components, the jobs, the broker) is stopped, by PID, and it says so.
 """
 
@@ -61,15 +61,28 @@ class Output:
         pytest.fail(f"kappa up did not print {pattern!r} in {timeout:.0f} s:\n{self.text()[-6000:]}")
 
 
-def trigger_from_the_form(page, url: str, dag_id: str, reason: str, rules_label: str | None = None) -> None:
+def choose(page, label: str, option_text: str) -> None:
+    """Pick an option of one of the form's dropdowns (a combobox labelled like the Param's title)."""
+    page.get_by_role("combobox", name=label).click()
+    page.get_by_role("option", name=option_text, exact=True).click()
+
+
+def trigger_from_the_form(page, url: str, dag_id: str, reason: str, rules_label: str | None = None,
+                          screenshot: Path | None = None) -> None:
     page.goto(f"{url}/dags/{dag_id}")
     page.get_by_label("Trigger Dag").first.click()
+    choose(page, "Pipeline", "standardize")
     if rules_label:
-        page.get_by_role("combobox", name="Rules version").click()
-        page.get_by_role("option", name=rules_label, exact=True).click()
+        choose(page, "Rules version", rules_label)
+        assert page.locator("input[name=element_rules_version]").input_value() == rules_label.split()[0]
     page.fill("#element_reason", reason)
     assert page.locator("input[name=element_pipeline]").input_value() == "standardize"
-    page.get_by_test_id("trigger-dag-submit").click()
+    if screenshot is not None:
+        page.screenshot(path=str(screenshot), full_page=True)
+        assert screenshot.stat().st_size > 10_000
+    submit = page.get_by_test_id("trigger-dag-submit")
+    assert submit.is_enabled()
+    submit.click()
 
 
 def served_version(home: Path) -> int | None:
@@ -79,6 +92,16 @@ def served_version(home: Path) -> int | None:
     try:
         alias = reg.get_alias("member_profiles_std")
         return None if alias is None else alias.version
+    finally:
+        reg.close()
+
+
+def version_record(home: Path, version: int):
+    from orchestrator.registry import Registry
+
+    reg = Registry(f"sqlite:///{home / 'registry.db'}")
+    try:
+        return reg.get_version("standardize", version)
     finally:
         reg.close()
 
@@ -114,11 +137,15 @@ def test_kappa_up_then_reprocess_and_roll_back_in_the_ui(tmp_path, artifacts_dir
                 page.keyboard.press("Enter")
                 page.wait_for_url(lambda u: "/auth/login" not in u, timeout=60_000)
 
-                trigger_from_the_form(page, url, "kappa_reprocess", "new title rules, from kappa up", "v2 (titles)")
+                trigger_from_the_form(page, url, "kappa_reprocess", "new title rules, from kappa up", "v2 (titles)",
+                                      screenshot=artifacts_dir / "kappa_up_reprocess_form.png")
                 wait_until(lambda: served_version(home) == 2, "the reprocess run to promote v2", RUN_TIMEOUT, poll=3)
                 (run,) = client.list_runs("kappa_reprocess")["dag_runs"]
-                assert run["conf"]["rules_version"] == "v2"
+                assert run["conf"]["rules_version"] == "v2" and run["conf"]["pipeline"] == "standardize"
+                v2 = version_record(home, 2)
+                assert v2.actor == "airflow:admin" and run["dag_run_id"] in v2.reason, (v2.actor, v2.reason)
                 page.goto(client.ui_run_url("kappa_reprocess", run["dag_run_id"]))
+                page.get_by_text("success").first.wait_for(timeout=120_000)
                 page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_run.png"), full_page=True)
 
                 trigger_from_the_form(page, url, "kappa_rollback", "v2 titles look wrong, from kappa up")
