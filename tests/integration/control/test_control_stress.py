@@ -42,7 +42,7 @@ from model_world import World  # noqa: E402
 pytestmark = pytest.mark.integration
 
 WORKERS = int(os.environ.get("KAPPA_STRESS_WORKERS", "4"))
-SECONDS = float(os.environ.get("KAPPA_STRESS_SECONDS", "25"))
+SECONDS = float(os.environ.get("KAPPA_STRESS_SECONDS", "15"))
 VERBS = ["deploy"] * 3 + ["ready"] * 4 + ["promote"] * 3 + ["rollback", "prepare_rollback", "finish_rollback",
          "stop", "retire", "retention", "reconcile", "monitor", "kill", "outage", "truncate"]
 

@@ -30,7 +30,7 @@ from tests.oracle.standardize import OUTPUT_SCHEMA, expected_table
 
 pytestmark = pytest.mark.integration
 
-RECORDS, KEYS, VALUE_SIZE = 60_000, 6_000, 400
+RECORDS, KEYS, VALUE_SIZE = 30_000, 3_000, 400
 PARTITIONS, EXECUTORS = 4, 2
 MIN_PARTITIONS = 8         # Spark's Kafka source splits the backfill into 8 tasks: several per executor
 

@@ -140,20 +140,21 @@ def exact(uri: Path, rejects: Path, expected) -> None:
     assert table_files_diff(uri) is None and table_files_diff(rejects) is None
 
 
-@pytest.mark.parametrize("point", ["read", "commit"])
-def test_sigkill_mid_backfill_then_restart(bootstrap, changelog, paths, tmp_path, point):
-    """Killed with the backfill read and transformed but nothing written, or with its rejects committed
-    and its output not: the restart gives exactly the expected table and rejects."""
+def test_sigkill_mid_backfill_at_read_then_at_commit_then_restart(bootstrap, changelog, paths, tmp_path):
+    """Killed with the backfill read and transformed but nothing written; restarted and killed again
+    with its rejects committed and its output not: the last restart gives exactly the expected table
+    and rejects."""
     argv = paths.argv(bootstrap, changelog.topic, rules_path("titles", "v2"))
-    pause = tmp_path / "paused"
-    proc = start_paused(argv, paths.run_dir / "job.log", f"{point}:0", pause)
-    try:
-        wait_until(lambda: pause.exists() or proc.poll() is not None, "the job to reach its pause point", 240)
-        assert proc.poll() is None, (paths.run_dir / "job.log").read_text()[-3000:]
-    finally:
-        kill_group(proc)
-    assert not DeltaTable.is_deltatable(str(paths.output))
-    assert DeltaTable.is_deltatable(str(paths.rejects)) == (point == "commit")
+    for point in ("read", "commit"):
+        pause = tmp_path / f"paused-{point}"
+        proc = start_paused(argv, paths.run_dir / "job.log", f"{point}:0", pause)
+        try:
+            wait_until(lambda: pause.exists() or proc.poll() is not None, f"the job to reach its pause at {point}", 240)
+            assert proc.poll() is None, (paths.run_dir / "job.log").read_text()[-3000:]
+        finally:
+            kill_group(proc)
+        assert not DeltaTable.is_deltatable(str(paths.output))
+        assert DeltaTable.is_deltatable(str(paths.rejects)) == (point == "commit")
     code, log = run_job_process(argv, paths.run_dir / "job.log")
     assert code == 0, log[-3000:]
     exact(paths.output, paths.rejects, changelog.expected("v2"))

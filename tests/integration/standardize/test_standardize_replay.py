@@ -22,8 +22,8 @@ def output_commits(uri) -> list[int]:
 
 
 def test_process_killed_after_delta_commit_then_restarted(bootstrap, changelog, paths):
-    argv = paths.argv(bootstrap, changelog.topic, rules_path("titles", "v2"), max_records=1000)
-    # a backfill capped by maxOffsetsPerTrigger, so that batch 1 exists
+    argv = paths.argv(bootstrap, changelog.topic, rules_path("titles", "v2"), max_records=2000)
+    # a backfill capped by maxOffsetsPerTrigger, so that batch 1 exists (and is the last of the 4,000 records)
     argv = [*argv, "--extra", json.dumps({"backfill": "capped"})]
     code, log = run_job_process(argv, paths.run_dir / "job.log", env={CRASH_HOOK: "1"})
     assert code == 137, log[-3000:]
@@ -82,12 +82,12 @@ def test_a_micro_batch_without_rejects_commits_nothing_to_the_rejects_table(spar
     produce(bootstrap, topic, clean[:900])
     args = paths.args(bootstrap, topic, rules_path("titles", "v2"))
     args.extra = {"backfill": "capped"}
-    run_in_process(spark, bootstrap, topic, args, V2, max_records=300)
+    run_in_process(spark, bootstrap, topic, args, V2, max_records=450)
     produce(bootstrap, topic, clean[900:] + list(generate_changelog(40, 300, seed=seed + 1, malformed_share=1.0, delete_share=0.0,
                                                                        first_new=False)))
-    run_in_process(spark, bootstrap, topic, args, V2, max_records=300)
+    run_in_process(spark, bootstrap, topic, args, V2, max_records=450)
     last = last_committed_batch(paths.checkpoint)
-    assert last >= 3
+    assert last >= 2                                        # 900 records in two batches, then one
     assert output_commits(paths.output) == list(range(last + 1))
     with_rejects = sorted({r["batch_id"] for r in read_table(paths.rejects).to_pylist()})
     assert with_rejects and 0 not in with_rejects           # the malformed records came last
