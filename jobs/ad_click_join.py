@@ -1,7 +1,9 @@
 """Ad clicks joined to their impressions within a time bound: a stream-stream join.
 
-    python -m jobs.ad_click_join --topics ad_impressions,ad_clicks ... [--extra '{"bound": "10 minutes",
-        "impressions_watermark": "10 minutes", "clicks_watermark": "10 minutes"}']
+    [pipelines.ad_click_join]  job = "ad_click_join", topics = ["ad_impressions", "ad_clicks"],
+    options = { bound = "10 minutes", impressions_watermark = "10 minutes", clicks_watermark = "10 minutes" }
+
+A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` pairs, appended.
 
 `--topics` names the impressions topic first, the clicks topic second; both keyed by impression id.
 Spark's native inner stream-stream join with a watermark on each side and a time-range condition:
@@ -28,23 +30,15 @@ Output table columns: impression_id, ad_id, member_id, shown_at, click_id, click
 
 from __future__ import annotations
 
-import logging
-
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
-from pyspark.sql.streaming import StreamingQuery
 
+from jobs.lib.contract import JobInput, Stateful
 from jobs.lib.event_columns import parse_events
 from jobs.lib.events import AD_CLICK, AD_IMPRESSION
-from jobs.lib.runtime import JobContext, run
-from jobs.lib.seedjob import (
-    TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, rejects_and_counts,
-    start_query,
-)
+from jobs.lib.seedjob import duration_options, topic_roles
 
-__all__ = ["OPTIONS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "transform", "build"]
-
-log = logging.getLogger("kappa.ad_click_join")
+__all__ = ["OPTIONS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "pairs", "transform"]
 
 DEFAULT_BOUND = "10 minutes"
 DEFAULT_WATERMARK = "10 minutes"
@@ -64,13 +58,11 @@ OUTPUT_DDL = ("impression_id string, ad_id string, member_id string, shown_at ti
               "clicked_at timestamp")
 
 
-def transform(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT_BOUND,
-              impressions_watermark: str = DEFAULT_WATERMARK,
-              clicks_watermark: str = DEFAULT_WATERMARK) -> DataFrame:
-    """Kafka rows of the impressions and clicks topics -> joined pairs, rejects and input counts.
-
-    Columns: `OUTPUT_DDL`, then `jobs.lib.seedjob.TAIL_DDL`.
-    """
+def pairs(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT_BOUND,
+          impressions_watermark: str = DEFAULT_WATERMARK,
+          clicks_watermark: str = DEFAULT_WATERMARK) -> tuple[DataFrame, DataFrame]:
+    """Kafka rows of the impressions and clicks topics -> (joined pairs, `OUTPUT_DDL`; every record
+    read, parsed, with its ``error``)."""
     imps = parse_events(impressions, AD_IMPRESSION)
     clks = parse_events(clicks, AD_CLICK)
     i = (imps.where(F.col("error").isNull())
@@ -82,22 +74,14 @@ def transform(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT
     joined = i.join(c, F.expr(
         f"click_impression_id = impression_id AND clicked_at >= shown_at "
         f"AND clicked_at <= shown_at + INTERVAL {bound}"), "inner")
-    pairs = joined.select("impression_id", "ad_id", "member_id", "shown_at", "click_id", "clicked_at",
-                          *null_columns(TAIL_DDL))
-    sides = [p.mapInArrow(rejects_and_counts, TAIL_DDL).select(*null_columns(OUTPUT_DDL), *TAIL_COLUMNS)
-             for p in (imps, clks)]
-    return pairs.unionByName(sides[0]).unionByName(sides[1])
+    out = joined.select("impression_id", "ad_id", "member_id", "shown_at", "click_id", "clicked_at")
+    cols = ["key", "value", "topic", "partition", "offset", "error"]
+    return out, imps.select(*cols).unionByName(clks.select(*cols))
 
 
-def build(ctx: JobContext) -> StreamingQuery:
-    """Start the query (runtime contract): `--topics <impressions>,<clicks>`, `--extra` bound and
-    watermarks. Each topic is its own source (both commit to the version's consumer group)."""
-    impressions, clicks = job_topics(ctx, ("ad impressions", "ad clicks"), "ad_click_join")
-    options = job_options(ctx, OPTIONS, "ad_click_join")
-    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="append", log=log, name="ad_click_join")
-    return start_query(ctx, lambda read: transform(read(impressions), read(clicks), **options), writer,
-                       output_mode="append", job="ad_click_join")
-
-
-if __name__ == "__main__":
-    run(build)
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: topics impressions then clicks, each its own source (both commit
+    to the version's consumer group); options bound and the two watermarks."""
+    impressions, clicks = topic_roles(job, ("ad impressions", "ad clicks"), "ad_click_join")
+    out, parsed = pairs(job.read(impressions), job.read(clicks), **duration_options(job, OPTIONS, "ad_click_join"))
+    return Stateful(out, output_mode="append", write="append", parsed=parsed)

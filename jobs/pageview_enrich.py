@@ -1,8 +1,11 @@
 """Page views enriched with the member's ZIP code: a stream-table join against the profiles changelog.
 
-    python -m jobs.pageview_enrich --topics page_views,member_profiles ...
+    [pipelines.pageview_enrich]  job = "pageview_enrich", topics = ["page_views", "member_profiles"]
 
-`--topics` names the page views topic first, the profiles topic second; both keyed by member id
+A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` rows, appended;
+its stateful function sees the raw records, so it emits its rejects and counts among its rows
+(`jobs.lib.seedjob.TAIL_DDL`). The pipeline's topics name the page views topic first, the profiles
+topic second; both keyed by member id
 (co-partitioned, as the Samza pattern requires). The Samza implementation: a key-value store maps
 member id -> ZIP code; a profile update writes it, a page view reads it and is emitted with it.
 Here the store is the state of `applyInPandasWithState` over the union of both topics (one source,
@@ -40,25 +43,19 @@ leaves the ZIP code unchanged.
 from __future__ import annotations
 
 import heapq
-import logging
 from functools import partial
 from typing import Iterator
 
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame
-from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
+from jobs.lib.contract import JobInput, Stateful
 from jobs.lib.events import PAGE_VIEW, PROFILE, decode_key, parse_value
-from jobs.lib.runtime import JobContext, run
-from jobs.lib.seedjob import (
-    TAIL_DDL, job_options, job_topics, make_writer, reject_row, rows_frame, start_query,
-)
+from jobs.lib.seedjob import TAIL_DDL, duration_options, reject_row, rows_frame, topic_roles
 
-__all__ = ["OUTPUT_SCHEMA", "OUTPUT_DDL", "enrich_member", "transform", "build"]
-
-log = logging.getLogger("kappa.pageview_enrich")
+__all__ = ["OUTPUT_SCHEMA", "OUTPUT_DDL", "enrich_member", "enrich", "transform"]
 
 OUTPUT_SCHEMA = pa.schema([
     pa.field("view_id", pa.string()),
@@ -125,7 +122,7 @@ def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Itera
     yield rows_frame(out, _OUT_COLUMNS)
 
 
-def transform(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
+def enrich(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
     """Kafka rows of both topics -> enriched views to append, rejects and input counts
     (`jobs.lib.seedjob.TAIL_DDL`)."""
     return (
@@ -136,14 +133,8 @@ def transform(source: DataFrame, views_topic: str, profiles_topic: str) -> DataF
     )
 
 
-def build(ctx: JobContext) -> StreamingQuery:
-    """Start the query (runtime contract): `--topics <page views>,<profiles>`, one source over both."""
-    views, profiles = job_topics(ctx, ("page views", "member profiles"), "pageview_enrich")
-    job_options(ctx, {}, "pageview_enrich")
-    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="append", log=log, name="pageview_enrich")
-    return start_query(ctx, lambda read: transform(read(), views, profiles), writer, output_mode="append",
-                       job="pageview_enrich")
-
-
-if __name__ == "__main__":
-    run(build)
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: topics page views then profiles, one source over both; no options."""
+    views, profiles = topic_roles(job, ("page views", "member profiles"), "pageview_enrich")
+    duration_options(job, {}, "pageview_enrich")
+    return Stateful(enrich(job.source, views, profiles), output_mode="append", write="append")

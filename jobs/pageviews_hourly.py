@@ -1,7 +1,10 @@
 """Hourly page views per member: a windowed aggregation on Spark's RocksDB state store.
 
-    python -m jobs.pageviews_hourly --topics page_views ... [--extra '{"window": "1 hour",
-        "watermark": "2 hours"}']
+    [pipelines.pageviews_hourly]  job = "pageviews_hourly", topics = ["page_views"],
+    options = { window = "1 hour", watermark = "2 hours" }
+
+A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` rows in update
+mode, upserted by (member_id, window_start); kappa takes the rejects from the parsed records.
 
 The Samza pattern "counting page views per user per hour" with Spark's native operator: page
 views are grouped by member and 1-hour tumbling window of their event time (`viewed_at`); the
@@ -29,23 +32,15 @@ Output table: member_id string, window_start timestamp, window_end timestamp, vi
 
 from __future__ import annotations
 
-import logging
-
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
-from pyspark.sql.streaming import StreamingQuery
 
+from jobs.lib.contract import JobInput, Stateful
 from jobs.lib.event_columns import parse_events
 from jobs.lib.events import PAGE_VIEW
-from jobs.lib.runtime import JobContext, run
-from jobs.lib.seedjob import (
-    TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, rejects_and_counts,
-    start_query,
-)
+from jobs.lib.seedjob import duration_options, topic_roles
 
-__all__ = ["OPTIONS", "KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "transform", "build"]
-
-log = logging.getLogger("kappa.pageviews_hourly")
+__all__ = ["OPTIONS", "KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "counts", "transform"]
 
 DEFAULT_WINDOW = "1 hour"
 DEFAULT_WATERMARK = "2 hours"
@@ -62,36 +57,22 @@ OUTPUT_SCHEMA = pa.schema([
 OUTPUT_DDL = "member_id string, window_start timestamp, window_end timestamp, views bigint"
 
 
-def transform(source: DataFrame, *, window: str = DEFAULT_WINDOW,
-              watermark: str = DEFAULT_WATERMARK) -> DataFrame:
-    """Kafka source rows -> updated window counts, rejects and input counts, in one stream.
-
-    Columns: `OUTPUT_DDL`, then `jobs.lib.seedjob.TAIL_DDL` (null on count rows). The rejects branch is
-    a stateless union with the aggregation (one query, one sink), so Spark reads each micro-batch's
-    offset range once per branch.
-    """
-    parsed = parse_events(source, PAGE_VIEW)
-    counts = (
+def counts(parsed: DataFrame, *, window: str = DEFAULT_WINDOW, watermark: str = DEFAULT_WATERMARK) -> DataFrame:
+    """Parsed page views (`jobs.lib.event_columns.parse_events`) -> the updated count of each
+    (member, window) they touch, `OUTPUT_DDL`."""
+    return (
         parsed.where(F.col("error").isNull())
         .withWatermark("viewed_at", watermark)
         .groupBy("member_id", F.window("viewed_at", window).alias("w"))
         .agg(F.count(F.lit(1)).alias("views"))
         .select("member_id", F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
-                F.col("views").cast("bigint").alias("views"), *null_columns(TAIL_DDL))
+                F.col("views").cast("bigint").alias("views"))
     )
-    side = parsed.mapInArrow(rejects_and_counts, TAIL_DDL).select(*null_columns(OUTPUT_DDL), *TAIL_COLUMNS)
-    return counts.unionByName(side)
 
 
-def build(ctx: JobContext) -> StreamingQuery:
-    """Start the query (runtime contract): `--topics <page views>`, `--extra` window/watermark."""
-    job_topics(ctx, ("page views",), "pageviews_hourly")
-    options = job_options(ctx, OPTIONS, "pageviews_hourly")
-    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="upsert", key_columns=KEY_COLUMNS, log=log,
-                         name="pageviews_hourly")
-    return start_query(ctx, lambda read: transform(read(), **options), writer, output_mode="update",
-                       job="pageviews_hourly")
-
-
-if __name__ == "__main__":
-    run(build)
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: one topic of page views; options window and watermark."""
+    topic_roles(job, ("page views",), "pageviews_hourly")
+    options = duration_options(job, OPTIONS, "pageviews_hourly")
+    parsed = parse_events(job.source, PAGE_VIEW)
+    return Stateful(counts(parsed, **options), output_mode="update", write="upsert", parsed=parsed)

@@ -1,8 +1,11 @@
 """Member profiles joined to member settings by member id: a table-table join of two changelogs.
 
-    python -m jobs.profile_settings_join --topics member_profiles,member_settings ...
+    [pipelines.profile_settings_join]  job = "profile_settings_join",
+    topics = ["member_profiles", "member_settings"]
 
-`--topics` names the profiles topic first, the settings topic second. Both are compacted
+A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` rows in update
+mode, upserted by member_id. The pipeline's topics name the profiles topic first, the settings
+topic second. Both are compacted
 changelogs keyed by member id (the Kafka key, UTF-8); a tombstone (null value) deletes that side.
 
 The Samza implementation: one key-value store keyed by member id holds the latest profile and the
@@ -31,22 +34,15 @@ is made of).
 
 from __future__ import annotations
 
-import logging
-
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
-from pyspark.sql.streaming import StreamingQuery
 
+from jobs.lib.contract import JobInput, Stateful
 from jobs.lib.event_columns import parse_events
 from jobs.lib.events import PROFILE, SETTINGS
-from jobs.lib.runtime import JobContext, run
-from jobs.lib.seedjob import (
-    TAIL_COLUMNS, TAIL_DDL, job_options, job_topics, make_writer, null_columns, rejects_and_counts, start_query,
-)
+from jobs.lib.seedjob import duration_options, topic_roles
 
-__all__ = ["KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "transform", "build"]
-
-log = logging.getLogger("kappa.profile_settings_join")
+__all__ = ["KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "join", "transform"]
 
 KEY_COLUMNS = ["member_id"]
 
@@ -75,9 +71,9 @@ def _side(parsed: DataFrame, tombstones: DataFrame, et, name: str) -> DataFrame:
         "member_id", F.struct(*fields, "offset", "gone").alias(name), F.struct("partition", "offset").alias("order"))
 
 
-def transform(source: DataFrame, profiles_topic: str, settings_topic: str) -> DataFrame:
-    """Kafka rows of both topics -> joined rows to upsert (`_deleted` marks deletes), rejects and
-    input counts (`jobs.lib.seedjob.TAIL_DDL`)."""
+def join(source: DataFrame, profiles_topic: str, settings_topic: str) -> tuple[DataFrame, DataFrame]:
+    """Kafka rows of both topics -> (joined rows to upsert, `_deleted` marking deletes; every record
+    read with its ``error``, null for a good record or a tombstone)."""
     recs = source.select(*_RAW)
     key_ok = F.col("key").isNotNull() & F.expr("is_valid_utf8(key)") & (F.length("key") > 0)
     tomb = F.col("value").isNull() & key_ok
@@ -99,25 +95,17 @@ def transform(source: DataFrame, profiles_topic: str, settings_topic: str) -> Da
         *[F.when(has_s, F.col(f"s.{n}")).alias(n) for n in SETTINGS.fields],
         F.when(has_p, F.col("p.offset")).alias("profile_offset"),
         F.when(has_s, F.col("s.offset")).alias("settings_offset"),
-        (~has_p).alias("_deleted"), *null_columns(TAIL_DDL))
+        (~has_p).alias("_deleted"))
     counted = prof.unionByName(sett, allowMissingColumns=True).select("key", "value", "topic", "partition", "offset",
                                                                       "error")
     tombs = recs.where(tomb).select("key", "value", "topic", "partition", "offset",
                                     F.lit(None).cast("string").alias("error"))
-    side = counted.unionByName(tombs).mapInArrow(rejects_and_counts, TAIL_DDL).select(
-        *null_columns(OUTPUT_DDL), *TAIL_COLUMNS)
-    return joined.unionByName(side)
+    return joined, counted.unionByName(tombs)
 
 
-def build(ctx: JobContext) -> StreamingQuery:
-    """Start the query (runtime contract): `--topics <profiles>,<settings>`, one source over both."""
-    profiles, settings = job_topics(ctx, ("member profiles", "member settings"), "profile_settings_join")
-    job_options(ctx, {}, "profile_settings_join")
-    writer = make_writer(ctx, OUTPUT_SCHEMA, mode="upsert", key_columns=KEY_COLUMNS, log=log,
-                         name="profile_settings_join")
-    return start_query(ctx, lambda read: transform(read(), profiles, settings), writer, output_mode="update",
-                       job="profile_settings_join")
-
-
-if __name__ == "__main__":
-    run(build)
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: topics profiles then settings, one source over both; no options."""
+    profiles, settings = topic_roles(job, ("member profiles", "member settings"), "profile_settings_join")
+    duration_options(job, {}, "profile_settings_join")
+    joined, parsed = join(job.source, profiles, settings)
+    return Stateful(joined, output_mode="update", write="upsert", parsed=parsed)

@@ -28,14 +28,13 @@ from jobs.lib.profiles import DELETED
 from jobs.lib.runtime import JobContext
 from jobs.lib.runtime.stream import BACKFILL_MODES, start_stream
 from jobs.lib.sink import DeltaTables
-from jobs.lib.upkeep import Upkeep
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import app_id
 
 __all__ = [
     "REJECT_COLUMNS", "TAIL_DDL", "TAIL_COLUMNS", "null_columns", "rejects_and_counts", "reject_row",
-    "rows_frame", "SeedBatches", "make_writer", "job_topics", "COMMON_OPTIONS", "state_partitions",
-    "job_options", "backfill_mode", "start_query",
+    "rows_frame", "SeedBatches", "topic_roles", "state_partitions", "duration_options", "backfill_mode",
+    "start_query", "start_stateful",
 ]
 
 REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
@@ -97,18 +96,19 @@ class SeedBatches(MicroBatches):
 
     stateful = True
 
-    def __init__(self, args: Any, output_schema: pa.Schema, *, mode: str, key_columns: list[str] | None = None,
+    def __init__(self, args: Any, output_schema: pa.Schema | list[str], *, mode: str, key_columns: list[str] | None = None,
                  name: str, on_batch: Callable[..., None] | None = None, log: logging.Logger | None = None):
         if mode not in ("upsert", "append"):
             raise ValueError(f"mode must be 'upsert' or 'append', got {mode!r}")
         if mode == "upsert" and not key_columns:
             raise ValueError("an upsert needs its key columns")
         tables = DeltaTables(args.output, args.rejects, app_id(args.pipeline, args.version),
-                             list(key_columns or [output_schema.names[0]]), key_order=None,
+                             list(key_columns or [list(getattr(output_schema, "names", output_schema))[0]]),
+                             key_order=None,
                              checkpoint=str(args.checkpoint),
                              metadata={"pipeline": args.pipeline, "pipeline_version": str(args.version)})
         super().__init__(args, tables, name=name, on_batch=on_batch, log=log)
-        self.columns = list(output_schema.names)
+        self.columns = list(getattr(output_schema, "names", output_schema))
         self.mode = mode
 
     def prepare(self, batch: Any, batch_id: int) -> Prepared:
@@ -135,31 +135,20 @@ class SeedBatches(MicroBatches):
             self.tables.append(batch_id, output)
 
 
-def make_writer(ctx: JobContext, output_schema: pa.Schema, *, mode: str, key_columns: list[str] | None = None,
-                log: logging.Logger | None = None, name: str = "seed job") -> SeedBatches:
-    """The SeedBatches of a job run by `jobs.lib.runtime` (paths, app id and metadata from its arguments)."""
-    return SeedBatches(ctx.args, output_schema, mode=mode, key_columns=key_columns, name=name,
-                       on_batch=ctx.record_batch, log=log)
-
-
-def job_topics(ctx: JobContext, roles: tuple[str, ...], job: str) -> list[str]:
-    """`--topics` split into the job's topic roles, in order; ConfigError when the count differs."""
-    topics = list(ctx.args.topics_list)
+def topic_roles(job: Any, roles: tuple[str, ...], name: str) -> list[str]:
+    """The pipeline's topics as the job's topic roles, in order; ConfigError when the count differs."""
+    topics = list(job.topics)
     if len(topics) != len(roles):
         raise ConfigError(
-            f"job {job} reads {len(roles)} topic(s) in this order: {', '.join(roles)}; got --topics "
-            f"{','.join(topics)!r}: pass --topics {','.join(f'<{r}>' for r in roles)}")
+            f"job {name} reads {len(roles)} topic(s) in this order: {', '.join(roles)}; the pipeline has "
+            f"{','.join(topics)!r}: set topics = [{', '.join(f'<{r}>' for r in roles)}] in the pipelines file")
     return topics
 
 
 _DURATION = re.compile(r"^\d+ (second|minute|hour|day)s?$")
 
 
-#: `--extra` options every seed job takes besides its own durations (handled here, not by the job)
-COMMON_OPTIONS = ("source_options", "state_partitions", "upkeep", "backfill")
-
-
-def state_partitions(ctx: JobContext, job: str) -> int | None:
+def state_partitions(ctx: Any, job: str) -> int | None:
     """`--extra` ``state_partitions`` (a pipeline's ``options.state_partitions``): the number of
     shuffle partitions, and so of state-store partitions, of the job's stateful operators; None
     keeps the session's ``spark.sql.shuffle.partitions``. ConfigError unless a positive integer.
@@ -167,13 +156,13 @@ def state_partitions(ctx: JobContext, job: str) -> int | None:
     It counts at a query's first start only: Spark keeps the number in the checkpoint, because the
     state is partitioned by it; a version restarted from its checkpoint keeps its own.
     """
-    raw = (ctx.extra or {}).get("state_partitions")
+    raw = (getattr(ctx, "extra", ctx) or {}).get("state_partitions")
     if raw is None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip().isdigit() \
             or int(raw) < 1:
-        raise ConfigError(f"--extra option 'state_partitions' of job {job} must be a positive integer "
-                          f"(the pipeline's options.state_partitions), got {raw!r}")
+        raise ConfigError(f"option 'state_partitions' must be a positive integer (the pipeline's "
+                          f"options.state_partitions), got {raw!r}")
     return int(raw)
 
 
@@ -186,22 +175,18 @@ def backfill_mode(ctx: JobContext) -> str:
     return mode
 
 
-def job_options(ctx: JobContext, defaults: dict[str, str], job: str) -> dict[str, str]:
-    """The job-specific `--extra` options (durations such as "10 minutes") over their defaults;
-    ConfigError naming an unknown option or a malformed duration. `COMMON_OPTIONS` are left out
-    (checked by `state_partitions` and the source)."""
-    extra = {k: v for k, v in (ctx.extra or {}).items() if k not in COMMON_OPTIONS}
-    state_partitions(ctx, job)
-    Upkeep.from_options([], (ctx.extra or {}).get("upkeep"))
-    backfill_mode(ctx)
-    unknown = sorted(set(extra) - set(defaults))
+def duration_options(job: Any, defaults: dict[str, str], name: str) -> dict[str, str]:
+    """The job's own options (durations such as "10 minutes") over their defaults; ConfigError naming
+    an unknown option or a malformed duration."""
+    unknown = sorted(set(job.options) - set(defaults))
     if unknown:
-        raise ConfigError(f"job {job} has no option {', '.join(map(repr, unknown))} in --extra; "
-                          f"known options: {', '.join(sorted(defaults))} (and {', '.join(COMMON_OPTIONS)})")
-    out = {**defaults, **extra}
+        raise ConfigError(f"job {name} has no option {', '.join(map(repr, unknown))}; its options: "
+                          f"{', '.join(sorted(defaults)) or 'none'} (and kappa's: key_order, backfill, "
+                          f"source_options, upkeep, state_partitions)")
+    out = {**defaults, **job.options}
     for k, v in out.items():
         if not isinstance(v, str) or not _DURATION.match(v.strip()):
-            raise ConfigError(f"--extra option {k!r} of job {job} must be a duration such as "
+            raise ConfigError(f"option {k!r} of job {name} must be a duration such as "
                               f"\"10 minutes\" or \"2 hours\", got {v!r}")
         out[k] = v.strip()
     return out
@@ -230,3 +215,31 @@ def start_query(ctx: JobContext, build: Callable[..., Any], writer: SeedBatches,
     finally:
         if partitions is not None:
             conf.set(key, before)
+
+
+def start_stateful(ctx: JobContext, ref: str, probe: Any, make: Callable[..., Any], key: tuple[str, ...],
+                   name: str) -> Any:
+    """Start a `jobs.lib.contract.Stateful` job: its rows, and the rejects and input counts kappa takes
+    from its ``parsed`` records, as one stream into `SeedBatches`. `probe` is what the job returned
+    when first called; `make(read)` calls it again for each query start."""
+    from pyspark.sql import functions as F
+
+    from jobs.lib.contract import DELETED as DELETED_COLUMN, check_result
+
+    columns = list(probe.rows.columns)
+    output = [c for c in columns if c not in (DELETED_COLUMN, *TAIL_COLUMNS)]
+    fields = list(probe.rows.schema.fields)
+    writer = SeedBatches(ctx.args, output, mode=probe.write, key_columns=list(key), name=name,
+                         on_batch=ctx.record_batch, log=logging.getLogger(f"kappa.{name}"))
+
+    def build(read):
+        res = check_result(ref, make(read), key)
+        if all(c in columns for c in TAIL_COLUMNS):   # the rows carry their rejects and counts
+            return res.rows
+        rows = res.rows.select(*columns, *null_columns(TAIL_DDL))
+        if res.parsed is None:
+            return rows
+        side = res.parsed.mapInArrow(rejects_and_counts, TAIL_DDL).select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in fields], *TAIL_COLUMNS)
+        return rows.unionByName(side)
+    return start_query(ctx, build, writer, output_mode=probe.output_mode, job=name)

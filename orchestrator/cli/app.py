@@ -185,6 +185,7 @@ def _global(
     kafka_config: Annotated[Optional[str], typer.Option("--kafka-config", help="extra librdkafka settings as a JSON object (KAPPA_KAFKA_CONFIG)")] = None,
     pipelines_file: Annotated[Optional[Path], typer.Option("--pipelines-file", help="pipelines file (KAPPA_PIPELINES)")] = None,
     rules_location: Annotated[Optional[str], typer.Option("--rules-location", help="folder (or file:// URI) of <ruleset>/<version>.toml rules files (KAPPA_RULES; default: the shipped rules)")] = None,
+    job_path: Annotated[Optional[str], typer.Option("--job-path", help="folders to import the pipelines' job modules from, ':'-separated (KAPPA_JOB_PATH)")] = None,
     warehouse: Annotated[Optional[str], typer.Option("--warehouse", help="Delta tables root: a path or a URI such as s3://bucket/wh (KAPPA_WAREHOUSE)")] = None,
     state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="run dirs, and checkpoints unless --checkpoints (KAPPA_STATE_DIR)")] = None,
     checkpoints: Annotated[Optional[str], typer.Option("--checkpoints", help="Spark checkpoints root: a path or a URI every executor reaches (KAPPA_CHECKPOINTS; default: the state dir)")] = None,
@@ -200,7 +201,7 @@ def _global(
         logging.getLogger("kappa.kafka").setLevel(logging.CRITICAL)
     ctx.obj = Cli(dict(home=home, registry_url=registry_url, bootstrap_servers=bootstrap_servers,
                        kafka_config=kafka_config, pipelines_file=pipelines_file, rules_location=rules_location,
-                       warehouse=warehouse,
+                       job_path=job_path, warehouse=warehouse,
                        state_dir=state_dir, checkpoints=checkpoints, group_prefix=group_prefix,
                        spark_master=spark_master),
                   config_file=config)

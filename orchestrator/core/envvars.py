@@ -19,7 +19,7 @@ from typing import Final, NamedTuple
 __all__ = ["CATALOGUE", "EnvVar", "SETTINGS_VARS",
            "KAPPA_AIRFLOW_DB_URL", "KAPPA_AIRFLOW_KAFKA_CONN_ID", "KAPPA_AIRFLOW_PASSWORD",
            "KAPPA_AIRFLOW_POKE_SECONDS", "KAPPA_AIRFLOW_URL", "KAPPA_AIRFLOW_USER", "KAPPA_BOOTSTRAP_SERVERS",
-           "KAPPA_CHECKPOINTS", "KAPPA_CONFIG", "KAPPA_GROUP_PREFIX", "KAPPA_HOME", "KAPPA_KAFKA_CONFIG",
+           "KAPPA_CHECKPOINTS", "KAPPA_CONFIG", "KAPPA_GROUP_PREFIX", "KAPPA_HOME", "KAPPA_JOB_PATH", "KAPPA_KAFKA_CONFIG",
            "KAPPA_LAG_SAMPLE_RETENTION_SECONDS", "KAPPA_LAUNCH_ID", "KAPPA_PIPELINES",
            "KAPPA_READINESS_WINDOW_SECONDS", "KAPPA_REGISTRY_URL", "KAPPA_RULES", "KAPPA_SHUFFLE_PARTITIONS",
            "KAPPA_SPARK_DRIVER_MEMORY", "KAPPA_SPARK_LOG_LEVEL", "KAPPA_SPARK_MASTER", "KAPPA_STATE_DIR",
@@ -46,6 +46,7 @@ KAPPA_KAFKA_CONFIG: Final = "KAPPA_KAFKA_CONFIG"
 KAPPA_GROUP_PREFIX: Final = "KAPPA_GROUP_PREFIX"
 KAPPA_PIPELINES: Final = "KAPPA_PIPELINES"
 KAPPA_RULES: Final = "KAPPA_RULES"
+KAPPA_JOB_PATH: Final = "KAPPA_JOB_PATH"
 KAPPA_SPARK_MASTER: Final = "KAPPA_SPARK_MASTER"
 KAPPA_LAG_SAMPLE_RETENTION_SECONDS: Final = "KAPPA_LAG_SAMPLE_RETENTION_SECONDS"
 KAPPA_READINESS_WINDOW_SECONDS: Final = "KAPPA_READINESS_WINDOW_SECONDS"
@@ -88,6 +89,8 @@ SETTINGS_VARS: tuple[EnvVar, ...] = (
     EnvVar(KAPPA_PIPELINES, "the pipelines file (TOML)", "pipelines_file", "the shipped `pipelines.toml`"),
     EnvVar(KAPPA_RULES, "the rules location: a local folder or file:// URI holding <ruleset>/<version>.toml",
            "rules_location", "the shipped `jobs/rules`"),
+    EnvVar(KAPPA_JOB_PATH, "folders the pipelines' job modules are imported from (a team's repository), "
+           "separated by ':', before the installed packages", "job_path", "none (kappa's own `jobs`)"),
     EnvVar(KAPPA_SPARK_MASTER, "Spark master the jobs run on", "spark_master", "`local[2]`"),
     EnvVar(KAPPA_LAG_SAMPLE_RETENTION_SECONDS, "lag samples older than this many seconds are deleted",
            "lag_sample_retention_seconds", "`259200` (3 days)"),

@@ -17,6 +17,10 @@ class RulesError(ConfigError):
     """A rules file cannot be loaded or does not validate."""
 
 
+class ContractError(ConfigError):
+    """A pipeline's job does not import or does not keep the job contract (`jobs.lib.contract`)."""
+
+
 class BrokerError(KappaError):
     """The Kafka-protocol broker cannot be started, reached or used as asked."""
 

@@ -58,11 +58,20 @@ def validate_alias_name(value: object, field: str = "alias") -> str:
 
 
 def validate_job_name(value: object, field: str = "job") -> str:
-    """A job is the module `jobs.<job>`: the name rule, and not a Python keyword."""
-    validate_name(value, field=f"{field} name" if field == "job" else field)
-    if keyword.iskeyword(value):  # type: ignore[arg-type]
-        raise ConfigError(f"invalid {field} name {value!r}: a Python keyword cannot be a module name "
-                          f"(jobs.{value})")
+    """A job names a function of the job contract: ``module:function``, a module (its `transform`), or
+    one of kappa's own jobs by name (``standardize``). Dotted Python identifiers, no keyword."""
+    import re
+
+    ok = isinstance(value, str) and re.fullmatch(
+        r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?", value) is not None
+    if not ok:
+        raise ConfigError(f"invalid {field} {value!r}: name a Python module or module:function, such as "
+                          f"team_jobs.profiles:transform, or one of kappa's jobs such as standardize")
+    words = [w for part in value.split(":") for w in part.split(".")]  # type: ignore[union-attr]
+    bad = [w for w in words if keyword.iskeyword(w)]
+    if bad:
+        raise ConfigError(f"invalid {field} {value!r}: the Python keyword {bad[0]!r} cannot be part of a module "
+                          f"or function name")
     return value  # type: ignore[return-value]
 
 

@@ -1,11 +1,11 @@
 """Pipelines: the named derivations kappa knows, declared in `deploy/pipelines.toml`.
 
-A pipeline names its job module (`jobs.<job>`), its source topics, its output key, its rules
+A pipeline names its job (a function of the job contract, `jobs.lib.contract`), its source topics, its output key, its rules
 set (if the job takes rules), the serving alias readers use, and the numbers the control plane
 decides with (catch-up threshold and samples, standby grace period, retention, promote limits).
 
     [pipelines.standardize]
-    job = "standardize"
+    job = "standardize"             # kappa's own job; a team's: "team_jobs.profiles:transform" (job_path)
     topics = ["member_profiles"]
     key = "member_id"               # or ["member_id", "window_start"] for a composite key
     ruleset = "titles"              # jobs/rules/titles/*.toml; omit for jobs without rules
@@ -27,10 +27,11 @@ decides with (catch-up threshold and samples, standby grace period, retention, p
     [pipelines.standardize.options] # optional: job-specific options, passed as --extra JSON
 
 Loading validates every field and refuses the whole file on the first bad pipeline, with an
-error naming the file, the pipeline and the field. It does not look at the code: the job module
-and the rules directory are checked by `check_job_exists` / `check_ruleset_exists` (both in
-`check_pipeline_code`), which `deploy` calls before allocating a version, or at load with
-`load_pipelines(..., check_code=True)`. Both are file-existence checks; nothing is imported.
+error naming the file, the pipeline and the field. It does not look at the code: the job and the
+rules directory are checked by `check_job_exists` / `check_ruleset_exists` (both in
+`check_pipeline_code`), which `deploy` runs before allocating a version, or at load with
+`load_pipelines(..., check_code=True)`. A team's job is imported in a separate Python process
+(`jobs.lib.contract.check_job`); kappa's own jobs are found as files, nothing imported.
 
 Without a path, `load_pipelines` reads the default pipelines file: the checkout's
 `deploy/pipelines.toml`, or the copy a regular install ships.
@@ -187,7 +188,7 @@ def _as_value_error(check, value):
 
 
 def jobs_directory() -> Path:
-    """Where `jobs/<job>.py` live, found without importing the package."""
+    """Where kappa's own jobs (`jobs/<job>.py`) live, found without importing the package."""
     spec = importlib.util.find_spec("jobs")
     if spec is not None and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0])
@@ -198,17 +199,36 @@ def rules_directory() -> Path:
     return jobs_directory() / "rules"
 
 
-def check_job_exists(spec: PipelineSpec, *, jobs_dir: Path | None = None) -> Path:
-    """The job module's file, or ConfigError naming the pipeline, the job and the known jobs."""
-    base = Path(jobs_dir) if jobs_dir is not None else jobs_directory()
-    module = base / f"{spec.job}.py"
-    if module.is_file():
-        return module
-    known = sorted(p.stem for p in base.glob("*.py")
-                   if not p.stem.startswith("_")) if base.is_dir() else []
-    raise ConfigError(
-        f"pipeline {spec.name!r}, field 'job': unknown job module {spec.job!r}: {module} does not exist "
-        f"(jobs found: {', '.join(known) or 'none'}); write jobs/{spec.job}.py or fix 'job' in the pipelines file")
+def check_job_exists(spec: PipelineSpec, *, job_path: list[str] | tuple[str, ...] = (), call: bool = False,
+                     rules_file: str | Path | None = None) -> str:
+    """The job's ``module:function``; ConfigError (`ContractError`) naming the pipeline, the job and
+    what is wrong. kappa's own jobs: their file exists (their contract is kappa's tests'). A team's
+    job: it imports, in a separate process, from `job_path`, and its function takes one argument;
+    with `call`, it is also called on a Kafka stream there (a local Spark session, `rules_file`) and
+    what it returns is checked (`jobs.lib.contract.check_job`)."""
+    from jobs.lib.contract import OWN_PACKAGE, check_job, parse_job_ref
+    from orchestrator.core.exceptions import ContractError
+
+    try:
+        module, function = parse_job_ref(spec.job)
+        if module.split(".")[0] == OWN_PACKAGE and (jobs_directory() / f"{module.split('.', 1)[1]}.py").is_file():
+            return f"{module}:{function}"
+        if "." not in module and ":" not in spec.job and not job_path:
+            known = sorted(p.stem for p in jobs_directory().glob("*.py") if not p.stem.startswith("_")
+                           and p.stem != "run")
+            raise ContractError(f"job {spec.job!r} is none of kappa's jobs ({', '.join(known)}) and no job_path is "
+                                f"set to import it from; set job_path (--job-path, KAPPA_JOB_PATH) to the folder "
+                                f"that holds {spec.job}.py")
+        request = None
+        if call:
+            from jobs.lib.runner import KAPPA_OPTIONS
+
+            request = {"key": list(spec.key_columns), "topics": list(spec.topics), "pipeline": spec.name,
+                       "rules_file": str(rules_file) if rules_file else None,
+                       "options": {k: v for k, v in spec.options.items() if k not in KAPPA_OPTIONS}}
+        return check_job(spec.job, job_path, call=request)
+    except ContractError as e:
+        raise ContractError(f"pipeline {spec.name!r}, field 'job': {e}") from None
 
 
 def check_ruleset_exists(spec: PipelineSpec, *, rules_dir: Path | None = None) -> Path | None:
@@ -226,10 +246,10 @@ def check_ruleset_exists(spec: PipelineSpec, *, rules_dir: Path | None = None) -
         f"{folder / 'v1.toml'} or fix 'ruleset' in the pipelines file (or rules_location)")
 
 
-def check_pipeline_code(spec: PipelineSpec, *, jobs_dir: Path | None = None,
+def check_pipeline_code(spec: PipelineSpec, *, job_path: list[str] | tuple[str, ...] = (),
                         rules_dir: Path | None = None) -> None:
-    """Everything a deploy needs from the repo: the job module and, if any, the ruleset."""
-    check_job_exists(spec, jobs_dir=jobs_dir)
+    """Everything a deploy needs from the repo: the job and, if any, the ruleset."""
+    check_job_exists(spec, job_path=job_path)
     check_ruleset_exists(spec, rules_dir=rules_dir)
 
 
@@ -250,7 +270,7 @@ def _field_error(path: Path, pipeline: str, err: dict[str, Any]) -> str:
 
 
 def load_pipelines(path: str | Path | None = None, *, check_code: bool = False,
-                   jobs_dir: Path | None = None, rules_dir: Path | None = None) -> dict[str, PipelineSpec]:
+                   job_path: list[str] | tuple[str, ...] = (), rules_dir: Path | None = None) -> dict[str, PipelineSpec]:
     """Read and validate the pipelines file (in file order); ConfigError names the file, pipeline and field."""
     path = Path(path) if path is not None else default_pipelines_file()
     try:
@@ -295,7 +315,7 @@ def load_pipelines(path: str | Path | None = None, *, check_code: bool = False,
         alias_owner[spec.alias] = name
         if check_code:
             try:
-                check_pipeline_code(spec, jobs_dir=jobs_dir, rules_dir=rules_dir)
+                check_pipeline_code(spec, job_path=job_path, rules_dir=rules_dir)
             except ConfigError as e:
                 raise ConfigError(f"pipelines file {path}: {e}") from None
         specs[name] = spec

@@ -80,7 +80,6 @@ PATH_FIELDS = ("home", "state_dir", "pipelines_file")
 LOCATION_FIELDS = ("warehouse", "checkpoints", "rules_location")
 
 _GROUP_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_REGISTRY_URL_HINT = "expected sqlite:///<path> or postgresql+psycopg2://<user>[:<password>]@<host>:<port>/<db>"
 
 
 def _kafka_value(key: str, value: Any) -> str | SecretStr:
@@ -129,6 +128,7 @@ class Settings(BaseSettings):
     group_prefix: str = "kappa"
     pipelines_file: Path = Field(default_factory=default_pipelines_file)
     rules_location: str | None = None
+    job_path: str | None = None
     spark_master: str = "local[2]"
     lag_sample_retention_seconds: float = 3 * 86400.0
     readiness_window_seconds: float = 300.0
@@ -180,26 +180,18 @@ class Settings(BaseSettings):
     @field_validator("registry_url")
     @classmethod
     def _check_registry_url(cls, v: str) -> str:
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
+        from orchestrator.registry.engine import check_registry_url
 
-        from orchestrator.registry.engine import DRIVERS
+        return check_registry_url(v)
 
-        try:
-            url = make_url(v)
-        except ArgumentError:
-            raise ValueError(f"not a database URL; {_REGISTRY_URL_HINT}") from None
-        backend, _, driver = url.drivername.partition("+")
-        backend = "postgresql" if backend == "postgres" else backend
-        if backend not in DRIVERS:
-            raise ValueError(f"the registry runs on SQLite or PostgreSQL, not {backend}; {_REGISTRY_URL_HINT}")
-        if driver and driver != DRIVERS[backend]:
-            plain = url.set(drivername=backend).render_as_string(hide_password=True)
-            raise ValueError(f"kappa connects to {backend} with {DRIVERS[backend]} and does not install the "
-                             f"driver {driver!r}; write {plain}")
-        if backend == "postgresql":  # postgresql:// and postgres:// mean psycopg2, not SQLAlchemy's psycopg 3
-            return url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
-        return v
+    @field_validator("job_path", mode="before")
+    @classmethod
+    def _check_job_path(cls, v: Any) -> str | None:
+        return None if v is None else _folders(v, Path.cwd())
+
+    @property
+    def job_folders(self) -> list[str]:
+        return [p for p in (self.job_path or "").split(os.pathsep) if p]
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -261,11 +253,9 @@ class Settings(BaseSettings):
         return json.dumps({k: reveal(v) for k, v in self.kafka_config.items()}, sort_keys=True)
 
     def to_env(self) -> dict[str, str]:
-        """Every setting as the KAPPA_* environment variable `resolve_settings` reads (secrets revealed).
-
-        For a child process (a job, an Airflow worker) that must resolve exactly these settings.
-        """
-        optional = ("bootstrap_servers", "checkpoints", "rules_location")
+        """Every setting as the KAPPA_* environment variable `resolve_settings` reads (secrets revealed):
+        for a child process (a job, an Airflow worker) that must resolve exactly these settings."""
+        optional = ("bootstrap_servers", "checkpoints", "rules_location", "job_path")
         env = {ENV_VARS[f]: str(getattr(self, f)) for f in ENV_VARS if f not in ("kafka_config", *optional)}
         env.update({ENV_VARS[f]: getattr(self, f) for f in optional if getattr(self, f) is not None})
         if self.kafka_config:
@@ -279,8 +269,7 @@ class Settings(BaseSettings):
         return self._sources.get(field, "default")
 
     @property
-    def config_file(self) -> Path | None:
-        """The config file `resolve_settings` read, if any."""
+    def config_file(self) -> Path | None:  # the config file `resolve_settings` read, if any
         found = self._sources.get("config_file")
         return Path(found) if found else None
 
@@ -309,6 +298,12 @@ def _location(value: Any, base: Path, local: bool = False) -> str:
         except ConfigError as e:
             raise ValueError(str(e)) from None
     return str(_absolute(Path(text), base))
+
+
+def _folders(value: Any, base: Path) -> str:
+    """Folders (a list, or one string separated by os.pathsep), each made absolute against `base`."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(os.pathsep)
+    return os.pathsep.join(str(_absolute(Path(str(p)), base)) for p in items if str(p).strip())
 
 
 def _absolute(p: Path, base: Path) -> Path:
@@ -375,6 +370,8 @@ def _check_file_values(path: Path, data: dict[str, Any]) -> None:
                                   f"got {type(value).__name__}")
         elif key in SECONDS_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
             pass
+        elif key == "job_path" and isinstance(value, list) and all(isinstance(p, str) for p in value):
+            pass  # folders relative to the file's folder
         elif not isinstance(value, str):
             raise ConfigError(f"config file {path}: setting {key!r} must be a string, got "
                               f"{type(value).__name__} {value!r}")
@@ -435,6 +432,8 @@ class _Layer(PydanticBaseSettingsSource):
                                       f"{_how_to_fix('kafka_config', source)}") from None
             elif field in PATH_FIELDS:
                 value = _absolute(Path(value), self.base)
+            elif field == "job_path":
+                value = _folders(value, self.base)
             elif field in LOCATION_FIELDS:
                 try:
                     value = _location(value, self.base, local=field == "rules_location")

@@ -9,7 +9,7 @@ different clusters or log sizes do not share a driver's memory.
 
 In the child, `run_job` builds the job's arguments with the runtime's own parser, starts Spark
 (timed: start-up), and calls `start_standardize(ctx)`: the one place that knows how the job is
-started. It calls `jobs.standardize.build(ctx)`, the runtime contract, so the benchmark measures
+started. It starts `jobs.standardize` through kappa's runner (`jobs.lib.runner.start_job`), so the benchmark measures
 whatever data path the job has. The time breakdown comes from Spark's progress reports (every
 job has them) and, when the job sets `ctx.stage_timings` (a list of per-batch dicts of seconds,
 e.g. the BatchWriter's `timings`), from the job's own stages.
@@ -39,10 +39,12 @@ _NOT_SECONDS = {"batch_id", "rows_in", "rows_out", "entered", "left"}
 
 
 def start_standardize(ctx: Any) -> Any:
-    """Start the standardize query exactly as the runtime does (`build(ctx)` with `--rules`)."""
+    """Start the standardize query exactly as the runtime does (`jobs.lib.runner.start_job` with `--rules`)."""
     from jobs import standardize
+    from jobs.lib.rules import load_rules
+    from jobs.lib.runner import start_job
 
-    return standardize.build(ctx)
+    return start_job(ctx, standardize.JOB, standardize.transform, load_rules(ctx.args.rules))
 
 
 def job_argv(p: dict) -> list[str]:
@@ -53,7 +55,8 @@ def job_argv(p: dict) -> list[str]:
             "--checkpoint", str(work / "checkpoint"), "--run-dir", str(work / "run"),
             "--group-id", f"kappa-bench-{os.getpid()}-{time.time_ns()}",
             "--rules", p["rules_file"], "--max-records-per-batch", str(p["max_records_per_batch"]),
-            "--trigger", "available-now", "--master", p["master"]]
+            "--trigger", "available-now", "--master", p["master"], "--job", "jobs.standardize:transform",
+            "--key", "member_id"]
     if p.get("kafka_config"):
         argv += ["--kafka-config", json.dumps(p["kafka_config"])]
     if p.get("extra"):
@@ -143,7 +146,7 @@ def run_job(p: dict, emit: Callable[[str], None] = print) -> dict[str, Any]:
     """One reprocess, in this process (the child's body); the figures as a dict."""
     import importlib
 
-    importlib.import_module("jobs.standardize")  # before the clocks, as `python -m jobs.standardize` does
+    importlib.import_module("jobs.standardize")  # before the clocks, as `python -m jobs.run` does
     from jobs.lib.runtime import Status, parse_args
     from jobs.lib.session import build_session
 

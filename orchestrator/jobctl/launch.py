@@ -70,11 +70,11 @@ def _spark_submit_path() -> Path:
     return path
 
 
-def _job_file(job: str) -> Path:
-    spec = importlib.util.find_spec(f"jobs.{job}")
+def _runner_file() -> Path:
+    """`jobs/run.py`, the one entry point of every job (`jobs.lib.runner`), for spark-submit."""
+    spec = importlib.util.find_spec("jobs.run")
     if spec is None or not spec.origin:
-        raise LifecycleError(f"job module jobs.{job} not found; write jobs/{job}.py or fix 'job' "
-                             f"in the pipelines file")
+        raise LifecycleError("kappa's job runner jobs/run.py is missing from the installation; reinstall kappa")
     return Path(spec.origin)
 
 
@@ -107,7 +107,10 @@ def _job_args(k, pipeline: str, version: int, *, trigger: str = "continuous",
     """The job's command-line arguments (see jobs/lib/runtime.py); no secret among them."""
     spec = k.pipeline(pipeline)
     paths = k.paths(pipeline, version)
+    from jobs.lib.contract import resolve_job
+
     args = [
+        "--job", resolve_job(spec.job), "--key", ",".join(spec.key_columns),
         "--pipeline", pipeline, "--version", str(version),
         "--bootstrap-servers", k.bootstrap_servers,
         "--topics", ",".join(spec.topics),
@@ -147,11 +150,11 @@ def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
     master = master or k.settings.spark_master
     args = _job_args(k, pipeline, version, trigger=trigger, rules_file=rules_file, master=master)
     if _is_local_master(master):
-        return [sys.executable, "-m", f"jobs.{spec.job}", *args], "local"
+        return [sys.executable, "-m", "jobs.run", *args], "local"
     from jobs.lib.session import connector_jars, driver_java_options, spark_env
 
     env = spark_env()
-    pythonpath = os.pathsep.join([str(_project_root()), *sys.path[1:]])
+    pythonpath = os.pathsep.join([*k.settings.job_folders, str(_project_root()), *sys.path[1:]])
     conf = {
         "spark.driver.host": "127.0.0.1" if master.startswith("spark://127.") else None,
         "spark.executorEnv.PYTHONPATH": pythonpath,
@@ -166,23 +169,24 @@ def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
     for key, value in conf.items():
         if value:
             cmd += ["--conf", f"{key}={value}"]
-    return [*cmd, str(_job_file(spec.job)), *args], "spark-submit"
+    return [*cmd, str(_runner_file()), *args], "spark-submit"
 
 
 #: Variables of kappa's own environment that may hold secrets and that a job does not read.
 _SECRET_ENV = (KAPPA_KAFKA_CONFIG, KAPPA_REGISTRY_URL)
 
 
-def _job_env(master: str) -> dict[str, str]:
+def _job_env(master: str, job_folders: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
     """The job's environment: this process's, without the secrets a job does not need
-    (`_SECRET_ENV`: the job gets the Kafka config from its file), plus Spark's."""
+    (`_SECRET_ENV`: the job gets the Kafka config from its file), plus Spark's; the job path first on
+    PYTHONPATH, so that the job's modules import in the driver and in Spark's Python workers."""
     from jobs.lib.session import spark_env
 
     env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
     env.update(spark_env())
     env[KAPPA_SPARK_MASTER] = master
     root = str(_project_root())
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*job_folders, root, env.get("PYTHONPATH")) if p)
     if not _is_local_master(master):
         import pyspark
 
@@ -281,7 +285,7 @@ def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None,
     # Recorded before the spawn, with the launch id the job's processes carry in their
     # environment: if this process dies before it records the PID, the job is still found.
     launch_id = uuid.uuid4().hex
-    env = {**_job_env(master), LAUNCH_ENV: launch_id}
+    env = {**_job_env(master, k.settings.job_folders), LAUNCH_ENV: launch_id}
     write_json_atomic(paths.launch_file, {"launch_id": launch_id, "pid": None, "mode": mode, "master": master,
                                           "started_at": time.time(), "trigger": trigger, "actor": actor,
                                           "owner": owner}, mode=0o600, indent=None)

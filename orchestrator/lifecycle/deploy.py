@@ -164,12 +164,14 @@ def check_request(k: Kappa, pipeline: str, rules_version: str | None = None, *, 
 def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold: int | None,
                 force: bool) -> DeployPlan:
     """The checks of a deploy request that need no broker: pipeline, job module, threshold, rules file."""
-    from orchestrator.core.pipelines import check_pipeline_code
+    from orchestrator.core.pipelines import check_job_exists, check_ruleset_exists
 
     from jobs.lib.rules import rules_root
 
     spec = k.pipeline(pipeline)
-    check_pipeline_code(spec, rules_dir=rules_root(k.settings.rules_location))
+    if _own_job(spec.job):
+        check_job_exists(spec)
+    check_ruleset_exists(spec, rules_dir=rules_root(k.settings.rules_location))
     if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0):
         raise ConfigError(f"invalid catch-up threshold {threshold!r}: expected a number of records >= 0")
     rules_file = rules_hash = rules_text = None
@@ -191,10 +193,18 @@ def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold
     elif rules_version is not None:
         raise ConfigError(f"pipeline {pipeline!r} (job {spec.job!r}) takes no rules, but rules version "
                           f"{rules_version!r} was given; drop it")
+    if not _own_job(spec.job):   # a team's job: imported and called on a Kafka stream, what it returns checked
+        check_job_exists(spec, job_path=k.settings.job_folders, call=True, rules_file=rules_file)
     return DeployPlan(pipeline=pipeline, job=spec.job, topics=tuple(spec.topics), rules_version=rules_version,
                       rules_file=rules_file, rules_hash=rules_hash, rules_text=rules_text if spec.ruleset else None,
                       force=force,
                       threshold=spec.catchup_threshold if threshold is None else threshold)
+
+
+def _own_job(job: str) -> bool:
+    from jobs.lib.contract import OWN_PACKAGE, parse_job_ref
+
+    return parse_job_ref(job)[0].split(".")[0] == OWN_PACKAGE
 
 
 def _info(k: Kappa, rec, plan: DeployPlan, *, pid: int | None, started: bool, resumed: bool, message: str,

@@ -66,6 +66,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--master", default=None)
     p.add_argument("--extra", type=_json_object("--extra"), default={},
                    help='job-specific options; "source_options" (object) is passed to the Kafka source')
+    p.add_argument("--job", default=None, help="the job's function, module:function (python -m jobs.run)")
+    p.add_argument("--job-path", default="", help=f"folders to import the job from, {os.pathsep}-separated")
+    p.add_argument("--key", default=None, help="the pipeline's key column(s), comma-separated")
     return p
 
 

@@ -38,8 +38,8 @@ from typing import Any, Callable
 from orchestrator.core.exceptions import ConfigError
 
 __all__ = ["BACKFILL_MODES", "SPARK_OPTIONS", "OUTAGE_OPTION", "check_source_options", "outage_seconds",
-           "broker_unavailable", "fail_on_data_loss", "lost_offsets", "java_kafka_config", "kafka_options", "needs_backfill", "start_stream",
-           "ChainedQuery"]
+           "broker_unavailable", "fail_on_data_loss", "lost_offsets", "java_kafka_config", "kafka_options", "needs_backfill", "kafka_reader",
+           "start_stream", "ChainedQuery"]
 
 log = logging.getLogger("kappa.runtime")
 
@@ -200,7 +200,7 @@ def needs_backfill(checkpoint: str | Path) -> bool:
     return not commits.is_dir() or not any(p.name.isdigit() for p in commits.iterdir())
 
 
-def _reader(spark: Any, options: dict[str, str]) -> Callable[..., Any]:
+def kafka_reader(spark: Any, options: dict[str, str]) -> Callable[..., Any]:
     """`read(topics=None)`: a Kafka stream with `options`, over `topics` instead of ``subscribe``."""
     def read(topics: str | list[str] | None = None) -> Any:
         opts = dict(options)
@@ -215,7 +215,7 @@ def _reader(spark: Any, options: dict[str, str]) -> Callable[..., Any]:
 
 def _start(spark: Any, options: dict[str, str], build: Callable[..., Any], sink: Callable[[Any, int], None],
            checkpoint: str, trigger: dict, name: str, output_mode: str) -> Any:
-    return (build(_reader(spark, options)).writeStream.queryName(name).outputMode(output_mode).foreachBatch(sink)
+    return (build(kafka_reader(spark, options)).writeStream.queryName(name).outputMode(output_mode).foreachBatch(sink)
             .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
 
 

@@ -15,6 +15,13 @@ UTC = timezone.utc
 QUERY_TIMEOUT_SECONDS = 600  # a guard against a hung query, not a timing assertion
 
 
+def _key_of(job: str) -> str:
+    """The key of the shipped pipeline that runs `job`."""
+    from orchestrator.core.pipelines import load_pipelines
+
+    return next(",".join(s.key_columns) for s in load_pipelines().values() if s.job == job)
+
+
 class JobRun:
     """Paths and arguments of one pipeline version of a job, driven in-process on a shared session."""
 
@@ -32,7 +39,7 @@ class JobRun:
             "--topics", ",".join(topics), "--output", str(self.output), "--rejects", str(self.rejects),
             "--checkpoint", str(self.checkpoint), "--run-dir", str(self.run_dir),
             "--max-records-per-batch", str(max_records), "--trigger", "available-now",
-            "--extra", json.dumps(extra or {}),
+            "--extra", json.dumps(extra or {}), "--job", f"jobs.{job}:transform", "--key", _key_of(job),
         ]
         self.progress: list[dict] = []
 
@@ -41,10 +48,13 @@ class JobRun:
         status = Status(self.run_dir / "status.json", args.pipeline, args.version, args.trigger)
         return JobContext(args, spark, status)
 
-    def run_in_process(self, spark, build) -> JobContext:
-        """build(ctx), then wait for the available-now query to end; its exception fails the test."""
+    def run_in_process(self, spark, transform) -> JobContext:
+        """The job's contract function started by kappa's runner (`jobs.lib.runner.start_job`), then
+        the available-now query waited for; its exception fails the test."""
+        from jobs.lib.runner import start_job
+
         ctx = self.context(spark)
-        query = build(ctx)
+        query = start_job(ctx, f"jobs.{self.job}:transform", transform)
         try:
             query.awaitTermination(QUERY_TIMEOUT_SECONDS)
         finally:

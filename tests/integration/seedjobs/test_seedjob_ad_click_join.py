@@ -58,7 +58,7 @@ def test_clicks_join_impressions_within_the_bound(spark, bootstrap, unique, tmp_
 
     job = JobRun(tmp_path, "ad_click_join", f"acj_{unique}", bootstrap, [imp_topic, clk_topic],
                  max_records=40, extra={"bound": "10 minutes"})
-    ctx = job.run_in_process(spark, ad_click_join.build)
+    ctx = job.run_in_process(spark, ad_click_join.transform)
 
     expected = expected_pairs([r for r in produced if r.topic == imp_topic],
                               [r for r in produced if r.topic == clk_topic], BOUND)

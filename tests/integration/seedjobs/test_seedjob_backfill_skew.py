@@ -69,7 +69,7 @@ def test_pageviews_hourly_reprocess_over_skewed_partitions(spark, bootstrap, uni
 
     job = JobRun(tmp_path, "pageviews_hourly", f"pvs_{unique}", bootstrap, [topic], max_records=CAP,
                  extra={"state_partitions": 3})  # default watermark: 2 hours
-    job.run_in_process(spark, pageviews_hourly.build)
+    job.run_in_process(spark, pageviews_hourly.transform)
 
     got = {(r["member_id"], r["window_start"]): r["views"] for r in job.table()}
     assert got == hourly_with_pandas(produced)
@@ -84,7 +84,7 @@ def test_pageviews_hourly_reprocess_over_skewed_partitions(spark, bootstrap, uni
     tail_start = datetime.fromtimestamp(last / 1000, timezone.utc) + timedelta(seconds=1)
     more = seedgen.produce(bootstrap, [view(topic, i % 2, "a0" if i % 2 == 0 else "b0", 10_000 + i,
                                             tail_start + timedelta(seconds=i)) for i in range(2 * CAP + 10)])
-    job.run_in_process(spark, pageviews_hourly.build)
+    job.run_in_process(spark, pageviews_hourly.transform)
     got = {(r["member_id"], r["window_start"]): r["views"] for r in job.table()}
     assert got == hourly_with_pandas(produced + more)
     assert batches_with_data(job) == 3 and dropped_by_watermark(job) == 0
@@ -131,7 +131,7 @@ def test_ad_click_join_reprocess_over_skewed_partitions(spark, bootstrap, unique
 
     job = JobRun(tmp_path, "ad_click_join", f"acs_{unique}", bootstrap, [imp_topic, clk_topic],
                  max_records=CAP, extra={"bound": "10 minutes"})  # watermarks: 10 minutes each
-    job.run_in_process(spark, ad_click_join.build)
+    job.run_in_process(spark, ad_click_join.transform)
 
     expected = pairs_with_pandas([r for r in produced if r.topic == imp_topic],
                                  [r for r in produced if r.topic == clk_topic], timedelta(minutes=10))
@@ -161,13 +161,13 @@ def test_profile_settings_join_reprocess_in_one_batch_then_a_capped_tail(spark, 
         seedgen.member_settings(s_topic, members[:7], START, updates=4, deletes=1, spacing=timedelta(minutes=5))))
     job = JobRun(tmp_path, "profile_settings_join", f"psk_{unique}", bootstrap, [p_topic, s_topic],
                  max_records=CAP, extra={"state_partitions": 3})
-    job.run_in_process(spark, profile_settings_join.build)
+    job.run_in_process(spark, profile_settings_join.transform)
     assert len([p for p in job.progress if p.get("numInputRows")]) == 1
 
     t2 = START + timedelta(hours=3)
     produced += seedgen.produce(bootstrap, seedgen.member_profiles(p_topic, members, t2, updates=3 * CAP,
                                                                     spacing=timedelta(seconds=1), seed=11))
-    job.run_in_process(spark, profile_settings_join.build)
+    job.run_in_process(spark, profile_settings_join.transform)
     assert len([p for p in job.progress if p.get("numInputRows")]) >= 3  # the tail is capped
 
     prof = latest_with_pandas([r for r in produced if r.topic == p_topic])

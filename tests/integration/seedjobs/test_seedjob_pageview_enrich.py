@@ -41,7 +41,7 @@ def test_views_get_the_zip_current_at_their_position(spark, bootstrap, unique, t
     assert len({r.timestamp_ms for r in produced}) < len(produced)  # ties exist: profile first
 
     job = JobRun(tmp_path, "pageview_enrich", f"pve_{unique}", bootstrap, [views_topic, profiles_topic])
-    ctx = job.run_in_process(spark, pageview_enrich.build)
+    ctx = job.run_in_process(spark, pageview_enrich.transform)
 
     expected = expected_enriched([r for r in produced if r.topic == views_topic],
                                  [r for r in produced if r.topic == profiles_topic])
@@ -64,7 +64,7 @@ def test_views_get_the_zip_current_at_their_position(spark, bootstrap, unique, t
         [seedgen.SeedRecord(profiles_topic, members[2].encode(), b'{"name": "C", "zip": "80331"}',
                             seedgen.to_ms(t2))],
         seedgen.page_views(views_topic, members, 20, t2, spacing=timedelta(seconds=5), seed=9)))
-    job.run_in_process(spark, pageview_enrich.build)
+    job.run_in_process(spark, pageview_enrich.transform)
     expected = expected_enriched([r for r in produced + more if r.topic == views_topic],
                                  [r for r in produced + more if r.topic == profiles_topic])
     assert len(expected) == 170 and "80331" in expected.values()
@@ -76,7 +76,7 @@ def test_views_get_the_zip_current_at_their_position(spark, bootstrap, unique, t
                key=lambda p: int(p.name))
     last.unlink()
     (last.parent / f".{last.name}.crc").unlink(missing_ok=True)
-    ctx3 = job.run_in_process(spark, pageview_enrich.build)
+    ctx3 = job.run_in_process(spark, pageview_enrich.transform)
     assert enriched(job) == expected
     assert ctx3.status.data["rows_out"] == 0 and (job.checkpoint / "commits" / last.name).exists()
 
@@ -95,7 +95,7 @@ def test_reprocess_joins_each_view_to_the_profile_as_of_the_view(spark, bootstra
 
     job = JobRun(tmp_path, "pageview_enrich", f"pva_{unique}", bootstrap, [views_topic, profiles_topic],
                  max_records=40)
-    job.run_in_process(spark, pageview_enrich.build)
+    job.run_in_process(spark, pageview_enrich.transform)
 
     expected = expected_enriched([r for r in produced if r.topic == views_topic],
                                  [r for r in produced if r.topic == profiles_topic])

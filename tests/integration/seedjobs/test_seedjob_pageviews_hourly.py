@@ -44,7 +44,7 @@ def test_hourly_counts_state_changelog_and_late_views(spark, bootstrap, unique, 
 
     job = JobRun(tmp_path, "pageviews_hourly", f"pvh_{unique}", bootstrap, [topic], max_records=50,
                  extra={"watermark": "6 hours"})  # longer than the data spans: nothing is late in run 1
-    ctx = job.run_in_process(spark, pageviews_hourly.build)
+    ctx = job.run_in_process(spark, pageviews_hourly.transform)
 
     rows = job.table()
     assert {(r["member_id"], r["window_start"]): r["views"] for r in rows} == expected_hourly(produced)
@@ -81,7 +81,7 @@ def test_hourly_counts_state_changelog_and_late_views(spark, bootstrap, unique, 
         seedgen.SeedRecord(topic, last.key, json.dumps({**last_view, "view_id": "pv-again"}).encode(),
                            seedgen.to_ms(on_time_at)),
     ])
-    ctx2 = job.run_in_process(spark, pageviews_hourly.build)
+    ctx2 = job.run_in_process(spark, pageviews_hourly.transform)
 
     expected = expected_hourly(produced + more[1:])
     window = (last_view["member_id"], on_time_at.replace(minute=0, second=0, microsecond=0))

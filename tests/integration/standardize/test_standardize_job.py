@@ -116,8 +116,6 @@ def test_bad_rules_file_fails_before_anything_starts(bootstrap, paths, tmp_path)
 
 
 @pytest.mark.parametrize("extra, message", [
-    ({"buckets": 32}, "ConfigError: --extra: unknown standardize option(s) 'buckets'; known: key_order, backfill, "
-                      "source_options, upkeep"),
     ({"key_order": "offset"}, "ConfigError: --extra: key_order must be one of partition, timestamp, got 'offset'"),
     ({"backfill": "all"}, "ConfigError: --extra: backfill must be one of one-batch, capped, got 'all'"),
     ({"source_options": {"readTimeoutSeconds": 5}},
@@ -130,6 +128,19 @@ def test_bad_job_options_fail_before_anything_starts(paths, extra, message):
     code, log = run_job_process([*argv, "--extra", json.dumps(extra)], paths.run_dir / "job.log", timeout=120)
     assert code == 1 and f"job standardize v1 failed before starting: {message}" in log
     assert read_status(paths.run_dir)["error"].startswith(message)
+    assert not paths.output.parent.exists() and not paths.checkpoint.exists()
+
+
+def test_an_option_the_job_does_not_take_fails_it_before_anything_is_written(paths):
+    """kappa's options are checked before Spark starts; the job's own are the job's to check, when
+    kappa calls its function, before the query starts: nothing is written either way."""
+    argv = paths.argv("127.0.0.1:9", "no_topic", rules_path("titles", "v2"))
+    code, log = run_job_process([*argv, "--extra", json.dumps({"buckets": 32})], paths.run_dir / "job.log",
+                                timeout=300)
+    message = ("ConfigError: the standardize job takes no options of its own, got 'buckets'; kappa's are key_order, "
+               "backfill, source_options, upkeep")
+    assert code == 1, log[-3000:]
+    assert read_status(paths.run_dir)["error"].startswith(message), read_status(paths.run_dir)
     assert not paths.output.parent.exists() and not paths.checkpoint.exists()
 
 

@@ -1,5 +1,5 @@
-"""The standardize transform in Spark (`jobs.standardize.transform`, `jobs.lib.profiles.parse_records`) on
-hand-made micro-batches: latest record per key, tombstones, every kind of reject with the exact
+"""The standardize job in Spark (its contract function `jobs.standardize.transform`, then kappa's
+per-batch step `jobs.lib.runner.split_batch`, `jobs.lib.profiles.parse_records`) on hand-made micro-batches: latest record per key, tombstones, every kind of reject with the exact
 reason, and values the JVM path cannot vouch for decided like the tests' oracle (tests/oracle)."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import pytest
 
 from jobs.lib.profiles import OUTPUT_SCHEMA, parse_records
 from jobs.lib.rules import load_rules, rules_path
+from jobs.lib.contract import JobInput
+from jobs.lib.runner import output_columns, split_batch
 from jobs.standardize import transform
 from orchestrator.dev.datagen import generate_changelog
 from tests.oracle import standardize as oracle
@@ -35,9 +37,13 @@ def batch(spark, records, partition: int = 0, first_offset: int = 0):
 
 
 def run(spark, records, **kw):
-    parsed, rejects, out = transform(batch(spark, records, **kw), V2, "partition")
+    source = batch(spark, records, **kw)
+    job = JobInput(spark=spark, source=source, read=lambda topics=None: source, options={}, rules=V2,
+                   key=("member_id",), topics=("member_profiles",), pipeline="standardize", version=1)
+    result = transform(job)
+    rejects, out = split_batch(result.rows, output_columns(result.rows), "member_id", "partition", result.then)
     return ({r["member_id"]: r.asDict() for r in out.collect()},
-            {r["offset"]: r.asDict() for r in rejects.collect()}, parsed.count())
+            {r["offset"]: r.asDict() for r in rejects.collect()}, result.rows.count())
 
 
 def test_latest_offset_per_key_wins_tombstones_delete_rules_apply(spark):

@@ -199,7 +199,8 @@ def test_retired_version_cannot_start(k):
 def test_job_command_local_and_spark_submit(k):
     v = allocate(k).version
     cmd, mode = job_command(k, PIPELINE, v)
-    assert mode == "local" and cmd[1:3] == ["-m", "jobs.standardize"]
+    assert mode == "local" and cmd[1:3] == ["-m", "jobs.run"]
+    assert cmd[cmd.index("--job") + 1] == "jobs.standardize:transform" and cmd[cmd.index("--key") + 1] == "member_id"
     assert cmd[cmd.index("--checkpoint") + 1] == str(k.paths(PIPELINE, v).checkpoint)
     assert cmd[cmd.index("--group-id") + 1] == f"kappa.{PIPELINE}.v{v}"
     assert cmd[cmd.index("--trigger") + 1] == "continuous"
@@ -207,7 +208,7 @@ def test_job_command_local_and_spark_submit(k):
     assert mode == "spark-submit" and cmd[0].endswith("bin/spark-submit")
     assert cmd[cmd.index("--master") + 1] == "spark://127.0.0.1:7077"
     assert cmd[cmd.index("--deploy-mode") + 1] == "client"
-    assert any(c.endswith("jobs/standardize.py") for c in cmd)
+    assert any(c.endswith("jobs/run.py") for c in cmd)
     assert "spark.driver.host=127.0.0.1" in cmd
     # the driver JVM starts before the job's Python: Spark's Kafka connector and delta-spark on its command line
     jars = cmd[cmd.index("--jars") + 1].split(",")

@@ -220,7 +220,22 @@ def test_unknown_key_in_config_file(tmp_path):
     assert str(e.value) == (
         f"config file {cfg}: unknown setting 'warehous'; known settings: home, warehouse, state_dir, "
         f"checkpoints, registry_url, bootstrap_servers, kafka_config, group_prefix, pipelines_file, rules_location, "
-            f"spark_master, lag_sample_retention_seconds, readiness_window_seconds")
+        f"job_path, spark_master, lag_sample_retention_seconds, readiness_window_seconds")
+
+
+def test_job_path_is_folders_made_absolute_from_a_list_in_the_file_or_a_string_in_the_environment(tmp_path):
+    import os
+
+    cfg = write_config(tmp_path / "conf" / "kappa.toml", 'job_path = ["../team-repo", "/srv/shared-jobs"]\n')
+    s = resolve_settings(cfg, env={}, cwd=tmp_path)
+    assert s.job_folders == [str(tmp_path / "team-repo"), "/srv/shared-jobs"]
+    s = resolve_settings(None, env={"KAPPA_JOB_PATH": os.pathsep.join(["repo", "/abs"])}, cwd=tmp_path)
+    assert s.job_folders == [str(tmp_path / "repo"), "/abs"] and s.source_of("job_path") == "KAPPA_JOB_PATH"
+    assert s.to_env()["KAPPA_JOB_PATH"] == os.pathsep.join([str(tmp_path / "repo"), "/abs"])
+    assert resolve_settings(None, env={}, cwd=tmp_path).job_folders == []
+    bad = write_config(tmp_path / "bad" / "kappa.toml", "job_path = 3\n")
+    with pytest.raises(ConfigError, match=r"setting 'job_path' must be a string, got int 3"):
+        resolve_settings(bad, env={}, cwd=tmp_path)
 
 
 def test_config_file_wrong_type_and_bad_toml(tmp_path):

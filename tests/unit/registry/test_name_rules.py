@@ -39,11 +39,16 @@ def test_long_values_are_shortened_in_messages():
     assert "'" + "x" * 77 + "...'" in str(e.value)
 
 
-def test_job_name_is_not_a_keyword():
-    assert validate_job_name("standardize") == "standardize"
+def test_a_job_is_a_module_or_module_function_without_keywords():
+    for ok in ("standardize", "team_jobs.profiles", "team_jobs.profiles:transform", "Jobs2._x:run_it"):
+        assert validate_job_name(ok) == ok
     with pytest.raises(ConfigError) as e:
-        validate_job_name("import")
-    assert str(e.value) == "invalid job name 'import': a Python keyword cannot be a module name (jobs.import)"
+        validate_job_name("team.import:transform")
+    assert str(e.value) == ("invalid job 'team.import:transform': the Python keyword 'import' cannot be part of a "
+                            "module or function name")
+    for bad in ("team-jobs.x", "x:", "a:b:c", ".x", "x..y", "x/y"):
+        with pytest.raises(ConfigError, match=r"name a Python module or module:function"):
+            validate_job_name(bad)
 
 
 @pytest.mark.parametrize("topic", ["member_profiles", "Page.Views-1", "a" * 249])

@@ -101,8 +101,8 @@ def test_spec_is_frozen(tmp_path):
      "field 'alias': invalid alias name 'Member Profiles': must be a lowercase letter followed by at most 62 "
      "lowercase letters, digits or underscores (^[a-z][a-z0-9_]{0,62}$) (got 'Member Profiles')"),
     ("job", '"../evil"',
-     "field 'job': invalid job name '../evil': must be a lowercase letter followed by at most 62 lowercase "
-     "letters, digits or underscores (^[a-z][a-z0-9_]{0,62}$) (got '../evil')"),
+     "field 'job': invalid job '../evil': name a Python module or module:function, such as "
+     "team_jobs.profiles:transform, or one of kappa's jobs such as standardize (got '../evil')"),
     ("ruleset", '"Titles"',
      "field 'ruleset': invalid ruleset name 'Titles': must be a lowercase letter followed by at most 62 "
      "lowercase letters, digits or underscores (^[a-z][a-z0-9_]{0,62}$) (got 'Titles')"),
@@ -184,52 +184,67 @@ def test_nothing_is_loaded_when_one_pipeline_is_bad(tmp_path):
         load_pipelines(path)
 
 
-# -- code checks: the job module and the ruleset exist ---------------------------------------
+# -- code checks: the job imports and keeps the contract; the ruleset exists -----------------
 
 @pytest.fixture
 def code_dirs(tmp_path):
-    jobs = tmp_path / "jobs"
-    (jobs / "rules" / "titles").mkdir(parents=True)
-    (jobs / "rules" / "titles" / "v1.toml").write_text("")
-    (jobs / "rules" / "empty").mkdir()
-    (jobs / "standardize.py").write_text("")
-    (jobs / "lib").mkdir()                      # the runtime library is a package, not a job
-    (jobs / "lib" / "__init__.py").write_text("")
-    (jobs / "lib" / "session.py").write_text("")
-    return jobs
+    """A team's repository: a package of job modules (good and bad ones) and a rules folder."""
+    repo = tmp_path / "team-repo"
+    (repo / "rules" / "titles").mkdir(parents=True)
+    (repo / "rules" / "titles" / "v1.toml").write_text("")
+    (repo / "rules" / "empty").mkdir()
+    pkg = repo / "team_jobs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "profiles.py").write_text("def transform(job):\n    return job\n\ndef two(job, extra):\n    pass\n"
+                                     "LIMIT = 3\n")
+    (pkg / "broken.py").write_text("import json\n1 / 0\n")
+    return repo
+
+
+def spec_with(job: str) -> PipelineSpec:
+    return PipelineSpec(name="p", job=job, topics=["t"], key="k", alias="a")
 
 
 def test_code_checks_pass(tmp_path, code_dirs):
-    path = pipelines_file(tmp_path, ("standardize", {}))
-    specs = load_pipelines(path, check_code=True, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
+    path = pipelines_file(tmp_path, ("standardize", {"job": '"team_jobs.profiles"'}))
+    specs = load_pipelines(path, check_code=True, job_path=[str(code_dirs)], rules_dir=code_dirs / "rules")
     spec = specs["standardize"]
-    assert check_job_exists(spec, jobs_dir=code_dirs) == code_dirs / "standardize.py"
+    assert check_job_exists(spec, job_path=[str(code_dirs)]) == "team_jobs.profiles:transform"
     assert check_ruleset_exists(spec, rules_dir=code_dirs / "rules") == code_dirs / "rules" / "titles"
+    # kappa's own jobs by name, found as files
+    assert check_job_exists(spec_with("standardize")) == "jobs.standardize:transform"
 
 
-@pytest.mark.parametrize("job", ["lib", "session", "events"])
-def test_library_modules_are_not_jobs(tmp_path, code_dirs, job):
-    path = pipelines_file(tmp_path, ("standardize", {"job": f'"{job}"'}))
-    with pytest.raises(ConfigError, match=f"unknown job module '{job}'.*jobs found: standardize\\)"):
-        load_pipelines(path, check_code=True, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
-
-
-def test_unknown_job_module(tmp_path, code_dirs):
-    path = pipelines_file(tmp_path, ("standardize", {"job": '"standardise"'}))
+@pytest.mark.parametrize("job, message", [
+    ("lib", "job 'lib' is none of kappa's jobs (ad_click_join, pageview_enrich, pageviews_hourly, "
+            "profile_settings_join, standardize) and no job_path is set to import it from; set job_path "
+            "(--job-path, KAPPA_JOB_PATH) to the folder that holds lib.py"),
+    ("team_jobs.nope", "job 'team_jobs.nope': module 'team_jobs.nope' not found (No module named "
+                       "'team_jobs.nope'); job path: {repo}. Add the folder that holds it to job_path "
+                       "(--job-path, KAPPA_JOB_PATH or kappa.toml), or install it"),
+    ("team_jobs.broken", "job 'team_jobs.broken': importing 'team_jobs.broken' failed: ZeroDivisionError: "
+                         "division by zero"),
+    ("team_jobs.profiles:missing", "job 'team_jobs.profiles:missing': module 'team_jobs.profiles' has no "
+                                   "function 'missing'; name it team_jobs.profiles:<function> in the pipelines file"),
+    ("team_jobs.profiles:LIMIT", "job 'team_jobs.profiles:LIMIT': team_jobs.profiles.LIMIT is a int, not a function"),
+    ("team_jobs.profiles:two", "job 'team_jobs.profiles:two': team_jobs.profiles.two(job, extra) must take exactly "
+                               "one argument, the JobInput (def two(job): ...)"),
+    ("jobs.lib.session", "job 'jobs.lib.session': module 'jobs.lib.session' has no function 'transform'; name it "
+                         "jobs.lib.session:<function> in the pipelines file"),
+])
+def test_a_job_that_does_not_import_or_keep_the_contract_is_refused_in_one_line(code_dirs, job, message):
+    path = [str(code_dirs)] if "." in job else []
     with pytest.raises(ConfigError) as e:
-        load_pipelines(path, check_code=True, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
-    assert str(e.value) == (
-        f"pipelines file {path}: pipeline 'standardize', field 'job': unknown job module 'standardise': "
-        f"{code_dirs / 'standardise.py'} does not exist (jobs found: standardize); write jobs/standardise.py "
-        f"or fix 'job' in the pipelines file")
-    assert load_pipelines(path)["standardize"].job == "standardise"  # no code check unless asked
+        check_job_exists(spec_with(job), job_path=path)
+    assert str(e.value) == f"pipeline 'p', field 'job': " + message.format(repo=code_dirs)
 
 
 def test_unknown_ruleset(tmp_path, code_dirs):
     path = pipelines_file(tmp_path, ("standardize", {"ruleset": '"empty"'}))
     spec = load_pipelines(path)["standardize"]
     with pytest.raises(ConfigError) as e:
-        check_pipeline_code(spec, jobs_dir=code_dirs, rules_dir=code_dirs / "rules")
+        check_pipeline_code(spec, rules_dir=code_dirs / "rules")
     assert str(e.value) == (
         f"pipeline 'standardize', field 'ruleset': unknown ruleset 'empty': no rules files (*.toml) in "
         f"{code_dirs / 'rules' / 'empty'} (rulesets found: titles); add {code_dirs / 'rules' / 'empty' / 'v1.toml'} "
@@ -239,4 +254,4 @@ def test_unknown_ruleset(tmp_path, code_dirs):
 def test_job_without_rules_needs_no_ruleset(tmp_path, code_dirs):
     spec = PipelineSpec(name="p", job="standardize", topics=["t"], key="k", alias="a")
     assert check_ruleset_exists(spec, rules_dir=code_dirs / "nowhere") is None
-    check_pipeline_code(spec, jobs_dir=code_dirs)
+    check_pipeline_code(spec)

@@ -1,5 +1,6 @@
-"""The seed jobs' shared plumbing without Spark: job options and topic roles, the state partitions
-of a query's start, and the seed generators' output. The micro-batch writer runs in Spark:
+"""The seed jobs' shared plumbing without Spark: their own options and topic roles, kappa's options
+(`jobs.lib.runner.kappa_options`), the state partitions of a query's start, and the seed generators'
+output. The micro-batch writer runs in Spark:
 tests/integration/seedjobs/test_seedjob_batches.py."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import pytest
 
 from jobs.lib.events import AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_record
 import jobs.lib.seedjob
-from jobs.lib.seedjob import job_options, job_topics, start_query, state_partitions
+from jobs.lib.runner import kappa_options
+from jobs.lib.seedjob import duration_options, start_query, state_partitions, topic_roles
 from orchestrator.dev import seedgen
 from orchestrator.core.exceptions import ConfigError
 
@@ -22,20 +24,25 @@ def ctx(topics: str, extra: dict | None = None):
     return argparse.Namespace(args=argparse.Namespace(topics_list=topics.split(",")), extra=extra or {})
 
 
-def test_job_topics_and_options_say_what_is_expected():
-    assert job_topics(ctx("a,b"), ("x", "y"), "j") == ["a", "b"]
+def job(topics: str, extra: dict | None = None):
+    """What a job's function sees of its topics and options (`jobs.lib.contract.JobInput`)."""
+    return argparse.Namespace(topics=tuple(topics.split(",")), options=kappa_options(extra))
+
+
+def test_topic_roles_and_options_say_what_is_expected():
+    assert topic_roles(job("a,b"), ("x", "y"), "j") == ["a", "b"]
     with pytest.raises(ConfigError) as e:
-        job_topics(ctx("a"), ("ad impressions", "ad clicks"), "ad_click_join")
+        topic_roles(job("a"), ("ad impressions", "ad clicks"), "ad_click_join")
     assert str(e.value) == (
-        "job ad_click_join reads 2 topic(s) in this order: ad impressions, ad clicks; got "
-        "--topics 'a': pass --topics <ad impressions>,<ad clicks>")
-    options = job_options(ctx("a", {"watermark": " 3 hours", "source_options": {"x": 1}}),
-                          {"window": "1 hour", "watermark": "2 hours"}, "j")
+        "job ad_click_join reads 2 topic(s) in this order: ad impressions, ad clicks; the pipeline has 'a': "
+        "set topics = [<ad impressions>, <ad clicks>] in the pipelines file")
+    options = duration_options(job("a", {"watermark": " 3 hours", "source_options": {"failOnDataLoss": "false"}}),
+                               {"window": "1 hour", "watermark": "2 hours"}, "j")
     assert options == {"window": "1 hour", "watermark": "3 hours"}
-    with pytest.raises(ConfigError, match=r"job j has no option 'wm' in --extra; known options: watermark"):
-        job_options(ctx("a", {"wm": "1 hour"}), {"watermark": "2 hours"}, "j")
+    with pytest.raises(ConfigError, match=r"job j has no option 'wm'; its options: watermark \(and kappa's: "):
+        duration_options(job("a", {"wm": "1 hour"}), {"watermark": "2 hours"}, "j")
     with pytest.raises(ConfigError, match=r"must be a duration such as \"10 minutes\""):
-        job_options(ctx("a", {"watermark": "1 hour; DROP"}), {"watermark": "2 hours"}, "j")
+        duration_options(job("a", {"watermark": "1 hour; DROP"}), {"watermark": "2 hours"}, "j")
 
 
 def test_state_partitions_is_a_pipeline_option_applied_when_the_query_starts(monkeypatch):
@@ -43,12 +50,12 @@ def test_state_partitions_is_a_pipeline_option_applied_when_the_query_starts(mon
     with that many shuffle (state) partitions, and the shared session keeps its own number."""
     assert state_partitions(ctx("a"), "j") is None
     assert state_partitions(ctx("a", {"state_partitions": 4}), "j") == 4
-    assert job_options(ctx("a", {"state_partitions": "6", "watermark": "3 hours"}),
-                       {"watermark": "2 hours"}, "j") == {"watermark": "3 hours"}
+    assert duration_options(job("a", {"state_partitions": "6", "watermark": "3 hours"}),
+                            {"watermark": "2 hours"}, "j") == {"watermark": "3 hours"}
     for bad in (0, -1, "two", 1.5, True):
-        with pytest.raises(ConfigError, match=r"--extra option 'state_partitions' of job j must be a positive "
-                                              r"integer \(the pipeline's options.state_partitions\), got"):
-            job_options(ctx("a", {"state_partitions": bad}), {}, "j")
+        with pytest.raises(ConfigError, match=r"option 'state_partitions' must be a positive integer \(the "
+                                              r"pipeline's options.state_partitions\), got"):
+            kappa_options({"state_partitions": bad})
 
     class Conf(dict):
         def get(self, k):
@@ -102,7 +109,7 @@ def test_upkeep_options_are_checked_before_spark_starts(options, fragment):
     from jobs.lib.upkeep import Upkeep
 
     with pytest.raises(ConfigError) as e:
-        job_options(ctx("a", {"upkeep": options}), {}, "j")
+        kappa_options({"upkeep": options})
     assert fragment in str(e.value) and "\n" not in str(e.value)
     up = Upkeep.from_options(["/t"], {"optimize_every": 0, "vacuum_retention_hours": 24})
     assert (up.optimize_every, up.retention_hours) == (0, 24.0)

@@ -1,0 +1,216 @@
+"""kappa's side of the job contract (`jobs.lib.contract`): every pipeline's job runs through here.
+
+    python -m jobs.run --job team_jobs.profiles:transform --job-path /srv/team-repo --key member_id \\
+        --pipeline profiles --version 3 --rules <run dir>/rules/titles/v2.toml ...
+
+Before Spark starts, the job's function is imported (`jobs.lib.contract.load_job`), the rules file
+(the rules stored with the version, written to its run dir by the launcher) is loaded and validated,
+and kappa's own options are checked: any failure ends the process with one line, status failed,
+exit 1, nothing written. Then the runtime (`jobs.lib.runtime`) starts the session; the function is
+called with the `JobInput` when the query starts, and what it returns is checked before any batch
+runs.
+
+kappa's options (``[pipelines.<name>.options]``, passed as ``--extra``) are ``key_order``
+(``partition``: refuse a key seen in two partitions; ``timestamp``: order by record timestamp, then
+partition, offset), ``backfill`` (``one-batch`` or ``capped``), ``source_options`` (options of Spark's
+Kafka source, or ``kafka.*`` client settings), ``upkeep`` (`jobs.lib.upkeep`) and ``state_partitions``
+(`jobs.lib.seedjob.state_partitions`); every other option is the job's own, in ``job.options``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from jobs.lib.batches import MicroBatches, Prepared
+from jobs.lib.contract import DELETED, ERROR, SOURCE_COLUMNS, JobInput, Upserts, check_result, load_job
+from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
+from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, kafka_reader, start_stream
+from jobs.lib.sink import KEY_ORDERS, PARTITIONS, DeltaTables, latest_per_key
+from jobs.lib.upkeep import Upkeep
+from orchestrator.core.exceptions import ConfigError, ContractError, KappaError
+from orchestrator.core.names import app_id
+
+__all__ = ["KAPPA_OPTIONS", "REJECT_COLUMNS", "kappa_options", "output_columns", "split_batch", "UpsertBatches",
+           "start_query", "start_job", "main"]
+
+log = logging.getLogger("kappa.job")
+
+KAPPA_OPTIONS = ("key_order", "backfill", "source_options", "upkeep", "state_partitions")
+REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error", "batch_id"]
+POSITION = {"partition": "source_partition", "offset": "source_offset", "timestamp": "source_timestamp"}
+
+
+def kappa_options(extra: dict | None) -> dict:
+    """kappa's own options, checked (ConfigError naming the bad one); returns the job's options."""
+    extra = dict(extra or {})
+    order = str(extra.get("key_order", "partition"))
+    if order not in KEY_ORDERS:
+        raise ConfigError(f"--extra: key_order must be one of {', '.join(KEY_ORDERS)}, got {order!r}")
+    backfill = str(extra.get("backfill", "one-batch"))
+    if backfill not in BACKFILL_MODES:
+        raise ConfigError(f"--extra: backfill must be one of {', '.join(BACKFILL_MODES)}, got {backfill!r}")
+    source = extra.get("source_options") or {}
+    if not isinstance(source, dict):
+        raise ConfigError(f"--extra: source_options must be a table of options, got {source!r}")
+    check_source_options(source)
+    Upkeep.from_options([], extra.get("upkeep"))
+    from jobs.lib.seedjob import state_partitions
+
+    state_partitions(extra, "")
+    return {k: v for k, v in extra.items() if k not in KAPPA_OPTIONS}
+
+
+def output_columns(rows: Any) -> list[str]:
+    """The output columns of an `Upserts` job's rows: all but the source's and kappa's."""
+    return [c for c in rows.columns if c not in (*SOURCE_COLUMNS, ERROR, DELETED, "timestampType")]
+
+
+def split_batch(b: Any, output: list[str], key: str, key_order: str, then: Callable | None) -> tuple[Any, Any]:
+    """One micro-batch of an `Upserts` job's rows -> (rejects, in the rejects table's columns but the
+    batch id; the latest row of each key by the key order, after ``then``, kappa's columns last)."""
+    from pyspark.sql import functions as F
+
+    if ERROR in b.columns:
+        rejects = b.where(F.col(ERROR).isNotNull()).select(
+            F.col("key").cast("binary"), F.col("value").cast("binary"), "topic", F.col("partition").cast("int"),
+            F.col("offset").cast("long"), ERROR)
+        good = b.where(F.col(ERROR).isNull())
+    else:
+        rejects, good = b.limit(0).select(*[F.lit(None).alias(c) for c in REJECT_COLUMNS[:-1]]), b
+    deleted = F.coalesce(F.col(DELETED).cast("boolean"), F.lit(False)) if DELETED in b.columns else F.lit(False)
+    good = good.select(*output, F.col("partition").cast("int").alias(POSITION["partition"]),
+                       F.col("offset").cast("long").alias(POSITION["offset"]),
+                       F.col("timestamp").alias(POSITION["timestamp"]), deleted.alias(DELETED))
+    latest = latest_per_key(good, key, key_order)
+    kappa = [*POSITION.values(), DELETED, *([PARTITIONS] if PARTITIONS in latest.columns else [])]
+    if then is not None:
+        latest = then(latest)
+        missing = [c for c in (key, *kappa) if c not in latest.columns]
+        if missing:
+            raise ContractError(f"the job's then() dropped {', '.join(missing)}; keep every column it is given "
+                                f"and add or replace others")
+    return rejects, latest.select(*[c for c in latest.columns if c not in kappa], *kappa)
+
+
+class UpsertBatches(MicroBatches):
+    """The foreachBatch function of an `Upserts` job: rows with ``error`` to the rejects table, the
+    latest row per key (the key order), the job's ``then``, then a MERGE (`jobs.lib.sink`)."""
+
+    def __init__(self, args: Any, key: str, key_order: str, output: list[str], then: Callable | None,
+                 rules_hash: str | None, on_batch: Callable[..., None] | None = None, name: str = "job"):
+        metadata = {"pipeline": args.pipeline, "pipeline_version": str(args.version)}
+        if rules_hash:
+            metadata.update(rules_hash=rules_hash, rules_file=str(args.rules))
+        tables = DeltaTables(args.output, args.rejects, app_id(args.pipeline, args.version), key,
+                             key_order=key_order, checkpoint=str(args.checkpoint), metadata=metadata)
+        super().__init__(args, tables, name=name, on_batch=on_batch, log=log)
+        self.output, self.then = output, then
+
+    def prepare(self, batch: Any, batch_id: int) -> Prepared:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        b = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        counts = b.agg(F.count(F.lit(1)), F.count(ERROR) if ERROR in b.columns else F.lit(0)).first()
+        rejects, latest = split_batch(b, self.output, self.tables.key, self.tables.key_order, self.then)
+        out = latest.persist(StorageLevel.MEMORY_AND_DISK)
+        return Prepared(rows_in=int(counts[0]), n_rejects=int(counts[1]), output=out, rows_out=out.count(),
+                        rejects=rejects.withColumn("batch_id", F.lit(batch_id).cast("long")), held=[b, out])
+
+    def check(self, batch_id: int, prepared: Prepared) -> None:
+        self.tables.check_key_order(batch_id, prepared.output)
+
+    def write(self, batch_id: int, output: Any) -> None:
+        self.tables.upsert(batch_id, output, DELETED)
+
+
+def start_query(spark: Any, args: Any, ref: str, fn: Callable[[JobInput], Any], rules: Any, source_options: dict,
+                trigger: dict, *, on_batch: Callable[..., None] | None = None) -> tuple[Any, UpsertBatches]:
+    """Start an `Upserts` job's query on `spark` (the runtime's `start_job`, the benchmarks and the
+    tests); returns (query, its foreachBatch function). `args` are the runtime's arguments."""
+    key = tuple(k.strip() for k in (args.key or "").split(",") if k.strip())
+    extra = dict(getattr(args, "extra", None) or {})
+    options = kappa_options(extra)
+
+    def call(read: Callable[..., Any]) -> Any:
+        job = JobInput(spark=spark, source=read(), read=read, options=options, rules=rules, key=key,
+                       topics=tuple(getattr(args, "topics_list", None) or args.topics.split(",")), pipeline=args.pipeline, version=int(args.version))
+        return check_result(ref, fn(job), key)
+
+    probe = call(kafka_reader(spark, source_options))   # what the job returns decides the sink
+    if not isinstance(probe, Upserts):
+        raise ContractError(f"job {ref!r} returned Stateful: it runs through the runtime (start_job)")
+    if len(key) != 1:
+        raise ContractError(f"job {ref!r}: Upserts keep the latest row of one key column; the pipeline's key is "
+                            f"{', '.join(key)} (make one key column, or return Stateful)")
+    output = output_columns(probe.rows)
+    name = ref.split(":")[0].rsplit(".", 1)[-1]
+    writer = UpsertBatches(args, key[0], str(extra.get("key_order", "partition")), output, probe.then,
+                           rules.content_hash if rules is not None else None, on_batch=on_batch, name=name)
+    query = start_stream(spark, source_options, writer, checkpoint=str(args.checkpoint), trigger=trigger,
+                         name=f"{name}_{args.pipeline}_v{args.version}", build=lambda read: call(read).rows,
+                         backfill=str(extra.get("backfill", "one-batch")))
+    return query, writer
+
+
+def start_job(ctx: JobContext, ref: str, fn: Callable[[JobInput], Any], rules: Any = None) -> Any:
+    """Start the version's query with the job's function (the runtime's `build(ctx)`); returns it."""
+    from jobs.lib import seedjob
+
+    if rules is not None:
+        ctx.rules_hash = rules.content_hash
+    key = tuple(k.strip() for k in (ctx.args.key or "").split(",") if k.strip())
+    options = kappa_options(ctx.extra)
+
+    def call(read: Callable[..., Any]) -> Any:
+        job = JobInput(spark=ctx.spark, source=read(), read=read, options=options, rules=rules, key=key,
+                       topics=tuple(ctx.args.topics_list), pipeline=ctx.args.pipeline, version=int(ctx.args.version))
+        return check_result(ref, fn(job), key)
+
+    probe = call(kafka_reader(ctx.spark, ctx.kafka_options()))
+    if isinstance(probe, Upserts):
+        query, writer = start_query(ctx.spark, ctx.args, ref, fn, rules, ctx.kafka_options(), ctx.trigger_kwargs(),
+                                    on_batch=ctx.record_batch)
+        ctx.stage_timings = writer.timings
+        return query
+    name = ref.split(":")[0].rsplit(".", 1)[-1]
+    return seedjob.start_stateful(ctx, ref, probe, call, key, name)
+
+
+def _fail_before_start(args: argparse.Namespace, e: KappaError) -> None:
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    status = Status(run_dir / "status.json", args.pipeline, args.version, args.trigger)
+    status.update(state=RunState.FAILED, error=summarize_error(e))
+    print(f"job {args.pipeline} v{args.version} failed before starting: {summarize_error(e)}", flush=True)
+    sys.exit(1)
+
+
+def main(argv: list[str] | None = None, *, job: str | None = None, key: str | None = None) -> None:
+    """`python -m jobs.run`: the job imported, the rules and options checked, before Spark starts.
+    `job` and `key` are defaults of ``--job`` and ``--key`` (a job module's own ``__main__``)."""
+    from jobs.lib.rules import load_rules
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if job and "--job" not in argv:
+        argv += ["--job", job]
+    if key and "--key" not in argv:
+        argv += ["--key", key]
+    try:
+        args = parse_args(argv)
+    except Exception:
+        return run(lambda ctx: None, argv)  # the runtime reports bad arguments its own way
+    try:
+        if not args.job or not args.key:
+            raise ConfigError("python -m jobs.run needs --job MODULE:FUNCTION and --key COLUMNS")
+        fn = load_job(args.job, [p for p in args.job_path.split(os.pathsep) if p])
+        rules = load_rules(args.rules) if args.rules else None
+        kappa_options(args.extra)
+    except KappaError as e:
+        _fail_before_start(args, e)
+    run(lambda ctx: start_job(ctx, args.job, fn, rules), argv)

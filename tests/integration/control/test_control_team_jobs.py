@@ -1,0 +1,175 @@
+"""A team's own job, from a folder outside kappa (its repository, on the job path), under the job
+contract (`jobs.lib.contract`): deployed, caught up, promoted and served by kappa, with its rejects
+and its tombstones; and the jobs that break the contract refused at deploy, one line each, the
+registry unchanged.
+
+The job here uses nothing of kappa's but the contract's types: `from_json` over the value, its own
+reject reason, its own ``then``. The expected table is computed in the test from the records
+produced (latest record per key by partition and offset, tombstones delete, malformed values
+rejected), with no code of the job's or kappa's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import uuid
+
+import pytest
+
+from orchestrator.core.exceptions import ConfigError
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.pipelines import PipelineSpec
+from orchestrator.core.settings import Settings
+from orchestrator.core.tables import read_table
+from orchestrator.dev import datagen
+from orchestrator.lifecycle.await_ready import wait_ready
+from orchestrator.lifecycle.deploy import deploy
+from orchestrator.lifecycle.promote import promote
+from orchestrator.registry import Registry
+from orchestrator.serving import open_alias
+
+pytestmark = pytest.mark.integration
+
+DEADLINE = float(os.environ.get("KAPPA_TEST_READY_DEADLINE", "900"))
+PARTITIONS = 2
+
+TEAM_JOB = '''
+"""The team's job: accounts (JSON values keyed by account id) with the plan name upper-cased."""
+from pyspark.sql import functions as F
+
+from jobs.lib.contract import JobInput, Upserts
+
+SCHEMA = "owner string, plan string"
+
+
+def transform(job: JobInput) -> Upserts:
+    value = F.col("value").cast("string")
+    parsed = F.from_json(value, SCHEMA)
+    rows = job.source.select(
+        "*", F.col("key").cast("string").alias("account_id"), parsed["owner"].alias("owner"),
+        parsed["plan"].alias("plan_raw"),
+        F.when(F.col("value").isNull(), F.lit(None)).otherwise(
+            F.when(parsed.isNull() | parsed["owner"].isNull(), F.concat(F.lit("not an account: "), value))
+        ).alias("error"),
+        F.col("value").isNull().alias("_deleted"))
+    return Upserts(rows, then=lambda latest: latest.withColumn("plan", F.upper("plan_raw")))
+'''
+
+BROKEN = {
+    "team_jobs.raising": ("import json\nraise RuntimeError('the team forgot a dependency')\n",
+                          "importing 'team_jobs.raising' failed: RuntimeError: the team forgot a dependency"),
+    "team_jobs.shape": ("from jobs.lib.contract import Upserts\n\ndef transform(job):\n"
+                        "    return Upserts(job.source.select('value'))\n",
+                        "rows lack the pipeline's key column(s) account_id (columns: value)"),
+    "team_jobs.accounts:build": (None, "module 'team_jobs.accounts' has no function 'build'"),
+}
+
+
+def team_repo(root):
+    pkg = root / "team_jobs"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "accounts.py").write_text(textwrap.dedent(TEAM_JOB))
+    for ref, (code, _) in BROKEN.items():
+        if code is not None:
+            (pkg / f"{ref.split('.')[1].split(':')[0]}.py").write_text(code)
+    return root
+
+
+def records(seed: int):
+    """Accounts: creates, updates, deletes and malformed values over 60 keys (a key's partition is its hash)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(400):
+        key = f"acct{rng.randrange(60):03d}"
+        roll = rng.random()
+        if roll < 0.08:
+            value, kind = None, "tombstone"
+        elif roll < 0.13:
+            value, kind = b"{not json", "invalid_json"
+        else:
+            value, kind = json.dumps({"owner": f"o{rng.randrange(9)}",
+                                      "plan": rng.choice(["free", "pro", "team"])}).encode(), "upsert"
+        out.append(datagen.ChangeRecord(key=key.encode(), value=value, kind=kind))
+    return out
+
+
+def expected(log) -> tuple[dict, list]:
+    """The served table and the rejects from the log as it was read: (partition, offset) order per key."""
+    table, rejects = {}, []
+    for r in sorted(log, key=lambda r: (r.partition, r.offset)):
+        key = r.key.decode()
+        if r.value is None:
+            table.pop(key, None)
+            continue
+        try:
+            v = json.loads(r.value)
+            assert isinstance(v, dict) and v.get("owner") is not None
+        except (ValueError, AssertionError):
+            rejects.append((r.partition, r.offset))
+            continue
+        table[key] = (v["owner"], v["plan"], v["plan"].upper())
+    return table, sorted(rejects)
+
+
+@pytest.fixture
+def team(bootstrap, tmp_path, seed):
+    unique = uuid.uuid4().hex[:8]
+    topic, alias = f"accounts_{unique}", f"accounts_{unique}"
+    datagen.ensure_topic(bootstrap, topic, PARTITIONS)
+    datagen.produce(bootstrap, topic, records(seed))
+    repo = team_repo(tmp_path / "team-repo")
+    home = tmp_path / "kappa"
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    spec = PipelineSpec(name="accounts", job="team_jobs.accounts:transform", topics=(topic,), key="account_id",
+                        alias=alias, catchup_threshold=0, max_reject_rate=0.2, key_count_tolerance=0.0)
+    k = Kappa(Settings(home=home, bootstrap_servers=bootstrap, job_path=str(repo)), registry=reg,
+              pipelines={"accounts": spec})
+    try:
+        yield k, topic, alias
+    finally:
+        from orchestrator.jobctl import inspect_version, stop_version
+
+        for rec in reg.list_versions("accounts"):
+            if inspect_version(k, "accounts", rec.version).alive:
+                stop_version(k, "accounts", rec.version, actor="tests", reason="teardown", force=True,
+                             graceful_timeout=20, final_state=None)
+        k.close()
+
+
+def test_a_team_job_from_its_own_folder_is_deployed_caught_up_promoted_and_served_exactly(team, bootstrap):
+    k, topic, alias = team
+    info = deploy(k, "accounts", None, actor="team:ana", reason="our own job")
+    assert wait_ready(k, "accounts", info.version, deadline_seconds=DEADLINE, poll_seconds=1).ready
+    promote(k, "accounts", info.version, actor="team:ana", reason="serve it")
+
+    table, rejects = expected(list(datagen.iter_log(bootstrap, topic)))
+    served = read_table(open_alias(alias, k.settings)).to_pylist()
+    assert {r["account_id"]: (r["owner"], r["plan_raw"], r["plan"]) for r in served} == table
+    assert len(served) == len(table) > 0
+    assert list(served[0]) == ["account_id", "owner", "plan_raw", "plan", "source_partition", "source_offset",
+                               "source_timestamp"]
+    got = sorted((r["partition"], r["offset"]) for r in read_table(str(k.paths("accounts", info.version).rejects))
+                 .to_pylist())
+    assert got == rejects and rejects
+    launch = json.loads(k.paths("accounts", info.version).launch_file.read_text())
+    assert launch["mode"] == "local"
+    log = k.paths("accounts", info.version).log_file.read_text(errors="replace")
+    assert "--job team_jobs.accounts:transform" in log and "--key account_id" in log
+
+
+@pytest.mark.parametrize("ref", list(BROKEN))
+def test_a_team_job_that_breaks_the_contract_is_refused_at_deploy_in_one_line(team, ref):
+    k, _topic, _alias = team
+    spec = k.pipeline("accounts").model_copy(update={"job": ref})
+    broken = Kappa(k.settings, registry=k.registry, pipelines={"accounts": spec})
+    with pytest.raises(ConfigError) as e:
+        deploy(broken, "accounts", None, actor="team:ana", reason="a broken job")
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"pipeline 'accounts', field 'job': job {ref!r}")
+    assert BROKEN[ref][1] in message, message
+    assert k.registry.list_versions("accounts") == [] and k.registry.audit_log("accounts", limit=None) == []
