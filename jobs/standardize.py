@@ -11,7 +11,7 @@ source options, the latest row per member, the MERGE, the rejects table, checkpo
   (`jobs.lib.rules.Rules.column`), titles and companies.
 
 Run by kappa as ``python -m jobs.run --job jobs.standardize:transform --key member_id ...`` (the
-pipelines file says ``job = "standardize"``); ``python -m jobs.standardize ...`` is the same.
+pipelines file says ``job = "standardize"``).
 The job takes no options of its own (kappa's are ``key_order``, ``backfill``, ``source_options``,
 ``upkeep``: `jobs.lib.runner`).
 """
@@ -27,7 +27,7 @@ from jobs.lib.runner import start_query as start_job_query
 from jobs.lib.sink import CRASH_HOOK
 from orchestrator.core.exceptions import ConfigError, RulesError
 
-__all__ = ["CRASH_HOOK", "JOB", "transform", "start_query", "main"]
+__all__ = ["CRASH_HOOK", "JOB", "transform", "standardized", "start_query"]
 
 #: This job, as the pipelines file and the runner name it.
 JOB = "jobs.standardize:transform"
@@ -67,14 +67,3 @@ def start_query(spark: Any, args: Any, rules: Rules, source_options: dict, trigg
     if not getattr(args, "key", None):
         args.key = KEY_COLUMNS[0]
     return start_job_query(spark, args, JOB, transform, rules, source_options, trigger, on_batch=on_batch)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m jobs.standardize`: `python -m jobs.run --job jobs.standardize:transform --key member_id`."""
-    from jobs.lib.runner import main as run_main
-
-    run_main(argv, job=JOB, key=KEY_COLUMNS[0])
-
-
-if __name__ == "__main__":
-    main()

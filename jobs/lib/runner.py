@@ -129,19 +129,25 @@ class UpsertBatches(MicroBatches):
         self.tables.upsert(batch_id, output, DELETED)
 
 
+def _caller(spark: Any, args: Any, ref: str, fn: Callable[[JobInput], Any], rules: Any):
+    """(the key columns, `call(read)`: the job's function on the stream `read()` gives, its result checked)."""
+    key = tuple(k.strip() for k in (args.key or "").split(",") if k.strip())
+    options = kappa_options(getattr(args, "extra", None))
+    topics = tuple(getattr(args, "topics_list", None) or args.topics.split(","))
+
+    def call(read: Callable[..., Any]) -> Any:
+        job = JobInput(spark=spark, source=read(), read=read, options=options, rules=rules, key=key, topics=topics,
+                       pipeline=args.pipeline, version=int(args.version))
+        return check_result(ref, fn(job), key)
+    return key, call
+
+
 def start_query(spark: Any, args: Any, ref: str, fn: Callable[[JobInput], Any], rules: Any, source_options: dict,
                 trigger: dict, *, on_batch: Callable[..., None] | None = None) -> tuple[Any, UpsertBatches]:
     """Start an `Upserts` job's query on `spark` (the runtime's `start_job`, the benchmarks and the
     tests); returns (query, its foreachBatch function). `args` are the runtime's arguments."""
-    key = tuple(k.strip() for k in (args.key or "").split(",") if k.strip())
+    key, call = _caller(spark, args, ref, fn, rules)
     extra = dict(getattr(args, "extra", None) or {})
-    options = kappa_options(extra)
-
-    def call(read: Callable[..., Any]) -> Any:
-        job = JobInput(spark=spark, source=read(), read=read, options=options, rules=rules, key=key,
-                       topics=tuple(getattr(args, "topics_list", None) or args.topics.split(",")), pipeline=args.pipeline, version=int(args.version))
-        return check_result(ref, fn(job), key)
-
     probe = call(kafka_reader(spark, source_options))   # what the job returns decides the sink
     if not isinstance(probe, Upserts):
         raise ContractError(f"job {ref!r} returned Stateful: it runs through the runtime (start_job)")
@@ -164,14 +170,7 @@ def start_job(ctx: JobContext, ref: str, fn: Callable[[JobInput], Any], rules: A
 
     if rules is not None:
         ctx.rules_hash = rules.content_hash
-    key = tuple(k.strip() for k in (ctx.args.key or "").split(",") if k.strip())
-    options = kappa_options(ctx.extra)
-
-    def call(read: Callable[..., Any]) -> Any:
-        job = JobInput(spark=ctx.spark, source=read(), read=read, options=options, rules=rules, key=key,
-                       topics=tuple(ctx.args.topics_list), pipeline=ctx.args.pipeline, version=int(ctx.args.version))
-        return check_result(ref, fn(job), key)
-
+    key, call = _caller(ctx.spark, ctx.args, ref, fn, rules)
     probe = call(kafka_reader(ctx.spark, ctx.kafka_options()))
     if isinstance(probe, Upserts):
         query, writer = start_query(ctx.spark, ctx.args, ref, fn, rules, ctx.kafka_options(), ctx.trigger_kwargs(),

@@ -1,7 +1,7 @@
 """Start and restart the Spark job of one version: its command line, its environment, the spawn.
 
 Two ways to run a job, chosen by the `spark_master` setting, with the same job code:
-- `local[...]` (the embedded default): `python -m jobs.<job>` is spawned as a local Spark
+- `local[...]` (the embedded default): `python -m jobs.run --job <module:function>` is spawned as a local Spark
   process in its own session (process group), tracked by PID, its output in `<run_dir>/job.log`.
 - anything else (`spark://host:7077`, `k8s://...`, `yarn`): pyspark's `bin/spark-submit` runs
   the job file against that cluster in client mode; the driver runs here, tracked the same way.
@@ -145,7 +145,7 @@ def _is_local_master(master: str) -> bool:
 
 def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
                 rules_file: str | Path | None = None, master: str | None = None) -> tuple[list[str], str]:
-    """(argv, mode) that runs the version's job: `python -m jobs.<job>` or spark-submit."""
+    """(argv, mode) that runs the version's job: `python -m jobs.run --job ...` or spark-submit of jobs/run.py."""
     spec = k.pipeline(pipeline)
     master = master or k.settings.spark_master
     args = _job_args(k, pipeline, version, trigger=trigger, rules_file=rules_file, master=master)

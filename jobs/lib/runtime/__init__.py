@@ -1,6 +1,8 @@
-"""The process runtime every kappa job shares: arguments, Spark, status file, graceful stop.
+"""The process runtime every kappa job runs in: arguments, Spark, status file, graceful stop.
 
-A job module is::
+Jobs themselves are functions of the job contract (`jobs.lib.contract`); kappa's runner
+(`jobs.lib.runner`, ``python -m jobs.run``) gives the runtime its ``build(ctx)``, which starts the
+job's query. The runtime's own contract, for the runner (and the tests' echo job)::
 
     from jobs.lib.runtime import JobContext, run
 
@@ -15,10 +17,11 @@ A job module is::
     if __name__ == "__main__":
         run(build)
 
-and runs as ``python -m jobs.<name> --pipeline P --version N --bootstrap-servers B --topics t1,t2
---output PATH --rejects PATH --checkpoint PATH --run-dir PATH --group-id G [--rules FILE]
-[--max-records-per-batch 100000] [--trigger available-now|continuous] [--interval-seconds 1]
-[--kafka-config-file PATH] [--kafka-config JSON] [--master URL] [--extra JSON]``.
+and runs as ``python -m jobs.run --job MODULE:FUNCTION --key COLUMNS --pipeline P --version N
+--bootstrap-servers B --topics t1,t2 --output PATH --rejects PATH --checkpoint PATH --run-dir PATH
+--group-id G [--rules FILE] [--job-path DIRS] [--max-records-per-batch 100000] [--trigger
+available-now|continuous] [--interval-seconds 1] [--kafka-config-file PATH] [--kafka-config JSON]
+[--master URL] [--extra JSON]``.
 The Kafka config's secrets come only in the 0600 file of ``--kafka-config-file``, never on the
 command line (see `jobs.lib.runtime.args`).
 

@@ -1,4 +1,4 @@
-"""profile_settings_join, run as a process (`python -m jobs.profile_settings_join`): the joined table
+"""profile_settings_join, run as a process (`python -m jobs.run --job jobs.profile_settings_join:transform`): the joined table
 equals the join computed from the produced changelogs; status.json reports what the job read."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_profile_settings_join_as_a_process(bootstrap, unique, tmp_path):
     job = JobRun(tmp_path, "profile_settings_join", f"psj_{unique}", bootstrap,
                  [profiles_topic, settings_topic], max_records=25,
                  extra={"backfill": "capped"})
-    proc = subprocess.run([sys.executable, "-m", "jobs.profile_settings_join", *job.argv], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "jobs.run", *job.argv], cwd=REPO,
                           env={**os.environ, **spark_env()}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 

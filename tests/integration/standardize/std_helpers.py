@@ -73,7 +73,8 @@ class JobPaths:
         return ["--pipeline", a.pipeline, "--version", str(a.version), "--bootstrap-servers", bootstrap,
                 "--topics", topic, "--output", a.output, "--rejects", a.rejects, "--checkpoint", a.checkpoint,
                 "--run-dir", a.run_dir, "--group-id", a.group_id, "--rules", a.rules,
-                "--max-records-per-batch", str(max_records), "--trigger", "available-now", "--master", "local[2]"]
+                "--max-records-per-batch", str(max_records), "--trigger", "available-now", "--master", "local[2]",
+                "--job", "jobs.standardize:transform", "--key", "member_id"]
 
 
 def commits(uri) -> list[dict]:
@@ -96,12 +97,13 @@ def read_sorted(uri):
 
 
 def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, timeout: float = 900):
-    """`python -m jobs.standardize ...` to its end, output in `log_path`; returns (exit code, log text)."""
+    """`python -m jobs.run ...` (the standardize job: `JobPaths.argv`) to its end, output in `log_path`;
+    returns (exit code, log text)."""
     from jobs.lib.session import spark_env
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "jobs.standardize", *argv], stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "jobs.run", *argv], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **spark_env(), **(env or {})})
         try:

@@ -110,7 +110,7 @@ def start_paused(argv: list[str], log_path: Path, pause_at: str, pause_file: Pat
     log_path.parent.mkdir(parents=True, exist_ok=True)
     out = open(log_path, "ab")
     env = {**os.environ, **spark_env(), PAUSE_HOOK: pause_at, PAUSE_FILE: str(pause_file)}
-    return subprocess.Popen([sys.executable, "-m", "jobs.standardize", *argv], stdout=out, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", "jobs.run", *argv], stdout=out, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
 
