@@ -1,4 +1,4 @@
-"""Standardization rules: versioned TOML files that map raw titles and companies to canonical ones.
+"""Standardization rules: versioned TOML files that map raw values of named columns to canonical ones.
 
 A rules file is `<rules location>/<ruleset>/<version>.toml` (standardize: ruleset "titles", versions
 "v1", "v2", ...); the location is the setting `rules_location` (a local folder or file:// URI such
@@ -7,17 +7,18 @@ a job starts, so a bad file fails the deploy naming the file, the line or the ru
 written. Deploy stores the text with the version (`orchestrator.lifecycle.version_rules`); every
 later start of that version uses it, never the file as it is by then.
 
-Format (format_version 1)::
+Format (format_version 2; 1 is read too)::
 
-    format_version = 1                       # required; the only version this code reads
+    format_version = 2                       # required: 2, or 1 (below)
     description = "what changed and why"     # optional
 
     [normalize]                              # optional
     keep = "+#"                              # punctuation kept by normalisation (default "+#")
 
-    [titles]                                 # one section per field: titles -> title,
-    unmatched = "keep"                       #   companies -> company. "keep" (default): the raw
-                                             #   value with its whitespace collapsed; "null": null
+    [titles]                                 # one section per column, any name
+    column = "title"                         # the column it standardizes (its raw value: title_raw)
+    unmatched = "keep"                       # "keep" (default): the raw value with its whitespace
+                                             #   collapsed; "null": null
 
     [titles.exact]                           # normalised spelling -> canonical value
     "swe" = "Software Engineer"
@@ -29,6 +30,12 @@ Format (format_version 1)::
     pattern = '^(sr|senior) .*engineer$'     # Python regex, searched in the normalised value
     canonical = "Senior Software Engineer"
     priority = 10                            # higher first; equal priorities in file order
+
+Format 1 (the shipped `titles/v1.toml` and `v2.toml`) is the same without ``column``: its sections
+are ``[titles]`` (column ``title``) and ``[companies]`` (column ``company``) only. A job applies
+the rules with `Rules.apply` (every section on its column) or `Rules.column` (one section's
+expression); `kappa rules preview` compares each section's ``<column>_raw`` and ``<column>`` in the
+served table.
 
 Normalisation, applied to raw values and to every spelling in the file alike: Unicode NFKC,
 case folding, every character that is not a letter, digit, combining mark or one of `keep`
@@ -46,8 +53,6 @@ comments and formatting do not change it; any change to a mapping does.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import tomllib
@@ -58,17 +63,18 @@ from typing import Any
 
 from orchestrator.core.exceptions import RulesError
 
-__all__ = ["FORMAT_VERSION", "RULES_DIR", "SECTIONS", "normalize", "RegexRule", "FieldRules", "Rules", "rules_root",
+__all__ = ["FORMAT_VERSION", "FORMAT_VERSIONS", "RULES_DIR", "SECTIONS", "normalize", "RegexRule", "FieldRules", "Rules", "rules_root",
            "rules_path", "available_rules", "load_rules", "read_rules_text", "parse_rules"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The formats this kappa reads: 1 (sections titles and companies, their columns implied) and 2.
+FORMAT_VERSIONS = (1, 2)
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 
-#: Rules sections and the profile field each one standardizes.
+#: Format 1's sections and the column each one standardizes (format 2 names it in the section).
 SECTIONS = {"titles": "title", "companies": "company"}
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_TOP_KEYS = {"format_version", "description", "normalize", *SECTIONS}
 _SECTION_KEYS = {"unmatched", "exact", "aliases", "regex"}
 _REGEX_KEYS = {"pattern", "canonical", "priority"}
 _UNMATCHED = ("keep", "null")
@@ -103,6 +109,7 @@ class FieldRules:
     regex: tuple[RegexRule, ...]  # sorted: priority descending, then file order
     unmatched: str
     keep: str
+    column_name: str = ""   # the column this section standardizes
 
     def column(self, raw: Any) -> Any:
         """These rules as a Spark expression over the string column `raw`, evaluated in the JVM but for
@@ -266,6 +273,26 @@ class Rules:
         field = self.fields.get(section)
         return raw if field is None else field.column(raw)
 
+    @property
+    def columns(self) -> dict[str, str]:
+        """Each section's column: {section: column}."""
+        return {s: f.column_name for s, f in self.fields.items()}
+
+    def apply(self, df: Any) -> Any:
+        """Every section on its column of `df`: ``<column>`` standardized from ``<column>_raw`` (made
+        from ``<column>`` when the frame has no raw column yet). Sections whose column `df` lacks are
+        skipped; the frame's column order is kept, a new column goes last."""
+        from pyspark.sql import functions as F
+
+        for section, col in self.columns.items():
+            raw = f"{col}_raw"
+            if raw not in df.columns:
+                if col not in df.columns:
+                    continue
+                df = df.withColumn(raw, F.col(col))
+            df = df.withColumn(col, self.column(section, F.col(raw)))
+        return df
+
     def standardize_title(self, raw: str | None) -> str | None:
         return self.standardize("titles", raw)
 
@@ -372,179 +399,6 @@ def parse_rules(text: str, path: str | Path) -> Rules:
         content = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise RulesError(f"rules file {path}: TOML syntax error: {e}") from None
-    return _Validator(path, text, content).build()
+    from jobs.lib.rules_format import Validator
 
-
-class _Validator:
-    def __init__(self, path: Path, text: str, content: dict):
-        self.path = path
-        self.lines = text.splitlines()
-        self.content = content
-
-    # -- error reporting -----------------------------------------------------------------------
-    def fail(self, where: str, what: str, line: int | None = None) -> None:
-        at = f" (line {line})" if line else ""
-        raise RulesError(f"rules file {self.path}: {where}{at}: {what}")
-
-    def _section_start(self, header: str) -> int | None:
-        pat = re.compile(r"^\s*\[\s*" + re.escape(header).replace(r"\.", r"\s*\.\s*") + r"\s*\]\s*(#.*)?$")
-        for i, line in enumerate(self.lines):
-            if pat.match(line):
-                return i
-        return None
-
-    def line_of_key(self, table: str, key: str) -> int | None:
-        """Best-effort line of `key` (or of a list item equal to it) inside [table]."""
-        start = self._section_start(table)
-        first = 0 if start is None else start + 1
-        quoted = (json.dumps(key, ensure_ascii=False), f"'{key}'")
-        bare = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
-        for i in range(first, len(self.lines)):
-            line = self.lines[i]
-            if start is not None and i > first and re.match(r"^\s*\[", line):
-                break
-            if any(q in line for q in quoted) or bare.match(line):
-                return i + 1
-        return None
-
-    def line_of_array_item(self, header: str, index: int) -> int | None:
-        pat = re.compile(r"^\s*\[\[\s*" + re.escape(header).replace(r"\.", r"\s*\.\s*") + r"\s*\]\]")
-        seen = -1
-        for i, line in enumerate(self.lines):
-            if pat.match(line):
-                seen += 1
-                if seen == index:
-                    return i + 1
-        return None
-
-    def line_of_top(self, key: str) -> int | None:
-        bare = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
-        for i, line in enumerate(self.lines):
-            if re.match(r"^\s*\[", line):
-                return None
-            if bare.match(line):
-                return i + 1
-        return None
-
-    def check_keys(self, where: str, table: dict, allowed: set[str], header: str | None = None,
-                   line: int | None = None) -> None:
-        unknown = sorted(set(table) - allowed)
-        if unknown:
-            if header is not None:
-                line = self.line_of_key(header, unknown[0])
-            self.fail(where, f"unknown key {unknown[0]!r}; allowed keys are {', '.join(sorted(allowed))}",
-                      line)
-
-    # -- validation ----------------------------------------------------------------------------
-    def build(self) -> Rules:
-        c = self.content
-        if "format_version" not in c:
-            self.fail("format_version", f"missing; add `format_version = {FORMAT_VERSION}` at the top")
-        fv = c["format_version"]
-        if type(fv) is not int or fv != FORMAT_VERSION:
-            self.fail("format_version", f"unsupported value {fv!r}; this kappa reads format_version = "
-                      f"{FORMAT_VERSION}", self.line_of_top("format_version"))
-        for key in c:
-            if key not in _TOP_KEYS:
-                self.fail(key, f"unknown top-level key; allowed keys are {', '.join(sorted(_TOP_KEYS))}",
-                          self.line_of_top(key) or self.line_of_key(key, key))
-        if "description" in c and not isinstance(c["description"], str):
-            self.fail("description", "must be a string", self.line_of_top("description"))
-        keep = _DEFAULT_KEEP
-        if "normalize" in c:
-            norm = c["normalize"]
-            if not isinstance(norm, dict):
-                self.fail("normalize", "must be a table", self.line_of_top("normalize"))
-            self.check_keys("normalize", norm, {"keep"}, header="normalize")
-            keep = norm.get("keep", _DEFAULT_KEEP)
-            if not isinstance(keep, str):
-                self.fail("normalize.keep", "must be a string of characters",
-                          self.line_of_key("normalize", "keep"))
-        if not any(s in c for s in SECTIONS):
-            self.fail("rules", f"no rules: add at least one of the sections {', '.join(f'[{s}]' for s in SECTIONS)}")
-        fields = {s: self.section(s, c[s], keep) for s in SECTIONS if s in c}
-        canonical = json.dumps(c, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-        digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-        return Rules(self.path, c, fields, digest)
-
-    def section(self, name: str, sec: Any, keep: str) -> FieldRules:
-        if not isinstance(sec, dict):
-            self.fail(name, f"must be a table ([{name}]), got {type(sec).__name__}", self.line_of_top(name))
-        self.check_keys(name, sec, _SECTION_KEYS, header=name)
-        unmatched = sec.get("unmatched", "keep")
-        if unmatched not in _UNMATCHED:
-            self.fail(f"{name}.unmatched", f"must be one of {', '.join(map(repr, _UNMATCHED))}, got {unmatched!r}",
-                      self.line_of_key(name, "unmatched"))
-
-        lookup: dict[str, str] = {}
-        origin: dict[str, str] = {}
-
-        def add(spelling: Any, canonical: str, where: str, table: str) -> None:
-            if not isinstance(spelling, str):
-                self.fail(where, f"a spelling must be a string, got {type(spelling).__name__} {spelling!r}",
-                          self.line_of_key(table, str(spelling)))
-            key = normalize(spelling, keep)
-            if not key:
-                self.fail(where, f"spelling {spelling!r} is empty after normalisation",
-                          self.line_of_key(table, spelling))
-            prev = lookup.get(key)
-            if prev is not None and prev != canonical:
-                self.fail(where, f"spelling {spelling!r} (normalised {key!r}) maps to {canonical!r} but "
-                          f"{origin[key]} already maps it to {prev!r}; a spelling must map to one canonical "
-                          f"value: remove one of them", self.line_of_key(table, spelling))
-            if prev is None:
-                lookup[key] = canonical
-                origin[key] = where
-
-        exact = sec.get("exact", {})
-        if not isinstance(exact, dict):
-            self.fail(f"{name}.exact", "must be a table of \"spelling\" = \"Canonical\"",
-                      self.line_of_key(name, "exact"))
-        for spelling, canonical in exact.items():
-            where = f"{name}.exact[{json.dumps(spelling, ensure_ascii=False)}]"
-            if not isinstance(canonical, str) or not canonical.strip():
-                self.fail(where, f"canonical value must be a non-empty string, got {canonical!r}",
-                          self.line_of_key(f"{name}.exact", spelling))
-            add(spelling, canonical, where, f"{name}.exact")
-
-        aliases = sec.get("aliases", {})
-        if not isinstance(aliases, dict):
-            self.fail(f"{name}.aliases", "must be a table of \"Canonical\" = [\"spelling\", ...]",
-                      self.line_of_key(name, "aliases"))
-        for canonical, spellings in aliases.items():
-            base = f"{name}.aliases[{json.dumps(canonical, ensure_ascii=False)}]"
-            if not canonical.strip():
-                self.fail(base, "canonical value must not be blank", self.line_of_key(f"{name}.aliases", canonical))
-            if not isinstance(spellings, list):
-                self.fail(base, f"must be a list of spellings, got {type(spellings).__name__}",
-                          self.line_of_key(f"{name}.aliases", canonical))
-            add(canonical, canonical, base, f"{name}.aliases")
-            for i, spelling in enumerate(spellings):
-                add(spelling, canonical, f"{base}[{i}]", f"{name}.aliases")
-
-        regex = sec.get("regex", [])
-        if not isinstance(regex, list):
-            self.fail(f"{name}.regex", "must be an array of tables ([[" + name + ".regex]])",
-                      self.line_of_key(name, "regex"))
-        rules: list[RegexRule] = []
-        for i, item in enumerate(regex):
-            where = f"{name}.regex[{i}]"
-            line = self.line_of_array_item(f"{name}.regex", i)
-            if not isinstance(item, dict):
-                self.fail(where, f"must be a table with pattern, canonical, priority, got {item!r}", line)
-            self.check_keys(where, item, _REGEX_KEYS, line=line)
-            for key, typ in (("pattern", str), ("canonical", str)):
-                if key not in item:
-                    self.fail(where, f"missing {key!r}", line)
-                if not isinstance(item[key], typ) or not item[key]:
-                    self.fail(where, f"{key} must be a non-empty string, got {item[key]!r}", line)
-            priority = item.get("priority", 0)
-            if type(priority) is not int:
-                self.fail(where, f"priority must be an integer, got {type(priority).__name__} {priority!r}", line)
-            try:
-                compiled = re.compile(item["pattern"])
-            except re.error as e:
-                self.fail(where, f"bad regex {item['pattern']!r}: {e}", line)
-            rules.append(RegexRule(i, compiled, item["canonical"], priority))
-        rules.sort(key=lambda r: (-r.priority, r.index))
-        return FieldRules(name, lookup, tuple(rules), unmatched, keep)
+    return Validator(path, text, content).build()

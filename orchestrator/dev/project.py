@@ -64,8 +64,9 @@ def transform(job: JobInput) -> Upserts:
         F.when(malformed, F.concat(F.lit("not a profile: "), value)).alias("error"),
         F.col("value").isNull().alias("_deleted"),       # a tombstone deletes the member
     )
-    return Upserts(rows, then=lambda latest: latest.withColumn(
-        "title", job.rules.column("titles", F.col("title_raw"))))
+    # the rules (rules/titles/<version>.toml, as stored with the version) on each member's latest row:
+    # every section on its column, here [titles] on title (title_raw -> title)
+    return Upserts(rows, then=job.rules.apply)
 '''
 
 TEST = '''\
@@ -95,6 +96,14 @@ PROJECT_FILES = (".kappa/kappa.toml", "pipelines.toml", "rules/titles/v1.toml", 
                  "team_jobs/profiles.py", "tests/test_profiles.py")
 
 
+def _format_2(text: str) -> str:
+    """kappa's shipped titles v1 (format 1) as format 2: each section names its column."""
+    text = text.replace("format_version = 1", "format_version = 2", 1)
+    for section, column in (("titles", "title"), ("companies", "company")):
+        text = text.replace(f"\n[{section}]\n", f"\n[{section}]\ncolumn = \"{column}\"\n", 1)
+    return text
+
+
 def write_project(folder: str | Path) -> list[Path]:
     """Write the project into `folder` (created if missing); ConfigError, and nothing written, when
     any of its files exists already. Returns the files written."""
@@ -108,7 +117,7 @@ def write_project(folder: str | Path) -> list[Path]:
         raise ConfigError(f"{root} already has {', '.join(there)}; kappa init writes a new project and overwrites "
                           f"nothing: pick an empty folder")
     contents = {".kappa/kappa.toml": KAPPA_TOML, "pipelines.toml": PIPELINES_TOML,
-                "rules/titles/v1.toml": rules_path("titles", "v1").read_text(encoding="utf-8"),
+                "rules/titles/v1.toml": _format_2(rules_path("titles", "v1").read_text(encoding="utf-8")),
                 "team_jobs/__init__.py": "", "team_jobs/profiles.py": JOB, "tests/test_profiles.py": TEST}
     written = []
     for name in PROJECT_FILES:

@@ -108,8 +108,6 @@ def preview_rules(k: Kappa, pipeline: str, rules_version: str, *, top: int = TOP
     """
     import pyarrow as pa
 
-    from jobs.lib.rules import SECTIONS
-
     t0 = time.perf_counter()
     spec, rules = _load(k, pipeline, rules_version)
     pointer = served_pointer(k, pipeline)
@@ -121,11 +119,11 @@ def preview_rules(k: Kappa, pipeline: str, rules_version: str, *, top: int = TOP
     dt = _open(pointer, spec.alias)
     names = {f.name for f in dt.schema().fields}
     keys = list(spec.key_columns)
-    pairs = [(section, field) for section, field in SECTIONS.items()
+    pairs = [(section, field) for section, field in rules.columns.items()
              if field in names and f"{field}_raw" in names]
     missing = [c for c in keys if c not in names]
     if not pairs or missing:
-        wanted = ", ".join(f"{f}_raw and {f}" for f in SECTIONS.values())
+        wanted = ", ".join(f"{f}_raw and {f}" for f in rules.columns.values())
         raise SinkError(
             f"the table {pointer['table']} that alias {spec.alias!r} serves ({pipeline} v{pointer['version']}) "
             + (f"lacks the key column(s) {', '.join(missing)}" if missing else f"keeps no raw column beside its "

@@ -123,13 +123,14 @@ def test_check_refuses_a_rules_file_name_deploy_cannot_pick(run, rules_dir):
 
 def test_check_many_files_reports_each_and_fails_if_one_is_bad(run, tmp_path):
     bad, missing = tmp_path / "bad.toml", tmp_path / "missing.toml"
-    bad.write_text("format_version = 2\n[titles]\n")
+    bad.write_text("format_version = 3\n[titles]\n")
     good = RULES_DIR / "titles" / "v1.toml"
     res = run("rules", "check", str(good), str(bad), str(missing))
     assert res.exit_code == 1
     assert res.stdout.startswith(f"ok: {good}: rules v1 ") and len(res.stdout.splitlines()) == 1
     assert res.stderr.splitlines() == [
-        f"Error: rules file {bad}: format_version (line 1): unsupported value 2; this kappa reads format_version = 1",
+        f"Error: rules file {bad}: format_version (line 1): unsupported value 3; this kappa reads format_version = 1 "
+        f"or 2",
         f"Error: rules file {missing} does not exist; pass an existing file with --rules"]
     as_json = json.loads(run("rules", "check", str(good), str(bad), "--json").stdout)
     assert [(r["file"], r["ok"]) for r in as_json] == [(str(good), True), (str(bad), False)]

@@ -170,10 +170,11 @@ def test_exact_map_conflicting_with_alias(tmp_path):
 def test_unknown_keys(tmp_path):
     p = write(tmp_path, MINIMAL.replace("format_version = 1\n", "format_version = 1\nversoin = 2\n"))
     assert error_of(p) == (f"rules file {p}: versoin (line 2): unknown top-level key; allowed keys are "
-                           f"companies, description, format_version, normalize, titles")
+                           f"companies, description, format_version, normalize, titles (format_version = 2 allows "
+                           f"any section that names its column)")
     p = write(tmp_path, MINIMAL.replace("[titles.aliases]", "[titles]\nunmatch = 'keep'\n[titles.aliases]"))
     assert error_of(p) == (f"rules file {p}: titles (line 4): unknown key 'unmatch'; allowed keys are "
-                           f"aliases, exact, regex, unmatched")
+                           f"aliases, column, exact, regex, unmatched")
     p = write(tmp_path, MINIMAL + "[[titles.regex]]\npattern = 'x'\ncanonical = 'X'\nprio = 3\n")
     assert error_of(p) == (f"rules file {p}: titles.regex[0] (line 5): unknown key 'prio'; allowed keys "
                            f"are canonical, pattern, priority")
@@ -198,15 +199,40 @@ def test_wrong_types(tmp_path):
 
 def test_format_version(tmp_path):
     p = write(tmp_path, MINIMAL.replace("format_version = 1\n", ""))
-    assert error_of(p) == f"rules file {p}: format_version: missing; add `format_version = 1` at the top"
-    p = write(tmp_path, MINIMAL.replace("format_version = 1", "format_version = 2"))
-    assert error_of(p) == (f"rules file {p}: format_version (line 1): unsupported value 2; this kappa "
-                           f"reads format_version = 1")
+    assert error_of(p) == f"rules file {p}: format_version: missing; add `format_version = 2` at the top"
+    p = write(tmp_path, MINIMAL.replace("format_version = 1", "format_version = 3"))
+    assert error_of(p) == (f"rules file {p}: format_version (line 1): unsupported value 3; this kappa "
+                           f"reads format_version = 1 or 2")
+
+
+def test_format_2_sections_name_the_column_they_standardize(tmp_path):
+    """Any section, for any job: each names its column; format 1's files keep working, their
+    columns implied (titles -> title, companies -> company), their hashes unchanged."""
+    p = write(tmp_path, 'format_version = 2\n[plans]\ncolumn = "plan"\n[plans.aliases]\n"Pro" = ["professional", "pro+"]\n'
+                        '[regions]\ncolumn = "region"\nunmatched = "null"\n[regions.exact]\n"emea" = "EMEA"\n')
+    rules = load_rules(p)
+    assert rules.columns == {"plans": "plan", "regions": "region"}
+    assert (rules.standardize("plans", "PROFESSIONAL"), rules.standardize("regions", "apac")) == ("Pro", None)
+    assert rules.standardize("regions", " Emea ") == "EMEA"
+    shipped = load_rules(rules_path("titles", "v1"))
+    assert shipped.columns == {"titles": "title", "companies": "company"}
+    p = write(tmp_path, 'format_version = 2\n[plans]\n[plans.exact]\n"p" = "P"\n')
+    assert error_of(p) == (f"rules file {p}: plans (line 2): names no column: add column = \"<the column it "
+                           f"standardizes>\" to the section")
+    p = write(tmp_path, 'format_version = 2\n[a]\ncolumn = "plan"\n[b]\ncolumn = "plan"\n')
+    assert error_of(p) == (f"rules file {p}: b.column (line 5): column 'plan' is already the column of [a]; a "
+                           f"column is standardized by one section")
+    p = write(tmp_path, 'format_version = 2\n[a]\ncolumn = "plan_raw"\n')
+    assert error_of(p).startswith(f"rules file {p}: a.column (line 3): must be a column name (letters, digits, "
+                                  f"underscores, not ending in _raw")
+    p = write(tmp_path, 'format_version = 2\nowner = "ana"\n[a]\ncolumn = "plan"\n')
+    assert error_of(p).startswith(f"rules file {p}: owner (line 2): unknown top-level key; allowed keys are "
+                                  f"description, format_version, normalize and field sections")
 
 
 def test_empty_rules_and_blank_spelling(tmp_path):
     p = write(tmp_path, "format_version = 1\n")
-    assert error_of(p) == f"rules file {p}: rules: no rules: add at least one of the sections [titles], [companies]"
+    assert error_of(p) == f"rules file {p}: rules: no rules: add at least one section of [titles], [companies]"
     p = write(tmp_path, MINIMAL + '"Data Scientist" = ["..."]\n')
     assert error_of(p) == (f"rules file {p}: titles.aliases[\"Data Scientist\"][0] (line 5): spelling '...' "
                            f"is empty after normalisation")
