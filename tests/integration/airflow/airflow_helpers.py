@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from tests.pipelines import standardize_pipeline
 
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
-PIPELINES = ("af_dagtest", "af_busy", "af_flip", "af_conn")
+PIPELINES = ("af_dagtest", "af_busy", "af_flip", "af_conn", "af_team")
+#: The team's pipeline: its job and rules come from a repository outside kappa (`tests/team_repo.py`).
+TEAM = "af_team"
 RECORDS, KEYS = 300, 200
 #: Of the records after the first KEYS (which create each member once): tombstones and malformed
 #: records (rejects), so that every DAG run meets both; the pipelines allow this reject rate.
@@ -42,6 +44,11 @@ def pipelines_toml(topics: dict[str, str]) -> str:
     the test data's share of malformed records allowed."""
     out = []
     for name, topic in topics.items():
+        if name == TEAM:
+            out.append(f'[pipelines.{name}]\njob = "team_jobs.accounts:transform"\ntopics = ["{topic}"]\n'
+                       f'key = "account_id"\nruleset = "plans"\nalias = "{name}_served"\ncatchup_threshold = 0\n'
+                       f'catchup_samples = 2\ngrace_period_seconds = 0\nmax_reject_rate = {MAX_REJECT_RATE}\n')
+            continue
         out.append(standardize_pipeline(name, topic, grace_period_seconds=0, keep_versions=None,
                                         max_reject_rate=MAX_REJECT_RATE))
     return "\n".join(out)

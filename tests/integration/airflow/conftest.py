@@ -6,7 +6,8 @@ shared with the unit conftest through KAPPA_TEST_AIRFLOW_HOME. The real stack ha
 AIRFLOW_HOME under the test kappa home; both read this repository's dags/.
 
 Every test pipeline reads its own compacted topic and serves its own alias, so tests do not
-depend on each other's versions. The topics hold tombstones and malformed records, generated
+depend on each other's versions. The settings name a team's repository (`tests/team_repo.py`) as the
+job path and the rules location: pipeline `af_team` runs the team's job with the team's rules. The topics hold tombstones and malformed records, generated
 from the logged `session_seed` (rerun with KAPPA_TEST_SEED=<seed>). The Spark jobs a test started
 are stopped after it (by PID, through kappa's lifecycle); the stack is stopped by its PIDs after the
 last test of this folder, so that its four processes do not take CPU from the rest of the suite.
@@ -31,24 +32,28 @@ if not os.environ.get("KAPPA_TEST_AIRFLOW_HOME"):
 os.environ.update(airflow_env(Path(os.environ["KAPPA_TEST_AIRFLOW_HOME"])))
 
 from airflow_helpers import (DELETE_SHARE, KEYS, MALFORMED_SHARE, PIPELINES, POKE_SECONDS, RECORDS,  # noqa: E402
-                             AirflowTestBed, pipelines_toml, stop_all_jobs)
+                             TEAM, AirflowTestBed, pipelines_toml, stop_all_jobs)
 
 
 @pytest.fixture(scope="session")
 def airflow_testbed(tmp_path_factory, bootstrap, session_seed) -> AirflowTestBed:
     from orchestrator.dev import datagen
     from orchestrator.core.settings import Settings
+    from tests import team_repo
 
     home = tmp_path_factory.mktemp("kappa-af")
     suffix = uuid.uuid4().hex[:8]
     topics = {name: f"{name}_{suffix}" for name in PIPELINES}
     pipelines_file = home / "pipelines.toml"
     pipelines_file.write_text(pipelines_toml(topics))
-    for i, topic in enumerate(topics.values()):
+    for i, (name, topic) in enumerate(topics.items()):
         datagen.ensure_topic(bootstrap, topic, partitions=2)
-        datagen.produce(bootstrap, topic, datagen.generate_changelog(
-            RECORDS, KEYS, seed=session_seed + i, malformed_share=MALFORMED_SHARE, delete_share=DELETE_SHARE))
-    settings = Settings(home=home / "kappa", pipelines_file=pipelines_file, bootstrap_servers=bootstrap)
+        datagen.produce(bootstrap, topic, team_repo.accounts(RECORDS, KEYS // 4, session_seed + i) if name == TEAM
+                        else datagen.generate_changelog(RECORDS, KEYS, seed=session_seed + i,
+                                                        malformed_share=MALFORMED_SHARE, delete_share=DELETE_SHARE))
+    job_path, rules = team_repo.write_team_repo(home)   # the team's repository: its job and rules (and titles)
+    settings = Settings(home=home / "kappa", pipelines_file=pipelines_file, bootstrap_servers=bootstrap,
+                        job_path=str(job_path), rules_location=str(rules))
     return AirflowTestBed(settings=settings, bootstrap=bootstrap, topics=topics)
 
 

@@ -1,19 +1,17 @@
-"""A team's own job, from a folder outside kappa (its repository, on the job path), under the job
-contract (`jobs.lib.contract`): deployed, caught up, promoted and served by kappa, with its rejects
-and its tombstones; and the jobs that break the contract refused at deploy, one line each, the
-registry unchanged.
+"""A team's own job and rules, from a folder outside kappa (its repository: the job path and the
+rules location), under the job contract (`jobs.lib.contract`): deployed with the team's rules
+version, caught up, promoted and served by kappa, with its rejects and its tombstones; and the jobs
+that break the contract refused at deploy, one line each, the registry unchanged.
 
-The job here uses nothing of kappa's but the contract's types: `from_json` over the value, its own
-reject reason, its own ``then``. The expected table is computed in the test from the records
-produced (latest record per key by partition and offset, tombstones delete, malformed values
-rejected), with no code of the job's or kappa's.
+The job (`tests/team_repo.py`) uses nothing of kappa's but the contract's types; the expected table
+is computed from the records produced and the test's own reading of the rules, with no code of the
+job's or kappa's.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import textwrap
 import uuid
 
 import pytest
@@ -29,33 +27,12 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.registry import Registry
 from orchestrator.serving import open_alias
+from tests.team_repo import accounts, expected_accounts, write_team_repo
 
 pytestmark = pytest.mark.integration
 
 DEADLINE = float(os.environ.get("KAPPA_TEST_READY_DEADLINE", "900"))
 PARTITIONS = 2
-
-TEAM_JOB = '''
-"""The team's job: accounts (JSON values keyed by account id) with the plan name upper-cased."""
-from pyspark.sql import functions as F
-
-from jobs.lib.contract import JobInput, Upserts
-
-SCHEMA = "owner string, plan string"
-
-
-def transform(job: JobInput) -> Upserts:
-    value = F.col("value").cast("string")
-    parsed = F.from_json(value, SCHEMA)
-    rows = job.source.select(
-        "*", F.col("key").cast("string").alias("account_id"), parsed["owner"].alias("owner"),
-        parsed["plan"].alias("plan_raw"),
-        F.when(F.col("value").isNull(), F.lit(None)).otherwise(
-            F.when(parsed.isNull() | parsed["owner"].isNull(), F.concat(F.lit("not an account: "), value))
-        ).alias("error"),
-        F.col("value").isNull().alias("_deleted"))
-    return Upserts(rows, then=lambda latest: latest.withColumn("plan", F.upper("plan_raw")))
-'''
 
 BROKEN = {
     "team_jobs.raising": ("import json\nraise RuntimeError('the team forgot a dependency')\n",
@@ -67,68 +44,23 @@ BROKEN = {
 }
 
 
-def team_repo(root):
-    pkg = root / "team_jobs"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "accounts.py").write_text(textwrap.dedent(TEAM_JOB))
-    for ref, (code, _) in BROKEN.items():
-        if code is not None:
-            (pkg / f"{ref.split('.')[1].split(':')[0]}.py").write_text(code)
-    return root
-
-
-def records(seed: int):
-    """Accounts: creates, updates, deletes and malformed values over 60 keys (a key's partition is its hash)."""
-    import random
-
-    rng = random.Random(seed)
-    out = []
-    for i in range(400):
-        key = f"acct{rng.randrange(60):03d}"
-        roll = rng.random()
-        if roll < 0.08:
-            value, kind = None, "tombstone"
-        elif roll < 0.13:
-            value, kind = b"{not json", "invalid_json"
-        else:
-            value, kind = json.dumps({"owner": f"o{rng.randrange(9)}",
-                                      "plan": rng.choice(["free", "pro", "team"])}).encode(), "upsert"
-        out.append(datagen.ChangeRecord(key=key.encode(), value=value, kind=kind))
-    return out
-
-
-def expected(log) -> tuple[dict, list]:
-    """The served table and the rejects from the log as it was read: (partition, offset) order per key."""
-    table, rejects = {}, []
-    for r in sorted(log, key=lambda r: (r.partition, r.offset)):
-        key = r.key.decode()
-        if r.value is None:
-            table.pop(key, None)
-            continue
-        try:
-            v = json.loads(r.value)
-            assert isinstance(v, dict) and v.get("owner") is not None
-        except (ValueError, AssertionError):
-            rejects.append((r.partition, r.offset))
-            continue
-        table[key] = (v["owner"], v["plan"], v["plan"].upper())
-    return table, sorted(rejects)
-
-
 @pytest.fixture
 def team(bootstrap, tmp_path, seed):
     unique = uuid.uuid4().hex[:8]
     topic, alias = f"accounts_{unique}", f"accounts_{unique}"
     datagen.ensure_topic(bootstrap, topic, PARTITIONS)
-    datagen.produce(bootstrap, topic, records(seed))
-    repo = team_repo(tmp_path / "team-repo")
+    datagen.produce(bootstrap, topic, accounts(400, 60, seed))
+    repo, rules = write_team_repo(tmp_path)
+    for ref, (code, _) in BROKEN.items():
+        if code is not None:
+            (repo / "team_jobs" / f"{ref.split('.')[1]}.py").write_text(code)
     home = tmp_path / "kappa"
     reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
     spec = PipelineSpec(name="accounts", job="team_jobs.accounts:transform", topics=(topic,), key="account_id",
-                        alias=alias, catchup_threshold=0, max_reject_rate=0.2, key_count_tolerance=0.0)
-    k = Kappa(Settings(home=home, bootstrap_servers=bootstrap, job_path=str(repo)), registry=reg,
-              pipelines={"accounts": spec})
+                        ruleset="plans", alias=alias, catchup_threshold=0, max_reject_rate=0.2,
+                        key_count_tolerance=0.0)
+    k = Kappa(Settings(home=home, bootstrap_servers=bootstrap, job_path=str(repo), rules_location=str(rules)),
+              registry=reg, pipelines={"accounts": spec})
     try:
         yield k, topic, alias
     finally:
@@ -143,16 +75,17 @@ def team(bootstrap, tmp_path, seed):
 
 def test_a_team_job_from_its_own_folder_is_deployed_caught_up_promoted_and_served_exactly(team, bootstrap):
     k, topic, alias = team
-    info = deploy(k, "accounts", None, actor="team:ana", reason="our own job")
+    info = deploy(k, "accounts", "v2", actor="team:ana", reason="our own job, our own rules")
     assert wait_ready(k, "accounts", info.version, deadline_seconds=DEADLINE, poll_seconds=1).ready
     promote(k, "accounts", info.version, actor="team:ana", reason="serve it")
 
-    table, rejects = expected(list(datagen.iter_log(bootstrap, topic)))
+    table, rejects = expected_accounts(list(datagen.iter_log(bootstrap, topic)), "v2")
     served = read_table(open_alias(alias, k.settings)).to_pylist()
     assert {r["account_id"]: (r["owner"], r["plan_raw"], r["plan"]) for r in served} == table
     assert len(served) == len(table) > 0
     assert list(served[0]) == ["account_id", "owner", "plan_raw", "plan", "source_partition", "source_offset",
                                "source_timestamp"]
+    assert {r["plan"] for r in served} <= {"Free", "Pro", "Business"}
     got = sorted((r["partition"], r["offset"]) for r in read_table(str(k.paths("accounts", info.version).rejects))
                  .to_pylist())
     assert got == rejects and rejects
