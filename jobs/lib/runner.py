@@ -75,13 +75,11 @@ def split_batch(b: Any, output: list[str], key: str, key_order: str, then: Calla
     batch id; the latest row of each key by the key order, after ``then``, kappa's columns last)."""
     from pyspark.sql import functions as F
 
-    if ERROR in b.columns:
-        rejects = b.where(F.col(ERROR).isNotNull()).select(
-            F.col("key").cast("binary"), F.col("value").cast("binary"), "topic", F.col("partition").cast("int"),
-            F.col("offset").cast("long"), ERROR)
-        good = b.where(F.col(ERROR).isNull())
-    else:
-        rejects, good = b.limit(0).select(*[F.lit(None).alias(c) for c in REJECT_COLUMNS[:-1]]), b
+    error = F.col(ERROR).cast("string") if ERROR in b.columns else F.lit(None).cast("string")
+    rejects = b.where(error.isNotNull()).select(
+        F.col("key").cast("binary"), F.col("value").cast("binary"), F.col("topic").cast("string"),
+        F.col("partition").cast("int"), F.col("offset").cast("long"), error.alias(ERROR))
+    good = b.where(error.isNull())
     deleted = F.coalesce(F.col(DELETED).cast("boolean"), F.lit(False)) if DELETED in b.columns else F.lit(False)
     good = good.select(*output, F.col("partition").cast("int").alias(POSITION["partition"]),
                        F.col("offset").cast("long").alias(POSITION["offset"]),
