@@ -125,30 +125,6 @@ setup_chromium() {
   apt_install chromium
 }
 
-# The whole suite as two pytest processes side by side, each half in file order with its own broker,
-# Spark processes and databases: one's waits (Airflow's sensors, brokers down on purpose, lag samples,
-# JVM start-ups) overlap the other's work. The second half's output follows the first's; the exit
-# code is the first failing half's. tests/unit/layout/test_suite_halves.py checks they cover tests/.
-FIRST_HALF=(tests/integration/airflow tests/integration/cli tests/integration/seedjobs tests/integration/source)
-SECOND_HALF=(tests/integration/control tests/integration/standardize tests/integration/registry tests/unit)
-
-run_both_halves() {
-  local log rc1 rc2 pid
-  log="$(mktemp /tmp/kappa-tests-second-half.XXXXXX)"
-  "$venv/bin/python" -m pytest "${SECOND_HALF[@]}" > "$log" 2>&1 &
-  pid=$!
-  trap 'kill -INT "$pid" 2>/dev/null; wait "$pid"; exit 130' INT TERM
-  echo "==> first half: ${FIRST_HALF[*]} (the second half runs beside it: ${SECOND_HALF[*]})"
-  rc1=0; "$venv/bin/python" -m pytest "${FIRST_HALF[@]}" || rc1=$?
-  rc2=0; wait "$pid" || rc2=$?
-  trap - INT TERM
-  echo "==> second half: ${SECOND_HALF[*]}"
-  cat "$log"; rm -f "$log"
-  echo "==> first half exit $rc1, second half exit $rc2"
-  [ "$rc1" -ne 0 ] && exit "$rc1"
-  exit "$rc2"
-}
-
 JAVA_HOME="$(find_java17)" || die "Java 17 is required: install openjdk-17 (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
 export JAVA_HOME
 export SPARK_LOCAL_IP=127.0.0.1
@@ -167,8 +143,7 @@ case "$cmd" in
     setup_spark_cds
     setup_postgres
     setup_chromium
-    [ $# -gt 0 ] && exec "$venv/bin/python" -m pytest "$@"
-    run_both_halves
+    exec "$venv/bin/python" -m pytest "$@"
     ;;
   setup)
     setup_python
