@@ -109,26 +109,3 @@ def test_freshness_bench_small(tmp_path):
     # the broker and the job (pids_started) are gone, and the given home is kept
     assert len(f["pids_started"]) == 2 and _all_gone(f["pids_started"], started) == []
     assert (tmp_path / "home" / "registry.db").exists()
-
-
-def test_cluster_bench_small(tmp_path):
-    out = tmp_path / "cluster.json"
-    started = time.time()
-    proc = _run(["-m", "orchestrator.cli", "--home", str(tmp_path / "home"), "bench", "cluster",
-                 "--sizes", "6000", "--max-records-per-batch", "5000", "--workdir", str(tmp_path / "work"),
-                 "--out", str(out)], 900)
-    f = json.loads(out.read_text())
-    # one size keeps the suite short: the command's loop over sizes is the same for one as for two
-    assert [(r["workers"], r["size"]) for r in f["runs"]] == [(1, 6000), (2, 6000)]
-    for r in f["runs"]:
-        assert r["executors"] == r["workers"], r
-        assert r["records_per_s"] > 0 and r["driver_peak_mb"] > 0
-        assert r["check"]["raw_columns_match"] and r["check"]["rejects_match"], r["check"]
-    assert [row["size"] for row in f["scaling"]] == [6000]
-    assert all(row["ratio"] > 0 for row in f["scaling"])
-    # the line comparing the driver's memory across sizes is cluster_lines' (unit-tested with two sizes)
-    assert "6,000 records: 1 worker " in proc.stdout and "driver peak memory" in proc.stdout and "ratio" in proc.stdout
-    # broker, master, two workers and two reprocess processes, all gone (workers took their executors)
-    assert len(f["pids_started"]) == 1 + 1 + 2 + 2
-    assert _all_gone(f["pids_started"], started) == []
-    assert "stopped Spark worker 2" in proc.stdout and "stopped Spark master" in proc.stdout

@@ -22,8 +22,8 @@ def output_commits(uri) -> list[int]:
 
 
 def test_process_killed_after_delta_commit_then_restarted(bootstrap, changelog, paths):
-    argv = paths.argv(bootstrap, changelog.topic, rules_path("titles", "v2"), max_records=2000)
-    # a backfill capped by maxOffsetsPerTrigger, so that batch 1 exists (and is the last of the 4,000 records)
+    argv = paths.argv(bootstrap, changelog.topic, rules_path("titles", "v2"), max_records=1500)
+    # a backfill capped by maxOffsetsPerTrigger, so that batch 1 exists and batch 2 comes after the restart
     argv = [*argv, "--extra", json.dumps({"backfill": "capped"})]
     code, log = run_job_process(argv, paths.run_dir / "job.log", env={CRASH_HOOK: "1"})
     assert code == 137, log[-3000:]
