@@ -280,10 +280,11 @@ def check_result(ref: str, result: Any, key: tuple[str, ...], *, streaming: bool
 
 
 if __name__ == "__main__":
-    import json as _json
+    # the module itself, not this __main__ copy: the job's Upserts and Stateful are its classes
+    from jobs.lib import contract as _contract
 
     try:
-        _check_in_this_process(_json.loads(sys.argv[1]))
-    except ContractError as _e:
+        _contract._check_in_this_process(__import__("json").loads(sys.argv[1]))
+    except _contract.ContractError as _e:
         print(str(_e).splitlines()[0])
         sys.exit(3)

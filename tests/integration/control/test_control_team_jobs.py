@@ -105,4 +105,6 @@ def test_a_team_job_that_breaks_the_contract_is_refused_at_deploy_in_one_line(te
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"pipeline 'accounts', field 'job': job {ref!r}")
     assert BROKEN[ref][1] in message, message
-    assert k.registry.list_versions("accounts") == [] and k.registry.audit_log("accounts", limit=None) == []
+    assert k.registry.list_versions("accounts") == []                     # nothing allocated or started
+    [audit] = k.registry.audit_log("accounts", limit=None)                  # the refusal, audited
+    assert (audit.action, audit.version, audit.outcome) == ("deploy", None, "refused"), audit
