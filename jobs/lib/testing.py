@@ -74,7 +74,7 @@ def run_job(spark: Any, transform: Callable[[JobInput], Any], records: Iterable[
     from jobs.lib.sink import PARTITIONS
 
     source = source_frame(spark, records)
-    topics = tuple(sorted({r[2] for r in source.select("topic").distinct().collect()})) or ("topic",)
+    topics = tuple(sorted({r["topic"] for r in source.select("topic").distinct().collect()})) or ("topic",)
     job = JobInput(spark=spark, source=source, read=lambda topics=None: source, options=dict(options or {}),
                    rules=load_rules(rules) if rules else None, key=(key,), topics=topics, pipeline=pipeline,
                    version=1)

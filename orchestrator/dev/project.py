@@ -5,6 +5,7 @@
     DIR/rules/titles/v1.toml     one ruleset (kappa's shipped titles v1, to edit)
     DIR/team_jobs/profiles.py    the job, following the job contract (`jobs.lib.contract`)
     DIR/tests/test_profiles.py   a test of the job with kappa's helpers (`jobs.lib.testing`)
+    DIR/conftest.py              so that `pytest tests` in DIR imports team_jobs
 
 Commands run in DIR find the settings (`<home>/kappa.toml`, home `./.kappa`); its relative paths are
 read from the file's folder. Nothing existing is overwritten: a file already there is an error.
@@ -93,7 +94,7 @@ def test_the_latest_profile_of_each_member_with_its_title_standardized():
 '''
 
 PROJECT_FILES = (".kappa/kappa.toml", "pipelines.toml", "rules/titles/v1.toml", "team_jobs/__init__.py",
-                 "team_jobs/profiles.py", "tests/test_profiles.py")
+                 "team_jobs/profiles.py", "tests/test_profiles.py", "conftest.py")
 
 
 def _format_2(text: str) -> str:
@@ -118,7 +119,8 @@ def write_project(folder: str | Path) -> list[Path]:
                           f"nothing: pick an empty folder")
     contents = {".kappa/kappa.toml": KAPPA_TOML, "pipelines.toml": PIPELINES_TOML,
                 "rules/titles/v1.toml": _format_2(rules_path("titles", "v1").read_text(encoding="utf-8")),
-                "team_jobs/__init__.py": "", "team_jobs/profiles.py": JOB, "tests/test_profiles.py": TEST}
+                "team_jobs/__init__.py": "", "team_jobs/profiles.py": JOB, "tests/test_profiles.py": TEST,
+                "conftest.py": "# pytest puts this folder on sys.path, so that tests import team_jobs\n"}
     written = []
     for name in PROJECT_FILES:
         path = root / name

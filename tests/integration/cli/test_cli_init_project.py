@@ -20,7 +20,6 @@ def test_the_new_project_s_own_test_passes(tmp_path):
     root = tmp_path / "p"
     assert CliRunner().invoke(app, ["init", str(root)]).exit_code == 0
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
-    env["PYTHONPATH"] = str(root)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=root,
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
