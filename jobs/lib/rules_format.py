@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jobs.lib.rules import (_DEFAULT_KEEP, _REGEX_KEYS, _SECTION_KEYS, _UNMATCHED, FORMAT_VERSIONS, SECTIONS,
-                            FieldRules, RegexRule, Rules, normalize)
+from jobs.lib.rules_model import (_DEFAULT_KEEP, _REGEX_KEYS, _SECTION_KEYS, _UNMATCHED, FORMAT_VERSIONS, SECTIONS,
+                                  FieldRules, RegexRule, Rules, normalize)
 from orchestrator.core.exceptions import RulesError
 
 __all__ = ["Validator"]
