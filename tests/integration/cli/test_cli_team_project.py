@@ -53,7 +53,9 @@ def venv(tmp_path_factory) -> Path:
     site = Path(run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     (site / "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)])
-    where = run([str(py), "-c", "import orchestrator, jobs; print(orchestrator.__file__, jobs.__file__)"]).stdout
+    # from a folder outside the checkout: `python -c` puts the working folder first on sys.path
+    where = run([str(py), "-c", "import orchestrator, jobs; print(orchestrator.__file__, jobs.__file__)"],
+                cwd=venv).stdout
     assert all(p.startswith(str(venv)) for p in where.split()), where   # kappa from the wheel, not the checkout
     return venv
 
