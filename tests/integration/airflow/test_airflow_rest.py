@@ -20,8 +20,9 @@ def test_param_validation_rejects_bad_conf_before_any_run(airflow, airflow_testb
         trigger.trigger_and_follow(airflow.url, "admin", "admin", "kappa_reprocess",
                                    {"pipeline": "af_busy", "rules_version": "v9", "reason": "typo in the version"},
                                    timeout=30)
+    # the versions of every ruleset at the stack's rules location (the team's repo: titles v1, v2; plans v1-v3)
     assert str(e.value) == ("Airflow rejected the request to trigger kappa_reprocess: Invalid input for param "
-                            "rules_version: 'v9' is not one of [None, 'v1', 'v2']")
+                            "rules_version: 'v9' is not one of [None, 'v1', 'v2', 'v3']")
     with pytest.raises(AirflowError, match="Invalid input for param reason: No value passed"):
         trigger.trigger_and_follow(airflow.url, "admin", "admin", "kappa_reprocess", {"pipeline": "af_busy"},
                                    timeout=30)

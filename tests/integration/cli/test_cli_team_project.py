@@ -1,5 +1,6 @@
 """A team's project, as a new user builds one: kappa installed from its wheel (not editable) into a
-fresh virtualenv, `kappa init` in a folder outside the repository, a second rules version added
+fresh virtualenv, `kappa init` in a folder outside the repository (the project's own test of its
+job passes there, in a pytest of its own with kappa's helpers), a second rules version added
 there, and then, against the embedded broker, from that folder: deploy v1, promote, deploy v2 with
 the new rules, promote, edit the v1 rules file, roll back to v1 (restarted from its checkpoint) and
 get exactly the table the ORIGINAL v1 rules give, over records produced after the edit too.
@@ -97,6 +98,9 @@ def test_kappa_init_then_deploy_promote_new_rules_and_roll_back_to_the_rules_v1_
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     project = tmp_path / "team-project"
     run([kappa, "init", str(project)], env=env)
+    # the project's own test of its job passes, in a local Spark session with kappa's helpers (jobs.lib.testing)
+    own = run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project, env=env)
+    assert "1 passed" in own.stdout, own.stdout[-3000:]
     v1_rules = project / "rules" / "titles" / "v1.toml"
     text = v1_rules.read_text(encoding="utf-8")
     assert PM_LINE in text and SWE_LINE in text

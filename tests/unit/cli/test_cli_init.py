@@ -1,5 +1,6 @@
 """`kappa init DIR`: the files of a new project, the settings they give kappa from that folder, and a
-folder that has the files refused. The project's own test, run: tests/integration/cli/test_cli_init_project.py."""
+folder that has the files refused. The project's own test, run from
+the installed wheel: tests/integration/cli/test_cli_team_project.py."""
 
 from __future__ import annotations
 
