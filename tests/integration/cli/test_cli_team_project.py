@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.dev import datagen
+from tests.wheel import build_wheel
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT = 900
 RAW_TITLES = ["swe", "software eng", "Data Scientist", "ds", "pm", "product mgr"]
 V1 = {"swe": "Software Engineer", "software eng": "Software Engineer", "Data Scientist": "Data Scientist",
@@ -40,14 +39,7 @@ SWE_LINE = '"Software Engineer" = ["swe", "software engineering", "software eng"
 def venv(tmp_path_factory) -> Path:
     """A fresh virtualenv with kappa's wheel installed (no editable install); its dependencies come
     from the test environment's site-packages through a .pth file, so nothing is downloaded."""
-    src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    for name in ("orchestrator", "jobs", "deploy", "dags"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    wheels = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(src)])
-    (wheel,) = wheels.glob("kappa-*.whl")
+    wheel = build_wheel(tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel"))
     venv = tmp_path_factory.mktemp("venv") / "v"
     run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)])
     py = venv / "bin" / "python"

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -12,6 +9,7 @@ import pytest
 
 from orchestrator.core import resources
 from orchestrator.core.pipelines import load_pipelines
+from tests.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -35,17 +33,8 @@ def test_an_install_reads_the_shipped_copies(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    """A wheel built from a copy of the checkout (the build leaves build/ and *.egg-info behind)."""
-    src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    for name in ("orchestrator", "jobs", "deploy", "dags"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (built,) = out.glob("kappa-*.whl")
+    """A wheel built from a copy of the checkout."""
+    built = build_wheel(tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel"))
     return zipfile.ZipFile(built)
 
 
