@@ -146,7 +146,6 @@ def _is_local_master(master: str) -> bool:
 def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
                 rules_file: str | Path | None = None, master: str | None = None) -> tuple[list[str], str]:
     """(argv, mode) that runs the version's job: `python -m jobs.run --job ...` or spark-submit of jobs/run.py."""
-    spec = k.pipeline(pipeline)
     master = master or k.settings.spark_master
     args = _job_args(k, pipeline, version, trigger=trigger, rules_file=rules_file, master=master)
     if _is_local_master(master):
