@@ -4,7 +4,12 @@ A pipeline's ``job`` names a function, ``module:function``, or a module whose fu
 ``transform``. The module is imported from the job path (the setting ``job_path``: folders such as
 a team's repository, searched before the installed packages); kappa's own jobs (``standardize``,
 the seed jobs) are found the same way and are examples of this contract. The function is called
-once, when the version's query starts, with a `JobInput`, and returns `Upserts` or `Stateful`::
+with a `JobInput` and returns `Upserts` or `Stateful`: once when the version's query starts, on the
+stream (what it returns decides the sink, and is checked); then, for an `Upserts` job, once per
+micro-batch, with ``source`` that batch's records, read from Kafka once and kept (persisted), as a
+static DataFrame. So a job may use its source more than once (a fast path and a slow one, unioned)
+without a second read of Kafka; the function only builds a plan, and must be cheap and do the same
+every time::
 
     from pyspark.sql import functions as F
     from jobs.lib.contract import JobInput, Upserts
@@ -24,8 +29,8 @@ its ``rules`` (`jobs.lib.rules.Rules`, the rules stored with the version at depl
 
 What it returns:
 
-* `Upserts` (a stateless job: one row, or none, per source record). ``rows`` is a streaming
-  DataFrame derived from ``source`` with DataFrame functions: the output columns, the pipeline's key
+* `Upserts` (a stateless job: one row, or none, per source record). ``rows`` is a DataFrame derived
+  from ``source`` with DataFrame functions (streaming or static, as ``source`` is): the output columns, the pipeline's key
   columns among them, and the source's ``key, value, topic, partition, offset, timestamp`` columns kept
   as they are; optionally ``error`` (string: the record is malformed, this is why; such rows go to the
   rejects table, never to the output) and ``_deleted`` (boolean: the key is deleted, a tombstone).
@@ -243,8 +248,8 @@ def check_result(ref: str, result: Any, key: tuple[str, ...], *, streaming: bool
         raise ContractError(f"job {ref!r} returned {type(result).__name__}; return Upserts(rows) or "
                             f"Stateful(rows, ...) from jobs.lib.contract")
     if not hasattr(result.rows, "schema") or getattr(result.rows, "isStreaming", None) is not streaming:
-        raise ContractError(f"job {ref!r}: rows must be a streaming DataFrame derived from job.source, got "
-                            f"{type(result.rows).__name__}")
+        raise ContractError(f"job {ref!r}: rows must be a {'streaming ' if streaming else ''}DataFrame derived from "
+                            f"job.source, got {type(result.rows).__name__}")
     cols = _columns(result.rows)
     missing = [k for k in key if k not in cols]
     if missing:
