@@ -107,13 +107,20 @@ def test_kappa_init_then_deploy_promote_new_rules_and_roll_back_to_the_rules_v1_
     try:
         datagen.ensure_topic(bootstrap, "member_profiles", 2)
         produce(bootstrap, 300, seed=1)
-        k("deploy", "profiles", "--rules", "v1", "--wait")
-        k("promote", "profiles", "1")
+        deployed = k("deploy", "profiles", "--rules", "v1", "--wait").stdout
+        assert "deployed profiles v1 (rules v1)" in deployed
+        assert "profiles v1 is ready: promote it with `kappa promote profiles 1`" in deployed
+        dry = k("promote", "profiles", "--dry-run").stdout
+        assert "dry run: would promote profiles v1 (alias 'team_profiles' from nothing)" in dry
+        promoted = k("promote", "profiles", "1").stdout
+        assert "promoted profiles v1: alias 'team_profiles' moved from nothing to v1" in promoted
         assert served(project) == expected(bootstrap, V1)
         k("deploy", "profiles", "--rules", "v2", "--wait")
         k("promote", "profiles", "2")
         assert served(project) == expected(bootstrap, V2)
 
+        refused = k("stop", "profiles", "2", ok=False)              # v2 serves: a refusal (3), not an error
+        assert refused.returncode == 3 and refused.stderr.startswith("Error: profiles v2 is serving alias 'team_profiles'")
         # v1's job stops; its rules file is edited; new records arrive; the rollback restarts v1
         k("stop", "profiles", "1")
         v1_rules.write_text(text.replace(SWE_LINE, '"Engineer of Software" = ["swe", "software eng"]'),
@@ -128,6 +135,10 @@ def test_kappa_init_then_deploy_promote_new_rules_and_roll_back_to_the_rules_v1_
         wait_until(lambda: served(project) == want, "v1 to serve the original v1 rules' table over the whole log",
                    300, poll=2)
         assert "Engineer of Software" not in set(served(project).values())
+        entries = json.loads(k("history", "--json").stdout)["entries"]
+        done = [e["action"] for e in entries if e["outcome"] == "ok" and e["action"] in ("deploy", "promote", "stop",
+                                                                                          "rollback")]
+        assert done == ["deploy", "promote", "deploy", "promote", "stop", "rollback"], entries
     finally:
         for v in ("1", "2"):
             k("stop", "profiles", v, "--force", ok=False)

@@ -1,12 +1,12 @@
-"""The terminal workflow: a background broker found by later commands, and a version deployed,
-watched, promoted and stopped, each command a separate `kappa` process.
+"""The terminal's background broker, found by later commands, and `deploy --dry-run` against it, each
+command a separate `kappa` process. The workflow of deploy --wait, promote (--dry-run), a refused
+stop, stop, rollback and history, from an installed kappa, is `test_cli_team_project.py`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,68 +82,6 @@ def test_background_broker_round_trip(tmp_path):
         assert len(kept) == sent.records == 500
     finally:
         assert kappa(home, "broker", "stop").returncode == 0
-
-
-@pytest.mark.integration
-def test_terminal_workflow_on_the_background_broker(tmp_path):
-    """broker start -> deploy --wait -> status --watch --until-ready -> promote -> lag-plot -> stop, each a process."""
-    from orchestrator.dev.datagen import ensure_topic, generate_changelog, produce
-    from orchestrator.observe.lagplot import is_png
-
-    home = tmp_path / "home"
-    started = kappa(home, "broker", "start", "--json")
-    assert started.returncode == 0, started.stderr
-    broker = json.loads(started.stdout)
-    try:
-        ensure_topic(broker["bootstrap_servers"], "member_profiles", 2)
-        produce(broker["bootstrap_servers"], "member_profiles", generate_changelog(3000, 1000, seed=3), batching=True)
-
-        deployed = kappa(home, "deploy", "standardize", "--rules", "v1", "--threshold", "0", "--wait",
-                         "--poll", "1", "--deadline", "900", "--reason", "terminal test", timeout=1000)
-        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        assert "deployed standardize v1 (rules v1)" in deployed.stdout
-        assert re.search(r"standardize v1: lag +[\d,]+ \(", deployed.stdout)
-        assert "standardize v1 is ready: promote it with `kappa promote standardize 1`" in deployed.stdout
-
-        watched = kappa(home, "status", "--watch", "--until-ready", "--interval", "1", timeout=300)
-        assert watched.returncode == 0, watched.stdout + watched.stderr
-        assert re.search(r"standardize v1: lag +0 .*ready \(\d/3 samples <= 0\)", watched.stdout), watched.stdout
-
-        dry = kappa(home, "promote", "standardize", "--dry-run")
-        assert dry.returncode == 0, dry.stdout + dry.stderr
-        assert "dry run: would promote standardize v1 (alias 'member_profiles_std' from nothing)" in dry.stdout
-        assert "would: flip alias 'member_profiles_std' from nothing to v1" in dry.stdout
-
-        promoted = kappa(home, "promote", "standardize", "1", "--reason", "terminal test")
-        assert promoted.returncode == 0, promoted.stdout + promoted.stderr
-        assert "promoted standardize v1: alias 'member_profiles_std' moved from nothing to v1" in promoted.stdout
-
-        status = json.loads(kappa(home, "status", "--json").stdout)["pipelines"][0]
-        assert status["serving_version"] == 1
-        (v1,) = status["versions"]
-        assert v1["state"] == "serving" and v1["serving"] is True and v1["lag"] == 0
-        assert v1["job"]["health"] == "running" and v1["job"]["pid"]
-        job_pid = v1["job"]["pid"]
-
-        plot = kappa(home, "lag-plot", "standardize")
-        assert plot.returncode == 0, plot.stderr
-        assert is_png(home / "plots" / "standardize-lag.png")
-
-        refused = kappa(home, "stop", "standardize", "1")
-        assert refused.returncode == 3  # a refusal, not an error
-        assert refused.stderr.startswith("Error: standardize v1 is serving alias 'member_profiles_std'")
-        stopped = kappa(home, "stop", "standardize", "1", "--force", timeout=300)
-        assert stopped.returncode == 0, stopped.stderr
-        assert f"stopped standardize v1 (pid {job_pid})" in stopped.stdout
-        assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE
-
-        actions = [e["action"] for e in json.loads(kappa(home, "history", "--json").stdout)["entries"]]
-        assert ["deploy", "caught_up", "promote", "stop"] == [a for a in actions
-                                                              if a in ("deploy", "caught_up", "promote", "stop")]
-    finally:
-        kappa(home, "stop", "standardize", "1", "--force", timeout=300)
-        kappa(home, "broker", "stop")
-    assert not psutil.pid_exists(broker["pid"]) or psutil.Process(broker["pid"]).status() == psutil.STATUS_ZOMBIE
 
 
 PLAIN_PIPELINES = """

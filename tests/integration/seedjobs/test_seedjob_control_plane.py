@@ -31,7 +31,7 @@ from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.serving import open_alias
-from seedjob_helpers import expected_hourly, expected_joined, expected_pairs, ts
+from seedjob_helpers import expected_joined, expected_pairs, ts
 from orchestrator.core.tables import read_table
 
 pytestmark = pytest.mark.integration
@@ -173,32 +173,4 @@ def test_ad_click_join_composite_key_served_through_its_alias(control_plane, boo
     (reject,) = [r for r in produced if r.value == bad.value]
     assert served.rejects == [(imp_topic, reject.partition, reject.offset, "field 'ad_id' is missing")]
     assert sorted(served.warnings) == sorted([forced_warning(t, "ad_click_join") for t in (imp_topic, clk_topic)])
-    assert_report(served, len(expected), produced)
-
-
-def test_pageviews_hourly_composite_key_served_through_its_alias(control_plane, bootstrap, seed):
-    topic = f"cp_page_views_{uuid.uuid4().hex[:8]}"
-    seedgen.create_topics(bootstrap, {topic: 2})
-    views = seedgen.page_views(topic, seedgen.member_ids(5), 150, START, spacing=timedelta(seconds=71), seed=seed)
-    d = json.loads(views[40].value)
-    bad = seedgen.SeedRecord(topic, b"m0000002", json.dumps({**d, "member_id": "m0000001"}).encode(),
-                             views[40].timestamp_ms)
-    produced = seedgen.produce(bootstrap, views[:41] + [bad] + views[41:])
-
-    reject = produced[41]
-    assert (reject.key, reject.value) == (bad.key, bad.value)
-    served = control_plane("pageviews_hourly", (topic,), force=True)
-
-    assert DECLARED["pageviews_hourly"].key_columns == ("member_id", "window_start")
-    counts = expected_hourly(produced)
-    expected = {(m, start): {"member_id": m, "window_start": start, "window_end": start + timedelta(hours=1),
-                             "views": n} for (m, start), n in counts.items()}
-    assert served.table.schema == pa.schema([
-        ("member_id", pa.string()), ("window_start", UTC_US), ("window_end", UTC_US), ("views", pa.int64())])
-    rows = served.table.to_pylist()
-    assert len(rows) == len(expected)
-    assert {(r["member_id"], r["window_start"]): r for r in rows} == expected
-    assert served.rejects == [(topic, reject.partition, reject.offset,
-                               "field 'member_id' is 'm0000001' but the record key is 'm0000002'")]
-    assert served.warnings == (forced_warning(topic, "pageviews_hourly"),)
     assert_report(served, len(expected), produced)

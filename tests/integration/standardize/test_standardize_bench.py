@@ -90,22 +90,3 @@ def test_reprocess_bench_small(tmp_path, bootstrap, seed):
     # the reference processes and the reprocess's process (and its JVM, by process group) are gone
     assert len(figures["pids_started"]) == ref["processes"] + 1
     assert _all_gone(figures["pids_started"], started) == []
-
-
-def test_freshness_bench_small(tmp_path):
-    out = tmp_path / "fresh.json"
-    started = time.time()
-    proc = _run(["-m", "orchestrator.cli", "--home", str(tmp_path / "home"), "bench", "freshness",
-                 "--seconds", "6", "--rate", "10", "--records", "3000", "--keys", "600", "--out", str(out)], 600)
-    f = json.loads(out.read_text())
-    assert f["produced"] >= 30 and f["readable"] + f["superseded"] + f["unseen"] == f["produced"]
-    assert f["superseded"] == 0  # fewer probes than members: each member got one
-    assert f["readable"] == f["produced"], f
-    assert 0 < f["p50_seconds"] <= f["p99_seconds"] <= f["max_seconds"]
-    assert f["trigger_interval_seconds"] == 1.0 and f["p50_to_interval"] > 0
-    assert "readable, " in proc.stdout and "in flight" in proc.stdout  # progress while it ran
-    assert "freshness, produce -> readable through the alias: p50" in proc.stdout
-    assert "reference: the job's trigger interval" in proc.stdout
-    # the broker and the job (pids_started) are gone, and the given home is kept
-    assert len(f["pids_started"]) == 2 and _all_gone(f["pids_started"], started) == []
-    assert (tmp_path / "home" / "registry.db").exists()
