@@ -99,35 +99,31 @@ class UpsertBatches(MicroBatches):
     """The foreachBatch function of an `Upserts` job: rows with ``error`` to the rejects table, the
     latest row per key (the key order), the job's ``then``, then a MERGE (`jobs.lib.sink`)."""
 
-    def __init__(self, args: Any, key: str, key_order: str, output: list[str], then: Callable | None,
-                 rules_hash: str | None, on_batch: Callable[..., None] | None = None, name: str = "job",
-                 job_of: Callable[[Any], Upserts] | None = None):
+    def __init__(self, args: Any, key: str, key_order: str, output: list[str], job_of: Callable[[Any], Upserts],
+                 rules_hash: str | None, on_batch: Callable[..., None] | None = None, name: str = "job"):
         metadata = {"pipeline": args.pipeline, "pipeline_version": str(args.version)}
         if rules_hash:
             metadata.update(rules_hash=rules_hash, rules_file=str(args.rules))
         tables = DeltaTables(args.output, args.rejects, app_id(args.pipeline, args.version), key,
                              key_order=key_order, checkpoint=str(args.checkpoint), metadata=metadata)
         super().__init__(args, tables, name=name, on_batch=on_batch, log=log)
-        self.output, self.then, self.job_of = output, then, job_of
+        self.output, self.job_of = output, job_of
 
     def prepare(self, batch: Any, batch_id: int) -> Prepared:
-        """With `job_of` the micro-batch is the source's records, kept (persisted) once and given to the
-        job: a job that reads its source twice (a fast and a slow path, unioned) reads Kafka once."""
+        """The micro-batch is the source's records, kept (persisted) once and given to the job (`job_of`):
+        a job that reads its source twice (a fast and a slow path, unioned) reads Kafka once."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        held = []
-        then = self.then
-        if self.job_of is not None:
-            held.append(batch.persist(StorageLevel.MEMORY_AND_DISK))
-            job = self.job_of(held[0])
-            batch, then = job.rows, job.then
-        b = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        source = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        job = self.job_of(source)
+        then = job.then
+        b = job.rows.persist(StorageLevel.MEMORY_AND_DISK)
         counts = b.agg(F.count(F.lit(1)), F.count(ERROR) if ERROR in b.columns else F.lit(0)).first()
         rejects, latest = split_batch(b, self.output, self.tables.key, self.tables.key_order, then)
         out = latest.persist(StorageLevel.MEMORY_AND_DISK)
         return Prepared(rows_in=int(counts[0]), n_rejects=int(counts[1]), output=out, rows_out=out.count(),
-                        rejects=rejects.withColumn("batch_id", F.lit(batch_id).cast("long")), held=[*held, b, out])
+                        rejects=rejects.withColumn("batch_id", F.lit(batch_id).cast("long")), held=[source, b, out])
 
     def check(self, batch_id: int, prepared: Prepared) -> None:
         self.tables.check_key_order(batch_id, prepared.output)
@@ -175,9 +171,9 @@ def start_query(spark: Any, args: Any, ref: str, fn: Callable[[JobInput], Any], 
     output = output_columns(probe.rows)
     name = ref.split(":")[0].rsplit(".", 1)[-1]
     # the query streams the source's records; each micro-batch, persisted once, is given to the job
-    writer = UpsertBatches(args, key[0], str(extra.get("key_order", "partition")), output, probe.then,
-                           rules.content_hash if rules is not None else None, on_batch=on_batch, name=name,
-                           job_of=lambda batch: call(batch_reader(batch), streaming=False))
+    writer = UpsertBatches(args, key[0], str(extra.get("key_order", "partition")), output,
+                           lambda batch: call(batch_reader(batch), streaming=False),
+                           rules.content_hash if rules is not None else None, on_batch=on_batch, name=name)
     query = start_stream(spark, source_options, writer, checkpoint=str(args.checkpoint), trigger=trigger,
                          name=f"{name}_{args.pipeline}_v{args.version}", build=lambda read: read(),
                          backfill=str(extra.get("backfill", "one-batch")))
