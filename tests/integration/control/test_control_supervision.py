@@ -139,21 +139,36 @@ def test_a_serving_job_rides_out_a_broker_that_is_killed_and_comes_back(live, pr
     assert live.k.registry.audit_log(PIPELINE, limit=None, version=v, action="restart") == []
 
 
-def test_a_backfill_rides_out_a_broker_stopped_at_its_first_commit(live, private_broker, tmp_path, monkeypatch):
+def test_a_backfill_rides_out_a_broker_stop_then_a_restart_after_its_rules_file_was_edited_keeps_its_rules(
+        live, private_broker, tmp_path, monkeypatch):
     """The backfill of a new version, stopped at a known point: its micro-batch is read and held
     before its commit; the broker stops; the batch is released and commits; the live query after it
     waits for the broker, which comes back after DOWN_SECONDS. The version catches up with exactly
     the oracle's table, and its job never restarted. The serving job rides out the same stop: same
-    process, no restart, and its table takes the updates produced after the broker came back."""
+    process, no restart, and its table takes the updates produced after the broker came back.
+
+    Then issue 20's case on the same version (one deploy and backfill for both): it was deployed
+    with the team's titles/v1.toml, the file is then edited ("Software Engineer" renamed), the job
+    killed with SIGKILL and restarted by the supervisor. The restarted job runs the rules stored at
+    the deploy: the version's table, after more records, is exactly the oracle's table for the
+    original v1 rules (tests/oracle, worked out by hand)."""
+    import shutil
+
+    from jobs.lib.rules import RULES_DIR, load_rules
+    from orchestrator.lifecycle.version_rules import file_state
+
+    team = tmp_path / "team-repo" / "rules"
+    shutil.copytree(RULES_DIR / "titles", team / "titles")
     held = tmp_path / "held"
     monkeypatch.setenv(HOLD_HOOK, "0")
     monkeypatch.setenv(HOLD_FILE, str(held))
     spec = live.k.pipeline(PIPELINE).model_copy(update={"max_records_per_batch": 300})
-    k = Kappa(live.k.settings, registry=live.k.registry, pipelines={PIPELINE: spec})
+    k = Kappa(live.k.settings.model_copy(update={"rules_location": str(team)}), registry=live.k.registry,
+              pipelines={PIPELINE: spec})
     serving = serving_version(live)
     serving_before = inspect_version(live.k, PIPELINE, serving)
     assert serving_before.health == "running", serving_before.describe()
-    info = deploy(k, PIPELINE, "v1", actor="tests", reason="a backfill meets a broker outage")
+    info = deploy(k, PIPELINE, "v1", actor="tests", reason="a backfill meets a broker outage; the team's v1 rules")
     monkeypatch.delenv(HOLD_HOOK)
     wait_until(held.exists, "the first batch of the backfill to be held before its commit", DEADLINE, poll=0.2)
     pid = inspect_version(k, PIPELINE, info.version).pid
@@ -177,6 +192,31 @@ def test_a_backfill_rides_out_a_broker_stopped_at_its_first_commit(live, private
     assert st.pid == pid and st.health == "running", st.describe()
     assert "may not be available" in open(st.log_file, errors="replace").read()
     assert k.registry.audit_log(PIPELINE, limit=None, version=info.version, action="restart") == []
+
+    # issue 20: the rules file edited after the deploy, the job killed and restarted by the supervisor
+    path = team / "titles" / "v1.toml"
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace('"Software Engineer" = [', '"Software Eng." = [')
+                    .replace('canonical = "Software Engineer"', 'canonical = "Software Eng."'), encoding="utf-8")
+    rec = k.registry.get_version(PIPELINE, info.version)
+    assert load_rules(path).content_hash != rec.rules_hash and file_state(k, PIPELINE, rec) == "changed"
+
+    old = inspect_version(k, PIPELINE, info.version)
+    os.killpg(old.pid, signal.SIGKILL)
+    wait_until(lambda: inspect_version(k, PIPELINE, info.version).failed, "the killed job to count as dead", 60)
+    actions: list = []
+    supervise_pass(k, actions)
+    assert [a["kind"] for a in actions] == ["restart"], actions
+    wait_until(lambda: inspect_version(k, PIPELINE, info.version).health == "running", "the restarted job to run",
+               DEADLINE)
+    live.produce(300, KEYS)                  # new records, titles included, standardized after the edit
+    wait_until(lambda: served_equals_expected(live, "v1", version=info.version),
+               f"v{info.version}'s table to equal the oracle's for the original v1 rules", DEADLINE, poll=1.0,
+               done=lambda result: result[0])
+    st = inspect_version(k, PIPELINE, info.version)
+    assert st.rules_hash == rec.rules_hash, (st.rules_hash, rec.rules_hash)
+    # stopped here: the next test's broker outage then meets the serving job alone
+    stop_version(k, PIPELINE, info.version, actor="tests", reason="done", force=True, final_state=None)
 
 
 def test_a_killed_serving_job_and_a_broker_outage_are_supervised_back_to_an_exact_table(live, private_broker):
@@ -212,46 +252,3 @@ def test_a_killed_serving_job_and_a_broker_outage_are_supervised_back_to_an_exac
     entries = k.registry.audit_log(PIPELINE, limit=None, version=v, action="restart")
     assert [e.outcome for e in entries] == ["ok", "ok"] and entries[1].details["failure"] == "broker_unavailable"
     assert k.registry.get_version(PIPELINE, v).state == "serving"
-
-
-def test_a_version_restarted_after_its_rules_file_was_edited_keeps_the_rules_of_its_deploy(live, tmp_path):
-    """Issue 20's case on real jobs: a version deployed with the team's titles/v1.toml, the file then
-    edited ("Software Engineer" renamed), the job killed with SIGKILL and restarted by the supervisor.
-    The restarted job runs the rules stored at the deploy: the version's table, after more records,
-    is exactly the oracle's table for the original v1 rules (tests/oracle, worked out by hand)."""
-    import shutil
-
-    from jobs.lib.rules import RULES_DIR, load_rules
-    from orchestrator.lifecycle.version_rules import file_state
-
-    team = tmp_path / "team-repo" / "rules"
-    shutil.copytree(RULES_DIR / "titles", team / "titles")
-    k = Kappa(live.k.settings.model_copy(update={"rules_location": str(team)}), registry=live.k.registry,
-              pipelines={PIPELINE: live.k.pipeline(PIPELINE)})
-    info = deploy(k, PIPELINE, "v1", actor="tests", reason="the team's v1 rules", queue=True)
-    assert wait_ready(k, PIPELINE, info.version, deadline_seconds=DEADLINE, poll_seconds=1).ready
-    ok, msg = served_equals_expected(live, "v1", version=info.version)
-    assert ok, msg
-
-    path = team / "titles" / "v1.toml"
-    text = path.read_text(encoding="utf-8")
-    path.write_text(text.replace('"Software Engineer" = [', '"Software Eng." = [')
-                    .replace('canonical = "Software Engineer"', 'canonical = "Software Eng."'), encoding="utf-8")
-    rec = k.registry.get_version(PIPELINE, info.version)
-    assert load_rules(path).content_hash != rec.rules_hash and file_state(k, PIPELINE, rec) == "changed"
-
-    old = inspect_version(k, PIPELINE, info.version)
-    os.killpg(old.pid, signal.SIGKILL)
-    wait_until(lambda: inspect_version(k, PIPELINE, info.version).failed, "the killed job to count as dead", 60)
-    actions: list = []
-    supervise_pass(k, actions)
-    assert [a["kind"] for a in actions] == ["restart"], actions
-    wait_until(lambda: inspect_version(k, PIPELINE, info.version).health == "running", "the restarted job to run",
-               DEADLINE)
-    live.produce(300, KEYS)                  # new records, titles included, standardized after the edit
-    wait_until(lambda: served_equals_expected(live, "v1", version=info.version),
-               f"v{info.version}'s table to equal the oracle's for the original v1 rules", DEADLINE, poll=1.0,
-               done=lambda result: result[0])
-    st = inspect_version(k, PIPELINE, info.version)
-    assert st.rules_hash == rec.rules_hash, (st.rules_hash, rec.rules_hash)
-    stop_version(k, PIPELINE, info.version, actor="tests", reason="done", force=True, final_state=None)
