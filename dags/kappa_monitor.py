@@ -1,7 +1,10 @@
 """
 ### kappa_monitor: watch every running version, every minute
 
-Scheduled every minute (no catch-up, one run at a time). One task, **monitor**, which:
+Scheduled every minute (no catch-up, one run at a time). Two tasks. **watch** samples every
+promoted version under watch (pipelines with `auto_rollback`, over their grace period) and rolls
+one that degrades back to its standby; each automatic rollback is an event on the alias's Asset.
+Then **monitor** (it runs whatever watch did), which:
 
 - samples the lag of every running version into kappa's registry (the catch-up curves of
   `kappa lag-plot` and the ETA come from these samples);
@@ -10,7 +13,8 @@ Scheduled every minute (no catch-up, one run at a time). One task, **monitor**, 
   versions whose grace period is over;
 - **fails** when a serving version's job is failing or its lag is beyond its pipeline's
   threshold, with a message naming the version and the lag, so that Airflow's failure
-  alerting (e-mail, callbacks, the red square in the grid) tells the operator.
+  alerting (e-mail, callbacks, the red square in the grid) tells the operator; it also fails
+  after an automatic rollback, naming the pipeline, the version and the cause.
 
 Its actions are recorded in the audit log as `airflow:scheduler`.
 """
@@ -22,6 +26,7 @@ from datetime import timedelta
 from airflow.sdk import dag, task
 
 from orchestrator.airflow import tasks
+from orchestrator.airflow.assets import FLIPS
 
 
 @dag(
@@ -35,11 +40,15 @@ from orchestrator.airflow import tasks
     default_args={"retries": 0},
 )
 def kappa_monitor():
-    @task(execution_timeout=timedelta(minutes=4))
-    def monitor(dag_run=None) -> dict:
-        return tasks.monitor(user=dag_run.triggering_user_name, run_id=dag_run.run_id)
+    @task(outlets=[FLIPS], execution_timeout=timedelta(minutes=2))
+    def watch(dag_run=None, outlet_events=None) -> list:
+        return tasks.watch(user=dag_run.triggering_user_name, run_id=dag_run.run_id, outlet_events=outlet_events)
 
-    monitor()
+    @task(execution_timeout=timedelta(minutes=2), trigger_rule="all_done")
+    def monitor(watched: list | None = None, dag_run=None) -> dict:
+        return tasks.monitor(user=dag_run.triggering_user_name, run_id=dag_run.run_id, watched=watched)
+
+    monitor(watch())
 
 
 kappa_monitor()

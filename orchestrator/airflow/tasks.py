@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any, Callable, TypeVar
 
-from orchestrator.core.exceptions import ConflictError, KappaError, NotReadyError
+from orchestrator.core.exceptions import ConfigError, ConflictError, KappaError, NotReadyError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.lifecycle.await_ready import Readiness
@@ -310,16 +310,26 @@ def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: st
 # -- kappa_promote ----------------------------------------------------------------------------
 
 @refusals_are_final
+def _override(pipeline: str, reason: str | None, force: bool) -> None:
+    if force and not (reason or "").strip():
+        raise ConfigError(f"promote of {pipeline} with force needs a reason: fill in the form's Reason, it is "
+                          f"recorded in the audit log with the checks it overrode")
+
+
+@refusals_are_final
 def check_promote(pipeline: str, version: int | None = None, reason: str | None = None, *,
-                  user: str | None, run_id: str, dag_id: str = "kappa_promote") -> dict[str, Any]:
+                  user: str | None, run_id: str, dag_id: str = "kappa_promote", force: bool = False,
+                  allow_schema_change: bool = False) -> dict[str, Any]:
     """A dry run of the promote: every check, and exactly what would happen. Fails if it would refuse.
 
     Without a version, the verb's `promote_target`: the newest caught-up version.
     """
     from orchestrator.lifecycle.promote import promote as promote_verb
 
+    _override(pipeline, reason, force)
     with _kappa() as k:
-        res = promote_verb(k, pipeline, version, actor=actor_for(user), dry_run=True,
+        res = promote_verb(k, pipeline, version, actor=actor_for(user), dry_run=True, force=force,
+                           allow_schema_change=allow_schema_change,
                            reason=tagged_reason(reason, dag_id, run_id, f"promote requested in Airflow by {user}"))
     log.info("%s", res.message)
     for c in res.checks:
@@ -333,7 +343,8 @@ def check_promote(pipeline: str, version: int | None = None, reason: str | None 
 
 @refusals_are_final
 def promote(pipeline: str, version: int | None, reason: str | None = None, *, user: str | None, run_id: str,
-            dag_id: str = "kappa_promote", outlet_events: Any = None) -> dict[str, Any]:
+            dag_id: str = "kappa_promote", outlet_events: Any = None, force: bool = False,
+            allow_schema_change: bool = False) -> dict[str, Any]:
     """Check everything, flip the alias (CAS), publish, record. A no-op once the alias points at it.
 
     A flip adds the alias's asset event to `outlet_events` (`orchestrator.airflow.assets`); the
@@ -343,7 +354,9 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
     from orchestrator.lifecycle.promote import promote as promote_verb
 
     with _kappa() as k:
-        res = promote_verb(k, pipeline, version, actor=actor_for(user),
+        _override(pipeline, reason, force)
+        res = promote_verb(k, pipeline, version, actor=actor_for(user), force=force,
+                           allow_schema_change=allow_schema_change,
                            reason=tagged_reason(reason, dag_id, run_id, f"promote requested in Airflow by {user}"))
         log.info("%s", res.message)
         d = res.model_dump(mode="json")
@@ -447,11 +460,38 @@ def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at
 # -- kappa_monitor ----------------------------------------------------------------------------
 
 @refusals_are_final
-def monitor(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor") -> dict[str, Any]:
-    """Sample lag of every running version, record failed jobs, reconcile aliases; raise if serving is unhealthy."""
+def watch(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor", outlet_events: Any = None) -> list:
+    """The watch pass of every pipeline (`orchestrator.lifecycle.watch`): each automatic rollback is an
+    event on the alias's Asset. Succeeds (so that Airflow records the events); `monitor` fails on them."""
+    from orchestrator.airflow.assets import announce_flip
+    from orchestrator.lifecycle.watch import ACTOR, watch_pass
+
+    actions: list[dict[str, Any]] = []
+    with _kappa() as k:
+        for name in k.pipelines:
+            try:
+                done = watch_pass(k, name, actor=actor_for(user))
+            except KappaError as e:
+                done = [{"kind": "watch_failed", "pipeline": name, "error": str(e)}]
+            for a in done:
+                log.info("watch: %s", json.dumps(a, default=str))
+                if a.get("kind") == "rolled_back":
+                    spec = k.pipeline(name)
+                    a["asset_event"] = announce_flip(
+                        k, outlet_events, action="rollback", pipeline=name, alias=spec.alias,
+                        version=int(a["to_version"]), previous_version=a["version"], flipped=True, run_tag=run_id,
+                        actor=ACTOR, reason=f"automatic rollback: {a.get('cause')}", at=time.time())
+            actions += done
+    return actions
+
+
+def monitor(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor",
+            watched: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Sample lag of every running version, record failed jobs, reconcile aliases; raise if serving is unhealthy
+    (or the `watch` task rolled a version back: `watched`, its actions)."""
     from orchestrator.lifecycle.monitor import monitor as monitor_verb
 
     with _kappa() as k:
-        d = monitor_verb(k, actor=actor_for(user)).model_dump(mode="json")
+        d = monitor_verb(k, actor=actor_for(user), watched=list(watched or [])).model_dump(mode="json")
     log.info("%s", json.dumps(d)[:4000])
     return d

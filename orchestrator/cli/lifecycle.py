@@ -101,11 +101,13 @@ def promote_cmd(
     pipeline: Annotated[str, typer.Argument(help="pipeline name")],
     version: Annotated[Optional[int], typer.Argument(min=1, help="version to serve (default: the newest caught-up one)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="check and print exactly what would happen; change nothing")] = False,
+    force: Annotated[bool, typer.Option("--force", help="promote although checks failed (not readiness); needs --reason, audited")] = False,
+    allow_schema_change: Annotated[bool, typer.Option("--allow-schema-change", help="let a version whose columns were removed or retyped pass the schema check")] = False,
     actor: Actor = None,
     reason: Reason = None,
     as_json: AsJson = False,
 ) -> None:
-    """Check a version's preconditions and validation report, then flip the alias to it.
+    """Check a version's preconditions, validation report and the pipeline's checks, then flip the alias to it.
 
     With --dry-run nothing changes; the exit code is 3 when the promote would be refused.
     """
@@ -115,7 +117,8 @@ def promote_cmd(
     cli = cli_of(ctx)
     k = cli.kappa()
     n = version if version is not None else promote_target(k, pipeline)
-    result = promote(k, pipeline, n, actor=actor or default_actor(), reason=reason, dry_run=dry_run)
+    result = promote(k, pipeline, n, actor=actor or default_actor(), reason=reason, dry_run=dry_run, force=force,
+                     allow_schema_change=allow_schema_change)
     if as_json:
         print_json(result)
     else:

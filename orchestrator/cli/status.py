@@ -77,6 +77,7 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         "rules_hash": rec.rules_hash,
         "rules_file": file_state(k, pipeline, rec, rules_cache if rules_cache is not None else {}),
         "created_at": rec.created_at,
+        "watch": (rec.details or {}).get("watch"),
     }
     if rec.state == VersionState.RETIRED:
         row.update(job=None, readiness=None, lag=None, partitions={}, eta_seconds=None, rejects=None, lag_seconds=None)
@@ -95,6 +96,12 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
     else:
         row.update(readiness=None, lag=None, partitions={}, eta_seconds=None, lag_seconds=None)
     return row
+
+
+def describe_watch(version: int, w: dict[str, Any]) -> str:
+    from orchestrator.lifecycle.watch import describe_watch as describe
+
+    return describe(version, w)
 
 
 def _versions(k: Kappa, pipeline: str) -> list[VersionRecord]:
@@ -157,6 +164,9 @@ def status_cmd(
     for p in data:
         served = "nothing" if p["serving_version"] is None else f"v{p['serving_version']}"
         cli.out.print(f"[bold]{p['pipeline']}[/]: alias {p['alias']} serves {served}")
+        for v in p["versions"]:
+            if v.get("watch") and (v["watch"].get("state") != "passed" or v["serving"]):
+                cli.out.print(f"  {describe_watch(v['version'], v['watch'])}", highlight=False)
     cli.out.print(_with_lag_seconds(status_table(data), data))
 
 

@@ -29,6 +29,18 @@ from orchestrator.cli.app import Actor, app, cli_of, default_actor
 __all__ = ["supervise_cmd", "action_line", "run_passes"]
 
 
+def watch_line(a: dict) -> str:
+    """One line per watch decision of a pass (samples are in `kappa status`)."""
+    kind, where = a.get("kind"), f"{a.get('pipeline')} v{a.get('version')}"
+    if kind == "rolled_back":
+        return (f"{_now()} watch {where}: rolled back automatically to v{a.get('to_version')}: {a.get('cause')}"
+                + (f"; v{a.get('version')} {a['degraded']}" if a.get("degraded") else ""))
+    if kind == "passed":
+        return f"{_now()} watch {where}: passed its grace period, healthy"
+    detail = a.get("error") or a.get("reason") or a.get("cause") or ""
+    return f"{_now()} watch {where}: {kind} {detail}".rstrip()
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -61,6 +73,9 @@ def run_passes(k_of, *, actor: str, interval: float, passes: int | None, out, er
                 out(action_line(a))
             for s in report.stopped:
                 out(action_line({"kind": "stop_standby", **s}))
+            for w in report.watched:
+                if w.get("kind") != "sampled":
+                    out(watch_line(w))
             for e in report.errors:
                 err(f"{_now()} error {e}")
             for p in report.problems:

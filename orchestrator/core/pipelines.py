@@ -24,6 +24,15 @@ decides with (catch-up threshold and samples, standby grace period, retention, p
     restart_backoff_seconds = 10    # wait before the 2nd restart in the window, doubling after
     restart_backoff_max_seconds = 120
     description = "..."             # optional
+    auto_rollback = true            # watch a promoted version over its grace period, roll back if it degrades
+    watch_max_lag_seconds = 60      # ... when its lag in seconds stays over this for watch_lag_samples samples
+    watch_lag_samples = 3
+    watch_on_rollback = "stop"      # the degraded version after an automatic rollback: "stop" or "keep" (running)
+    [[pipelines.standardize.checks]]  # optional, any number: SQL the promote checks (orchestrator.core.checks)
+    name = "title_null_rate"
+    sql = "SELECT avg(CASE WHEN title IS NULL THEN 1.0 ELSE 0 END) FROM candidate"
+    max = 0.01
+    watch = true                    # also re-run on the live table during the watch
     [pipelines.standardize.options] # optional: job-specific options, passed as --extra JSON
 
 Loading validates every field and refuses the whole file on the first bad pipeline, with an
@@ -48,6 +57,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, computed_field,
                       field_validator)
 
+from orchestrator.core.checks import CheckSpec
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import (validate_alias_name, validate_job_name, validate_name,
                                      validate_pipeline_name, validate_topic_name)
@@ -97,6 +107,31 @@ class PipelineSpec(BaseModel):
     restart_backoff_max_seconds: Annotated[float, Field(strict=True, ge=0.0)] = 120.0
     description: str = ""
     options: dict[str, Any] = {}
+    #: The team's checks (`orchestrator.core.checks`): run in the report and before every promote.
+    checks: tuple[CheckSpec, ...] = ()
+    #: The watch (`orchestrator.lifecycle.watch`): after a promote, while the previous version is
+    #: standby (its grace period), roll back by itself when the promoted version's job is given up,
+    #: its lag in seconds stays over `watch_max_lag_seconds` (default: `catchup_max_lag_seconds`) for
+    #: `watch_lag_samples` samples, its reject rate passes `max_reject_rate`, or a check with
+    #: `watch = true` fails on its live table. Off unless set: the team chooses it per pipeline.
+    auto_rollback: bool = False
+    watch_max_lag_seconds: Annotated[float, Field(strict=True, gt=0.0)] | None = None
+    watch_lag_samples: PositiveInt = 3
+    watch_on_rollback: Literal["stop", "keep"] = "stop"
+
+    @field_validator("checks")
+    @classmethod
+    def _checks(cls, v: tuple[CheckSpec, ...]) -> tuple[CheckSpec, ...]:
+        names = [c.name for c in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"declares check {', '.join(map(repr, dupes))} more than once; names must be unique")
+        return v
+
+    @property
+    def watch_lag_limit(self) -> float | None:
+        """The lag in seconds the watch allows: `watch_max_lag_seconds`, else `catchup_max_lag_seconds`."""
+        return self.watch_max_lag_seconds if self.watch_max_lag_seconds is not None else self.catchup_max_lag_seconds
 
     @field_validator("name")
     @classmethod

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["is_table", "read_table", "count_rows", "column_names"]
+__all__ = ["is_table", "read_table", "snapshot", "count_rows", "column_names"]
 
 
 def is_table(uri: str | Path) -> bool:
@@ -45,6 +45,12 @@ def read_table(table: Any, columns: list[str] | None = None, predicate: str | No
     batches = list(dt.scan(columns=columns, predicate=predicate))
     out = pa.Table.from_batches([pa.record_batch(b) for b in batches]) if batches else schema.empty_table()
     return out.cast(schema) if out.schema != schema else out
+
+
+def snapshot(uri: str | Path):
+    """(the live rows as a pyarrow Table, the Delta version they are read at); None if there is no table."""
+    dt = _open(uri)
+    return None if dt is None else (read_table(dt), dt.version())
 
 
 def count_rows(uri: str | Path) -> int:

@@ -30,7 +30,7 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import IN_FLIGHT, VersionState
 from orchestrator.jobctl import inspect_version, mark_failed, start_version
-from orchestrator.lifecycle.promote import Check
+from orchestrator.core.checks import CheckResult as Check
 from orchestrator.lifecycle.version_rules import stored_rules
 
 __all__ = ["DeployPlan", "DeployPreview", "VersionInfo", "check_request", "check_topics", "deploy", "code_ref"]

@@ -1,6 +1,7 @@
 """Monitor: the periodic check (Airflow's kappa_monitor runs it every minute).
 
-For every pipeline: reconcile (publish interrupted flips, restart dead jobs under supervision or
+For every pipeline: reconcile (below), then the watch of a promoted version
+(`orchestrator.lifecycle.watch`: an automatic rollback is a problem, named with its cause), then (publish interrupted flips, restart dead jobs under supervision or
 fail them past their bound: a give-up is a problem), sample the lag of
 every version whose job should run (which also moves states and records failures), and stop
 standby versions whose grace period is over (keeping their table and checkpoint). Then, if a
@@ -26,7 +27,7 @@ from orchestrator.jobctl import stop_version
 from orchestrator.lifecycle.await_ready import Readiness, readiness, sample_ok
 from orchestrator.lifecycle.reconcile import reconcile
 
-__all__ = ["MonitorReport", "monitor", "standby_since", "standby_expired"]
+__all__ = ["MonitorReport", "monitor", "standby_since", "standby_expired", "watch_problems"]
 
 #: Reconcile's supervision actions: the version's job is being restarted (or was given up, which
 #: is reported as its own problem), so its readiness this pass says nothing new.
@@ -42,6 +43,7 @@ class MonitorReport(BaseModel):
     versions: list[dict[str, Any]] = Field(default_factory=list)
     reconciled: list[dict[str, Any]] = Field(default_factory=list)
     stopped: list[dict[str, Any]] = Field(default_factory=list)
+    watched: list[dict[str, Any]] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
 
@@ -80,9 +82,25 @@ def _serving_problem(k: Kappa, spec: PipelineSpec, r: Readiness, lag_threshold: 
     return None
 
 
+def watch_problems(actions: Iterable[dict[str, Any]]) -> list[str]:
+    """The problems a watch pass reports: each automatic rollback (and a rollback that failed), with its cause."""
+    out = []
+    for a in actions:
+        if a.get("kind") == "rolled_back":
+            out.append(f"{a['pipeline']} v{a['version']} was rolled back automatically to v{a.get('to_version')}: "
+                       f"{a.get('cause')}")
+        elif a.get("kind") == "rollback_failed":
+            out.append(f"{a['pipeline']} v{a['version']} degraded ({a.get('cause')}) but its automatic rollback "
+                       f"failed: {a.get('error')}")
+    return out
+
+
 def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag_threshold: int | None = None,
-            raise_on_problem: bool = True) -> MonitorReport:
-    """One monitoring pass; raises (after doing everything) when a serving version is unhealthy."""
+            raise_on_problem: bool = True, watched: list[dict[str, Any]] | None = None) -> MonitorReport:
+    """One monitoring pass; raises (after doing everything) when a serving version is unhealthy.
+
+    `watched`: the actions of a watch pass made already (Airflow's `watch` task); None runs it here."""
+    from orchestrator.lifecycle.watch import watch_pass
     report = MonitorReport(at=time.time())
     names = list(pipelines) if pipelines is not None else list(k.pipelines)
     report.reconciled = reconcile(k, actor=actor, pipelines=names)
@@ -94,6 +112,17 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
         if a.get("kind") == "gave_up":
             failing_serving = True
             report.problems.append(a.get("error") or f"{a['pipeline']} v{a['version']}: its job was given up")
+    if watched is None:
+        watched = []
+        for name in names:
+            try:
+                watched += watch_pass(k, name, actor=actor)
+            except KappaError as e:
+                report.errors.append(f"watch of {name}: {e}")
+    report.watched = watched
+    rolled = watch_problems(watched)
+    failing_serving |= bool(rolled)
+    report.problems += rolled
     for name in names:
         spec = k.pipeline(name)
         alias = k.registry.get_alias(spec.alias)

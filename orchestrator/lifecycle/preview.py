@@ -6,7 +6,7 @@ version needs: the preview reads those columns of the table the serving alias po
 its pointer file, as readers do, `orchestrator.serving.resolve_alias`) with delta-rs, applies the
 new rules with the job's own engine (`jobs.lib.rules.Rules.standardize_array`, the call the job
 makes on every micro-batch) in pyarrow, and compares the result with the served values the way
-the validation report compares two versions (`orchestrator.lifecycle.report.compare_tables`):
+the validation report compares two versions (`orchestrator.lifecycle.diff.compare_tables`):
 rows that would change per field and the most frequent changes. No Spark, no broker, no
 registry write: seconds, not a reprocess.
 
@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from orchestrator.core.exceptions import ConfigError, NotFoundError, SinkError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.tables import read_table
-from orchestrator.lifecycle.report import TOP_CHANGES, compare_tables
+from orchestrator.lifecycle.diff import TOP_CHANGES, compare_tables
 
 __all__ = ["RulesPreview", "preview_rules", "served_pointer"]
 

@@ -26,8 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.core.checks import CheckResult, result
 from orchestrator.core.crashpoints import crashpoint
-from orchestrator.core.exceptions import ConflictError, KappaError, NotFoundError, NotReadyError
+from orchestrator.core.exceptions import ConfigError, ConflictError, KappaError, NotFoundError, NotReadyError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl import inspect_version, mark_failed
@@ -35,17 +36,10 @@ from orchestrator.lifecycle.await_ready import Readiness, readiness
 from orchestrator.lifecycle.report import Report
 from orchestrator.serving import publish_current, set_serving_states
 
-__all__ = ["Check", "PromoteResult", "promote", "promote_target", "flip", "finish_interrupted_flip"]
+__all__ = ["PromoteResult", "promote", "promote_target", "flip", "finish_interrupted_flip"]
 
-
-class Check(BaseModel):
-    """One precondition of a promote: ready, key_count or reject_rate."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    ok: bool
-    detail: str
+#: Checks `force` cannot override: a version that is not ready, or whose report could not be made.
+UNFORCEABLE = ("ready", "report")
 
 
 class PromoteResult(BaseModel):
@@ -62,7 +56,8 @@ class PromoteResult(BaseModel):
     published: bool
     would_succeed: bool
     message: str
-    checks: list[Check] = Field(default_factory=list)
+    checks: list[CheckResult] = Field(default_factory=list)
+    forced: list[str] = Field(default_factory=list)
     actions: list[str] = Field(default_factory=list)
     report: Report | None = None
     report_path: str | None = None
@@ -107,8 +102,11 @@ def finish_interrupted_flip(k: Kappa, alias: str, *, actor: str = "kappa") -> di
 
 
 def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: int, actor: str,
-         reason: str | None, action: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Compare-and-swap the alias, publish the pointer, set serving/standby, audit. Returns the pointer."""
+         reason: str | None, action: str, details: dict[str, Any] | None = None,
+         watch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Compare-and-swap the alias, publish the pointer, set serving/standby, audit. Returns the pointer.
+
+    `watch` is stored with the flip, in its transaction (`orchestrator.registry.watches`)."""
     spec = k.pipeline(pipeline)
     reg = k.registry
     # The target's job must be healthy at flip time, not only when the checks ran: a job that
@@ -127,7 +125,7 @@ def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: 
     t0 = time.perf_counter()
     try:
         reg.flip_alias(spec.alias, pipeline, expected_version=expected_version, new_version=new_version,
-                       actor=actor, reason=reason, serve=True, action=action)
+                       actor=actor, reason=reason, serve=True, action=action, watch=watch)
     except NotReadyError as e:
         reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason,
                   outcome="refused", details={"expected_version": expected_version, "error": str(e)})
@@ -153,40 +151,55 @@ def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: 
     return pointer or {}
 
 
-def _checks(k: Kappa, pipeline: str, version: int, serving: int | None, *,
-            record: bool) -> tuple[list[Check], Readiness, Report | None]:
+def _checks(k: Kappa, pipeline: str, version: int, serving: int | None, *, record: bool,
+            allow_schema_change: bool) -> tuple[list[CheckResult], Readiness, Report | None]:
     from orchestrator.lifecycle.report import validation_report
 
-    checks: list[Check] = []
+    checks: list[CheckResult] = []
     r = readiness(k, pipeline, version, record=record)
-    checks.append(Check(name="ready", ok=r.ready, detail=r.summary()))
+    checks.append(result("ready", r.ready, r.summary()))
+    watch = (k.registry.get_version(pipeline, version).details or {}).get("watch") or {}
+    if watch.get("state") == "rolled_back":
+        checks.append(result("auto_rollback", False,
+                             f"v{version} was rolled back automatically after its promote ({watch.get('cause')}); "
+                             f"promote it again only with --force and a reason, or deploy a new version"))
     report = None
     try:
         report = validation_report(k, pipeline, version, save=record, serving_version=serving)
     except KappaError as e:
-        checks.append(Check(name="report", ok=False, detail=str(e)))
+        checks.append(result("report", False, str(e)))
     if report is not None:
-        if serving is None:
-            checks.append(Check(name="key_count", ok=True, detail=f"first promote of {pipeline}: no serving version "
-                                                                  f"to compare the key count ({report.keys_new}) with"))
-        else:
-            detail = (f"{report.keys_new} keys vs {report.keys_serving} in serving v{serving} "
-                      f"(difference {report.key_delta_ratio:.2%}, tolerance {report.key_count_tolerance:.2%})")
-            checks.append(Check(name="key_count", ok=bool(report.key_count_ok),
-                                detail=detail if report.key_count_ok else report.problems[0]))
-        detail = (f"{report.rejects} rejects of {report.offsets_read} records read ({report.reject_rate:.2%}, "
-                  f"limit {report.max_reject_rate:.2%})")
-        checks.append(Check(name="reject_rate", ok=report.reject_rate_ok, detail=detail))
+        for c in report.checks:
+            if c.name == "schema" and not c.ok and allow_schema_change:
+                c = c.model_copy(update={"ok": True, "detail": f"allowed (--allow-schema-change): {c.detail}"})
+            checks.append(c)
     return checks, r, report
 
 
+def _new_watch(k: Kappa, pipeline: str, standby: int | None, now: float, checks: list[CheckResult]) -> dict | None:
+    """The watch a promote stores with its flip: over the grace period, while `standby` is standby."""
+    spec = k.pipeline(pipeline)
+    if not spec.auto_rollback or standby is None:
+        return None
+    return {"state": "watching", "standby": standby, "started_at": now, "until": now + spec.grace_period_seconds,
+            "samples": 0, "lag_over": 0, "last": None, "cause": None,
+            "watched_checks": [c.name for c in spec.checks if c.watch],
+            "reject_rate_at_promote": next((c.value for c in checks if c.name == "reject_rate"), None)}
+
+
 def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, reason: str | None = None,
-            dry_run: bool = False) -> PromoteResult:
+            dry_run: bool = False, force: bool = False, allow_schema_change: bool = False) -> PromoteResult:
     """Check, report, flip (CAS), publish, record. `dry_run` says exactly what would happen.
 
-    `version` None promotes `promote_target(k, pipeline)`.
+    `version` None promotes `promote_target(k, pipeline)`. `force` (with a reason, audited) promotes
+    although checks failed (not `ready` nor `report`); `allow_schema_change` lets a version whose
+    columns were removed or retyped pass the `schema` check. With `auto_rollback`, the flip stores
+    the watch of the promoted version (`orchestrator.lifecycle.watch`).
     """
     spec = k.pipeline(pipeline)
+    if force and not (reason or "").strip():
+        raise ConfigError(f"promote of {pipeline} with --force needs a reason (--reason \"...\"): it is recorded "
+                          f"in the audit log with the checks it overrode")
     reg = k.registry
     alias = spec.alias
     if version is None:
@@ -214,8 +227,13 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
                              dry_run=dry_run, flipped=False, published=not dry_run, would_succeed=True, message=msg,
                              actions=actions, pointer=pointer, actor=actor, reason=reason, at=now)
 
-    checks, r, report = _checks(k, pipeline, version, current, record=not dry_run)
+    checks, r, report = _checks(k, pipeline, version, current, record=not dry_run,
+                                allow_schema_change=allow_schema_change)
     failed = [c for c in checks if not c.ok]
+    forced: list[str] = []
+    if force and failed and not any(c.name in UNFORCEABLE for c in failed):
+        forced = [c.name for c in failed]
+        failed = []
     error = None
     if failed:
         error = (f"cannot promote {pipeline} v{version} to alias {alias!r}: "
@@ -231,10 +249,16 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
     if current is not None:
         actions.append(f"keep v{current} running as standby for {spec.grace_period_seconds:.0f} s, then stop "
                        f"its job (table and checkpoint kept)")
+    watch = _new_watch(k, pipeline, current, now, checks)
+    if watch is not None:
+        actions.append(f"watch v{version} for {spec.grace_period_seconds:.0f} s (auto_rollback): roll back to "
+                       f"v{current} if it degrades")
+    if forced:
+        actions.append(f"override the failed check(s) {', '.join(forced)} (--force), recorded with the reason")
     actions.append(f"record the promote by {actor!r}: {reason or '(no reason given)'}")
     base = dict(pipeline=pipeline, alias=alias, version=version, previous_version=current, checks=checks,
                 report=report, report_path=report.path if report else None, readiness=r, actor=actor,
-                reason=reason, at=now)
+                reason=reason, at=now, forced=forced)
     audited_checks = [c.model_dump(mode="json") for c in checks]
     if dry_run:
         msg = (f"dry run: would refuse. {error}" if error else
@@ -246,11 +270,15 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
                   details={"error": error, "checks": audited_checks, "samples": r.samples})
         raise NotReadyError(error, failed_checks=[c.name for c in failed])
     pointer = flip(k, pipeline, expected_version=current, new_version=version, actor=actor, reason=reason,
-                   action="promote", details={"checks": audited_checks, "samples": r.samples,
-                                              "report": report.model_dump(mode="json", exclude={"top_changes"})
-                                              if report else {}})
+                   action="promote", watch=watch,
+                   details={"checks": audited_checks, "samples": r.samples, "forced": forced,
+                            "report": report.model_dump(mode="json", exclude={"top_changes"}) if report else {}})
     msg = f"promoted {pipeline} v{version}: alias {alias!r} moved from {from_txt} to v{version}"
     if current is not None:
         msg += f"; v{current} is standby for {spec.grace_period_seconds:.0f} s"
+        if watch is not None:
+            msg += f", while v{version} is watched (auto_rollback)"
+    if forced:
+        msg += f" (forced past failed check(s): {', '.join(forced)})"
     return PromoteResult(dry_run=False, flipped=True, published=True, would_succeed=True, message=msg,
                          actions=actions, pointer=pointer, **base)

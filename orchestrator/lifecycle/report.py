@@ -2,15 +2,16 @@
 
 What an operator wants to see before a flip: how many keys each table holds (a rebuild from
 the same log should hold the same keys, within the pipeline's tolerance), how many input
-records the new version rejected, and what the new derivation changed: the rows whose derived
-values differ, and the most frequent changes old -> new with their counts.
+records the new version rejected, what the new derivation changed (compared at the same input,
+`orchestrator.lifecycle.diff`: per column, the most frequent changes old -> new with their
+counts), which columns were added, removed or retyped, and the outcome of every check: kappa's
+own (`key_count`, `reject_rate`, `schema`) and the pipeline's (`orchestrator.core.checks`).
 
-The two Delta tables are joined on the pipeline's key with pyarrow. When a table keeps the raw
-input beside a derived column (`title_raw` -> `title`), the comparison is attributed: a row
-counts as changed by the new rules only when its input columns are equal in both tables and a
-derived column differs; rows whose input differs (live updates that one version has read and
-the other not yet) are counted apart. Columns that record where a row came from (`source_*`)
-or are internal (`_*`) are not compared.
+Each table is read once, at one Delta version (`table_versions`): the counts, the diff and the
+checks all see the same snapshot. Input skew is counted apart and never as a change: rows in both
+tables derived from different Kafka records (`rows_input_differs`), and keys only one version
+holds because the other has not read their record yet (`keys_only_*_unread`, from the versions'
+checkpoints); those keys are left out of the key-count check.
 
 Compaction takes something away that no reprocess can give back: once the cleaner has run, a key
 whose latest record is malformed has lost its earlier valid value from the log. The serving
@@ -29,18 +30,19 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field, field_serializer
 
+from orchestrator.core.checks import CheckResult, result, run_checks
 from orchestrator.core.exceptions import KappaError, SinkError
 from orchestrator.core.files import write_json_atomic
 from orchestrator.core.kappa import Kappa
+from orchestrator.lifecycle.diff import POSITION, compare_tables, diff_rows, schema_changes
 
-__all__ = ["Report", "validation_report", "compare_tables", "TOP_CHANGES"]
+__all__ = ["Report", "validation_report", "check_tables"]
 
-TOP_CHANGES = 10
 _UNSET: Any = object()
 
 
 class Report(BaseModel):
-    """The validation report of one version; `ok` and `problems` are what promote checks."""
+    """The validation report of one version; `checks` (and `ok`, `problems`) are what promote checks."""
 
     pipeline: str
     version: int
@@ -59,19 +61,31 @@ class Report(BaseModel):
     reject_rate_ok: bool
     rules_version: str | None = None
     serving_rules_version: str | None = None
+    #: The Delta version each table was read at ("candidate", "serving").
+    table_versions: dict[str, int] = Field(default_factory=dict)
     compared_columns: list[str] = Field(default_factory=list)
     input_columns: list[str] = Field(default_factory=list)
+    #: True: rows were compared only when both come from the same Kafka record (source position).
+    aligned: bool = False
     rows_compared: int = 0
+    rows_same_input: int = 0
     rows_changed: int = 0
     rows_input_differs: int = 0
     keys_only_new: int = 0
     keys_only_serving: int = 0
+    #: Of the keys only one table holds, those whose record the other version has not read yet.
+    keys_only_new_unread: int = 0
+    keys_only_serving_unread: int = 0
     #: Keys the serving version has and this one cannot: their latest record in the log is malformed
     #: (in this version's rejects) and the cleaner removed their earlier valid value from the log.
     #: Not a change of the new logic; left out of keys_only_serving and of the key-count check.
     keys_lost_to_compaction: int = 0
     changed_by_column: dict[str, int] = Field(default_factory=dict)
     top_changes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    columns_added: list[str] = Field(default_factory=list)
+    columns_removed: list[str] = Field(default_factory=list)
+    columns_retyped: dict[str, list[str]] = Field(default_factory=dict)
+    checks: list[CheckResult] = Field(default_factory=list)
     path: str | None = None
 
     @field_serializer("key_delta_ratio", when_used="json")
@@ -82,22 +96,16 @@ class Report(BaseModel):
     @computed_field
     @property
     def ok(self) -> bool:
-        return self.key_count_ok is not False and self.reject_rate_ok
+        return all(c.ok for c in self.checks)
 
     @computed_field
     @property
     def problems(self) -> list[str]:
-        out = []
-        if self.key_count_ok is False:
-            out.append(
-                f"key count of v{self.version} ({self.keys_new}) differs from serving v{self.serving_version} "
-                f"({self.keys_serving}) by {self.key_delta_ratio:.2%}, over the tolerance "
-                f"{self.key_count_tolerance:.2%} (key_count_tolerance)")
-        if not self.reject_rate_ok:
-            out.append(
-                f"reject rate of v{self.version} is {self.reject_rate:.2%} ({self.rejects} rejects of "
-                f"{self.offsets_read} records read), over the limit {self.max_reject_rate:.2%} (max_reject_rate)")
-        return out
+        return [f"{c.name}: {c.detail}" for c in self.checks if not c.ok]
+
+    @property
+    def schema_changed(self) -> bool:
+        return bool(self.columns_removed or self.columns_retyped)
 
 
 def _reading(uri: str, fn, *args):
@@ -112,111 +120,63 @@ def _reading(uri: str, fn, *args):
                         f"(was it retired or deleted meanwhile? see kappa status)") from None
 
 
-def _read_table(uri: str, columns: list[str] | None = None):
-    """The table's rows; called only after its schema was read, so a table that is gone now was
-    removed meanwhile (a concurrent retire) and reading it is refused, never an empty answer."""
-    from orchestrator.core.tables import is_table, read_table
+def _snapshot(uri: str):
+    """(rows, Delta version) of the table at `uri`, read once; None if it has no table yet."""
+    from orchestrator.core.tables import snapshot
 
-    if not is_table(uri):
-        raise FileNotFoundError("its Delta log is gone")
-    return read_table(uri, columns)
+    return _reading(uri, snapshot)
 
 
-def _read(uri: str, columns: list[str] | None = None):
-    return _reading(uri, _read_table, columns)
+def _empty_like(table):
+    return table.schema.empty_table()
 
 
-def _names(uri: str) -> list[str] | None:
-    from orchestrator.core.tables import column_names
-
-    return column_names(uri)
-
-
-def _schema_names(uri: str) -> list[str] | None:
-    return _reading(uri, _names)
-
-
-def _count_rows(uri: str) -> int:
-    from orchestrator.core.tables import count_rows
-
-    return _reading(uri, count_rows)
-
-
-def _differs(a, b):
-    import pyarrow.compute as pc
-
-    ne = pc.fill_null(pc.not_equal(a, b), False)
-    return pc.or_(ne, pc.xor(pc.is_null(a), pc.is_null(b)))
-
-
-def compare_tables(new, old, key_columns: list[str], top: int = TOP_CHANGES) -> dict[str, Any]:
-    """Join two tables on the key and count what differs; see the module docstring.
-
-    `top_changes` holds the values as pyarrow returns them; `Report.model_dump(mode="json")` makes them JSON.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    keys = list(key_columns)
-    common = [c for c in new.column_names if c in old.column_names and c not in keys
-              and not c.startswith("source_") and not c.startswith("_")]
-    raw = [c for c in common if c.endswith("_raw") and c[:-4] in common]
-    derived = [c[:-4] for c in raw]
-    compared = derived or common
-    inputs = [c for c in common if c not in derived] if derived else []
-
-    old_r = old.select(keys + common).rename_columns(keys + [f"{c}__old" for c in common])
-    joined = new.select(keys + common).join(old_r, keys=keys, join_type="inner")
-    n = joined.num_rows
-    same_input = pa.array([True] * n, pa.bool_())
-    for c in inputs:
-        same_input = pc.and_(same_input, pc.invert(_differs(joined[c], joined[f"{c}__old"])))
-    any_change = pa.array([False] * n, pa.bool_())
-    by_column: dict[str, int] = {}
-    top_changes: dict[str, list[dict[str, Any]]] = {}
-    for c in compared:
-        d = pc.and_(_differs(joined[c], joined[f"{c}__old"]), same_input)
-        by_column[c] = pc.sum(d).as_py() or 0
-        any_change = pc.or_(any_change, d)
-        if by_column[c]:
-            pairs = pa.table({"old": joined[f"{c}__old"], "new": joined[c]}).filter(d)
-            counts = pairs.group_by(["old", "new"], use_threads=False).aggregate([([], "count_all")])
-            counts = counts.sort_by([("count_all", "descending"), ("old", "ascending"), ("new", "ascending")])
-            top_changes[c] = [{"old": r["old"], "new": r["new"], "count": r["count_all"]}
-                              for r in counts.slice(0, top).to_pylist()]
-    only_new = new.num_rows - n
-    only_old = old.num_rows - n
-    return {
-        "compared_columns": compared, "input_columns": inputs, "rows_compared": n,
-        "rows_changed": pc.sum(any_change).as_py() or 0,
-        "rows_input_differs": (n - (pc.sum(same_input).as_py() or 0)) if inputs else 0,
-        "keys_only_new": only_new, "keys_only_serving": only_old,
-        "changed_by_column": by_column, "top_changes": top_changes,
-    }
-
-
-def _keys_lost_to_compaction(new, old, keys: list[str], rejects_uri: str) -> int:
+def _keys_lost_to_compaction(new, old, keys: list[str], rejects) -> int:
     """Keys only in the serving table whose record in the new version's rejects is all the log holds
     of them now: a malformed latest record, its earlier valid value compacted away. Counted for a
     pipeline keyed by one column, matched against the rejected records' Kafka keys (UTF-8)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if len(keys) != 1 or "key" not in (_schema_names(rejects_uri) or []):
+    if len(keys) != 1 or "key" not in rejects.column_names:
         return 0
     only_old = old.select(keys).join(new.select(keys), keys=keys, join_type="left anti")
     if only_old.num_rows == 0:
         return 0
-    raw = _read(rejects_uri, ["key"]).column("key").drop_null()
+    raw = rejects.column("key").drop_null()
     rejected = pa.array({b.decode("utf-8", "replace") for b in raw.to_pylist()}, pa.string())
     column = pc.cast(only_old.column(keys[0]), pa.string())
     return pc.sum(pc.is_in(column, value_set=rejected)).as_py() or 0
 
 
-def _offsets_read(k: Kappa, pipeline: str, version: int) -> int:
-    from orchestrator.observe.lag import checkpoint_next_offsets, log_offsets
+def _unread(mine, other, keys: list[str], other_next: dict[tuple[str, int], int] | None,
+            topics: tuple[str, ...]) -> int:
+    """Keys only `mine` holds whose record the other version has not read yet (its checkpoint's next
+    offset is at or before the record's position): input skew, not the new logic. Known for a
+    pipeline on one topic whose tables carry the source position; 0 otherwise."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    ckpt, _ = checkpoint_next_offsets(k.paths(pipeline, version).checkpoint)
+    if len(topics) != 1 or not all(p in mine.column_names for p in POSITION):
+        return 0
+    only = mine.select(keys + list(POSITION)).join(other.select(keys), keys=keys, join_type="left anti")
+    if only.num_rows == 0 or other_next is None:
+        return only.num_rows
+    parts = only.column(POSITION[0]).to_pylist()
+    nxt = pa.array([other_next.get((topics[0], int(p)), 0) if p is not None else 0 for p in parts], pa.int64())
+    return pc.sum(pc.greater_equal(pc.cast(only.column(POSITION[1]), pa.int64()), nxt)).as_py() or 0
+
+
+def _next_offsets(k: Kappa, pipeline: str, version: int) -> dict[tuple[str, int], int] | None:
+    from orchestrator.observe.lag import checkpoint_next_offsets
+
+    return checkpoint_next_offsets(k.paths(pipeline, version).checkpoint)[0]
+
+
+def _offsets_read(k: Kappa, pipeline: str, version: int) -> int:
+    from orchestrator.observe.lag import log_offsets
+
+    ckpt = _next_offsets(k, pipeline, version)
     if not ckpt:
         return 0
     try:
@@ -226,9 +186,82 @@ def _offsets_read(k: Kappa, pipeline: str, version: int) -> int:
     return sum(max(0, nxt - starts.get(tp, 0)) for tp, nxt in ckpt.items())
 
 
+def check_tables(k: Kappa, pipeline: str, version: int, other: int | None) -> tuple[dict[str, Any], dict[str, int]]:
+    """The tables a check reads (`orchestrator.core.checks.TABLES`), with `version` as the candidate and
+    `other` as the serving one, each read once; and the Delta version each was read at."""
+    spec = k.pipeline(pipeline)
+    paths = k.paths(pipeline, version)
+    snap = _snapshot(paths.table)
+    if snap is None:
+        raise SinkError(f"{pipeline} v{version} has no output table yet at {paths.table}: its job has not "
+                        f"committed a micro-batch; wait until it is ready")
+    new, versions_read = snap[0], {"candidate": snap[1]}
+    rejects_snap = _snapshot(paths.rejects)
+    tables = {"candidate": new, "candidate_rejects": rejects_snap[0] if rejects_snap else None}
+    old = old_rejects = None
+    if other is not None:
+        old_paths = k.paths(pipeline, other)
+        old_snap = _snapshot(old_paths.table)
+        if old_snap is not None:
+            old, versions_read["serving"] = old_snap
+        old_rejects_snap = _snapshot(old_paths.rejects)
+        old_rejects = old_rejects_snap[0] if old_rejects_snap else None
+    tables["serving"] = old if old is not None else _empty_like(new)
+    if tables["candidate_rejects"] is None:
+        tables["candidate_rejects"] = old_rejects if old_rejects is not None else _empty_rejects()
+    tables["serving_rejects"] = old_rejects if old_rejects is not None else _empty_like(tables["candidate_rejects"])
+    keys = list(spec.key_columns)
+    tables["diff"] = diff_rows(new, tables["serving"], keys) if old is not None else diff_rows(new, new, keys)
+    return tables, versions_read
+
+
+def _empty_rejects():
+    import pyarrow as pa
+
+    return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+                      ("offset", pa.int64()), ("error", pa.string()), ("batch_id", pa.int64())]).empty_table()
+
+
+def _builtin_checks(report: Report) -> list[CheckResult]:
+    out = []
+    if report.serving_version is None:
+        out.append(result("key_count", True, f"first promote of {report.pipeline}: no serving version to compare "
+                                             f"the key count ({report.keys_new}) with", value=report.keys_new))
+    else:
+        skew = ""
+        if report.keys_only_new_unread or report.keys_only_serving_unread or report.keys_lost_to_compaction:
+            skew = (f"; not counted: {report.keys_only_serving_unread} keys v{report.version} has not read yet, "
+                    f"{report.keys_only_new_unread} v{report.serving_version} has not read yet, "
+                    f"{report.keys_lost_to_compaction} lost to compaction")
+        ratio = report.key_delta_ratio
+        detail = ((f"{report.keys_new} keys vs {report.keys_serving} in serving v{report.serving_version} "
+                   f"(difference {ratio:.2%}, tolerance {report.key_count_tolerance:.2%})") if report.key_count_ok else
+                  (f"key count of v{report.version} ({report.keys_new}) differs from serving v{report.serving_version} "
+                   f"({report.keys_serving}) by {ratio:.2%}, over the tolerance {report.key_count_tolerance:.2%} "
+                   f"(key_count_tolerance)")) + skew
+        out.append(result("key_count", bool(report.key_count_ok), detail, value=ratio,
+                          limit=f"max {report.key_count_tolerance:g}"))
+    out.append(result("reject_rate", report.reject_rate_ok,
+                      f"{report.rejects} rejects of {report.offsets_read} records read ({report.reject_rate:.2%}, "
+                      f"limit {report.max_reject_rate:.2%})", value=report.reject_rate,
+                      limit=f"max {report.max_reject_rate:g}"))
+    if report.serving_version is not None:
+        removed, retyped = report.columns_removed, report.columns_retyped
+        if removed or retyped:
+            what = "; ".join(([f"columns removed: {', '.join(removed)}"] if removed else [])
+                             + ([f"columns retyped: " + ", ".join(f"{c} {a} -> {b}" for c, (a, b) in retyped.items())]
+                                if retyped else []))
+            out.append(result("schema", False, f"{what} (v{report.serving_version} -> v{report.version}); readers of "
+                                               f"the alias may break: promote with --allow-schema-change if meant"))
+        else:
+            added = f" (added: {', '.join(report.columns_added)})" if report.columns_added else ""
+            out.append(result("schema", True, f"no column removed or retyped{added}"))
+    return out
+
+
 def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = True,
                       serving_version: int | None = _UNSET) -> Report:
-    """Compare version N with the version the alias serves now; save the report beside N."""
+    """Compare version N with the version the alias serves now, run the checks; save the report beside N."""
     spec = k.pipeline(pipeline)
     reg = k.registry
     rec = reg.get_version(pipeline, version)
@@ -239,48 +272,38 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
         alias_prev = reg.get_alias(spec.alias)
         serving_version = alias_prev.previous_version if alias_prev is not None else None
     paths = k.paths(pipeline, version)
-    new_cols = _schema_names(paths.table)
-    if new_cols is None:
-        raise SinkError(f"{pipeline} v{version} has no output table yet at {paths.table}: its job has not "
-                        f"committed a micro-batch; wait until it is ready")
-    keys_new = _count_rows(paths.table)
-    rejects = _count_rows(paths.rejects)
+    tables, table_versions = check_tables(k, pipeline, version, serving_version)
+    new, rejects = tables["candidate"], tables["candidate_rejects"]
     offsets_read = _offsets_read(k, pipeline, version)
-    reject_rate = rejects / offsets_read if offsets_read else 0.0
-
+    reject_rate = rejects.num_rows / offsets_read if offsets_read else 0.0
     report = Report(
         pipeline=pipeline, version=version, serving_version=serving_version, alias=spec.alias,
-        generated_at=time.time(), keys_new=keys_new, keys_serving=None, key_delta_ratio=None,
+        generated_at=time.time(), keys_new=new.num_rows, keys_serving=None, key_delta_ratio=None,
         key_count_tolerance=spec.key_count_tolerance, key_count_ok=None, offsets_read=offsets_read,
-        rejects=rejects, reject_rate=reject_rate, max_reject_rate=spec.max_reject_rate,
-        reject_rate_ok=reject_rate <= spec.max_reject_rate,
-        rules_version=rec.rules_version)
+        rejects=rejects.num_rows, reject_rate=reject_rate, max_reject_rate=spec.max_reject_rate,
+        reject_rate_ok=reject_rate <= spec.max_reject_rate, rules_version=rec.rules_version,
+        table_versions=table_versions)
     if serving_version is not None:
-        old_paths = k.paths(pipeline, serving_version)
-        old_rec = reg.get_version(pipeline, serving_version)
-        report.serving_rules_version = old_rec.rules_version
-        old_cols = _schema_names(old_paths.table)
-        keys_old = _count_rows(old_paths.table) if old_cols is not None else 0
-        report.keys_serving = keys_old
-        delta = abs(keys_new - keys_old)
-        report.key_delta_ratio = (delta / keys_old) if keys_old else (0.0 if delta == 0 else float("inf"))
+        report.serving_rules_version = reg.get_version(pipeline, serving_version).rules_version
+        old = tables["serving"]
+        keys = list(spec.key_columns)
+        report.keys_serving = old.num_rows
+        for name, value in compare_tables(new, old, keys).items():
+            setattr(report, name, value)
+        for name, value in schema_changes(new.schema, old.schema).items():
+            setattr(report, name, value)
+        lost = _keys_lost_to_compaction(new, old, keys, rejects)
+        report.keys_lost_to_compaction = lost
+        report.keys_only_serving -= lost
+        report.keys_only_serving_unread = _unread(old, new, keys, _next_offsets(k, pipeline, version), spec.topics)
+        report.keys_only_new_unread = _unread(new, old, keys, _next_offsets(k, pipeline, serving_version),
+                                              spec.topics)
+        kept_old = old.num_rows - lost - report.keys_only_serving_unread
+        kept_new = new.num_rows - report.keys_only_new_unread
+        delta = abs(kept_new - kept_old)
+        report.key_delta_ratio = (delta / kept_old) if kept_old else (0.0 if delta == 0 else float("inf"))
         report.key_count_ok = report.key_delta_ratio <= spec.key_count_tolerance
-        if old_cols is not None:
-            keys = list(spec.key_columns)
-            wanted = keys + [c for c in new_cols if c in old_cols and c not in keys
-                             and not c.startswith("source_") and not c.startswith("_")]
-            new_t = _read(paths.table, wanted)
-            old_t = _read(old_paths.table, wanted)
-            for name, value in compare_tables(new_t, old_t, list(spec.key_columns)).items():
-                setattr(report, name, value)
-            lost = _keys_lost_to_compaction(new_t, old_t, keys, paths.rejects)
-            if lost:
-                report.keys_lost_to_compaction = lost
-                report.keys_only_serving -= lost
-                kept = keys_old - lost
-                delta = abs(keys_new - kept)
-                report.key_delta_ratio = (delta / kept) if kept else (0.0 if delta == 0 else float("inf"))
-                report.key_count_ok = report.key_delta_ratio <= spec.key_count_tolerance
+    report.checks = _builtin_checks(report) + run_checks(spec.checks, tables)
     if save:
         report.path = str(paths.report_file)
         try:  # the version's folder exists since deploy; gone means a concurrent retire deleted it

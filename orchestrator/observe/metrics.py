@@ -15,6 +15,9 @@ the latest monitor pass of the serving process (readiness is a decision, not a s
 | `kappa_rejects`                     | gauge   | pipeline, version           | the job's status (as `kappa status`) |
 | `kappa_flips_total`                 | counter | pipeline, outcome           | audit log, action flip_alias  |
 | `kappa_job_restarts_total`          | counter | pipeline, outcome           | audit log, action restart     |
+| `kappa_watch_state`                 | gauge   | pipeline, version, state    | the version's watch (1: current) |
+| `kappa_watch_samples`               | gauge   | pipeline, version           | samples the watch has taken   |
+| `kappa_watch_decisions_total`       | counter | pipeline, outcome           | audit log, action watch       |
 | `kappa_monitor_passes_total`        | counter | outcome                     | this process's passes         |
 | `kappa_monitor_last_pass_timestamp_seconds` | gauge | -                    | this process's passes         |
 
@@ -54,6 +57,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "kappa_rejects": ("gauge", "Records the version's job sent to its rejects table."),
     "kappa_flips_total": ("counter", "Serving alias flips recorded in the audit log, by outcome."),
     "kappa_job_restarts_total": ("counter", "Supervisor restarts of jobs recorded in the audit log, by outcome."),
+    "kappa_watch_state": ("gauge", "The state of a promoted version's watch (1 for the current one)."),
+    "kappa_watch_samples": ("gauge", "Samples the watch of a promoted version has taken."),
+    "kappa_watch_decisions_total": ("counter", "Watch decisions recorded in the audit log (rolling_back, "
+                                               "rolled_back, passed, ended), by outcome."),
     "kappa_monitor_passes_total": ("counter", "Monitor passes this process ran, by outcome."),
     "kappa_monitor_last_pass_timestamp_seconds": ("gauge", "Unix time this process's latest monitor pass ended."),
 }
@@ -85,6 +92,10 @@ class PassState:
             return
         self.passes_ok += 1
         self.readiness = {(v["pipeline"], int(v["version"])): v["readiness"] for v in report.versions}
+
+
+#: The states of a watch (`orchestrator.registry.watches`).
+WATCH_STATES = ("watching", "rolling_back", "rolled_back", "passed", "ended")
 
 
 def _m(name: str, value: float | None, **labels: Any) -> Metric:
@@ -121,10 +132,16 @@ def collect(k: Any, passes: PassState | None = None, pipelines: Iterable[str] | 
                 out.extend(_m("kappa_readiness", int(s == ready), pipeline=name, version=n, state=s)
                            for s in READINESS_STATES)
                 out.append(_m("kappa_ready", int(ready == "ready"), pipeline=name, version=n))
+            watch = (rec.details or {}).get("watch")
+            if isinstance(watch, dict):
+                out.extend(_m("kappa_watch_state", int(s == watch.get("state")), pipeline=name, version=n, state=s)
+                           for s in WATCH_STATES)
+                out.append(_m("kappa_watch_samples", watch.get("samples", 0), pipeline=name, version=n))
             rejects = inspect_version(k, name, n).rejects
             if rejects is not None:
                 out.append(_m("kappa_rejects", rejects, pipeline=name, version=n))
-    family = {"flip_alias": "kappa_flips_total", "restart": "kappa_job_restarts_total"}
+    family = {"flip_alias": "kappa_flips_total", "restart": "kappa_job_restarts_total",
+              "watch": "kappa_watch_decisions_total"}
     for (action, outcome, pipeline), count in sorted(audit_counts(reg, family).items(), key=str):
         if pipeline in names:
             out.append(_m(family[action], count, pipeline=pipeline, outcome=outcome))

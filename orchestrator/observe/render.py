@@ -62,6 +62,10 @@ def render_report(console: Console, report: BaseModel | Mapping[str, Any] | None
                   f"{_verdict(report.get('reject_rate_ok'))}", highlight=False)
     if old is not None:
         _render_changes(console, report, n, old)
+    for c in report.get("checks") or []:
+        if not c.get("builtin"):
+            console.print(f"  check {c['name']}{' (watched)' if c.get('watch') else ''}: {c['detail']} "
+                          f"{_verdict(c.get('ok'))}", highlight=False)
     for problem in report.get("problems") or []:
         console.print(f"  [red]problem:[/] {problem}", highlight=False)
     if report.get("path"):
@@ -74,9 +78,21 @@ def _render_changes(console: Console, report: Mapping[str, Any], n: Any, old: An
     console.print(f"  rows compared (keys in both): {fmt_count(report.get('rows_compared'))}; changed by the "
                   f"new rules: [bold]{fmt_count(report.get('rows_changed'))}[/]" + (f" ({by_col})" if by_col else ""),
                   highlight=False)
+    if report.get("aligned"):
+        console.print(f"  compared at the same input (the same Kafka record): {fmt_count(report.get('rows_same_input'))} "
+                      f"rows", highlight=False)
     if report.get("rows_input_differs"):
         console.print(f"  rows whose input differs (live updates one version has read and the other not "
-                      f"yet): {fmt_count(report.get('rows_input_differs'))}", highlight=False)
+                      f"yet; not compared): {fmt_count(report.get('rows_input_differs'))}", highlight=False)
+    unread_new, unread_old = report.get("keys_only_new_unread") or 0, report.get("keys_only_serving_unread") or 0
+    if unread_new or unread_old:
+        console.print(f"  keys whose record one version has not read yet (not counted): v{n} ahead "
+                      f"{fmt_count(unread_new)}, v{old} ahead {fmt_count(unread_old)}", highlight=False)
+    for label, key in (("added", "columns_added"), ("removed", "columns_removed")):
+        if report.get(key):
+            console.print(f"  columns {label}: {', '.join(report[key])}", highlight=False)
+    for col, (a, b) in (report.get("columns_retyped") or {}).items():
+        console.print(f"  column retyped: {col} {a} -> {b}", highlight=False)
     lost = report.get("keys_lost_to_compaction") or 0
     if lost:
         console.print(f"  keys lost to compaction: {fmt_count(lost)} (v{old} serves them; their latest record is "

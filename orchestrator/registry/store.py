@@ -43,6 +43,7 @@ from orchestrator.core.states import FLIP_TARGETS, IN_FLIGHT, VersionState
 from orchestrator.registry.engine import create_engine, transaction
 from orchestrator.registry.lagsamples import LagSampleOps
 from orchestrator.registry.leases import LeaseOps
+from orchestrator.registry.watches import WatchOps, end_watch_in_flip
 from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord,
                                            PipelineRecord, VersionRecord)
 from orchestrator.registry.values import (SET_STATE_FIELDS, _actor, _by, _check_state, _json, _render,
@@ -55,7 +56,7 @@ __all__ = ["Registry", "SET_STATE_FIELDS"]
 S = VersionState
 
 
-class Registry(LeaseOps, LagSampleOps):
+class Registry(LeaseOps, LagSampleOps, WatchOps):
     """One registry database. Thread-safe: each call takes its own pooled connection.
 
     `Registry(url)` brings the schema to head (`migrate()`, idempotent) unless `auto_migrate=False`.
@@ -389,7 +390,7 @@ class Registry(LeaseOps, LagSampleOps):
 
     def flip_alias(self, alias: str, pipeline: str, *, expected_version: int | None, new_version: int,
                    actor: str, reason: str | None, audit: bool = True, serve: bool = False,
-                   action: str | None = None) -> AliasRecord:
+                   action: str | None = None, watch: dict[str, Any] | None = None) -> AliasRecord:
         """Compare-and-swap `alias` from `expected_version` to `new_version` of `pipeline`.
 
         With `serve` (what promote and rollback use), the same transaction also checks that the
@@ -397,7 +398,9 @@ class Registry(LeaseOps, LagSampleOps):
         NotReadyError) and moves the states: the target to serving, the version it replaced from
         serving to standby (its grace period starts). So the alias and the states never disagree,
         whatever happens to the process after the commit. `action` (promote/rollback) is recorded
-        in the audit entry, so that a later verb knows which verb made an unpublished flip.
+        in the audit entry, so that a later verb knows which verb made an unpublished flip. `watch`
+        is stored as the target's watch (`orchestrator.registry.watches`); the watch of the version
+        flipped away from ends here.
         """
         validate_alias_name(alias)
         validate_pipeline_name(pipeline)
@@ -451,7 +454,7 @@ class Registry(LeaseOps, LagSampleOps):
                         sa.select(aliases).where(aliases.c.alias == alias)).first())
                 if serve:
                     self._serving_states(conn, pipeline, new_version,
-                                         None if noop else expected_version, now)
+                                         None if noop else expected_version, now, watch=watch, action=action)
                 if not noop:
                     conn.execute(alias_history.insert().values(
                         alias=alias, pipeline=pipeline, from_version=expected_version, to_version=new_version,
@@ -481,8 +484,10 @@ class Registry(LeaseOps, LagSampleOps):
                 f"{alias!r} cannot be flipped to it; nothing was changed. Retry once that is done")
 
     @staticmethod
-    def _serving_states(conn: Connection, pipeline: str, new: int, old: int | None, now: float) -> None:
-        """In the flip's transaction: the target serves; the version it replaced is standby from now."""
+    def _serving_states(conn: Connection, pipeline: str, new: int, old: int | None, now: float, *,
+                        watch: dict[str, Any] | None = None, action: str | None = None) -> None:
+        """In the flip's transaction: the target serves (with its watch, if any); the version it
+        replaced is standby from now, and its watch, if one was on, ends."""
         def update(n: int, state: str, expect: tuple[str, ...], standby_since: float | None) -> None:
             row = conn.execute(sa.select(versions.c.details, versions.c.state).where(
                 versions.c.pipeline == pipeline, versions.c.version == n)).first()
@@ -491,6 +496,11 @@ class Registry(LeaseOps, LagSampleOps):
             details = {kk: v for kk, v in (row.details or {}).items() if kk != "standby_since"}
             if standby_since is not None:
                 details["standby_since"] = standby_since
+                details = end_watch_in_flip(details, action=action, now=now)
+            elif watch is not None:
+                details["watch"] = _json(watch, "watch")
+            else:
+                details.pop("watch", None)  # a flip to it without a watch: an earlier one is history
             conn.execute(versions.update().where(
                 versions.c.pipeline == pipeline, versions.c.version == n, versions.c.state.in_(expect))
                 .values(state=state, updated_at=now, details=details,

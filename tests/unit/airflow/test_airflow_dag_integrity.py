@@ -17,12 +17,12 @@ EXPECTED_TASKS = {
     "kappa_reprocess": ["validate", "preview_rules", "start_version", "wait_ready", "validation_report", "promote", "stop_previous"],
     "kappa_promote": ["check", "promote", "stop_previous"],
     "kappa_rollback": ["prepare", "wait_ready", "flip"],
-    "kappa_monitor": ["monitor"],
+    "kappa_monitor": ["watch", "monitor"],
 }
 EXPECTED_PARAMS = {
     "kappa_reprocess": {"pipeline", "rules_version", "catchup_threshold", "auto_promote", "grace_period_seconds",
                         "catchup_deadline_minutes", "reason"},
-    "kappa_promote": {"pipeline", "version", "grace_period_seconds", "reason"},
+    "kappa_promote": {"pipeline", "version", "grace_period_seconds", "reason", "force", "allow_schema_change"},
     "kappa_rollback": {"pipeline", "to_version", "catchup_deadline_minutes", "reason"},
     "kappa_monitor": set(),
 }
@@ -178,7 +178,8 @@ def test_only_the_flip_tasks_announce_flips_and_the_example_follows_every_alias(
     from orchestrator.core.pipelines import load_pipelines
 
     bag = parse()
-    flip_tasks = {("kappa_promote", "promote"), ("kappa_reprocess", "promote"), ("kappa_rollback", "flip")}
+    flip_tasks = {("kappa_promote", "promote"), ("kappa_reprocess", "promote"), ("kappa_rollback", "flip"),
+                  ("kappa_monitor", "watch")}
     for dag_id in KAPPA_DAG_IDS:
         for t in bag.dags[dag_id].tasks:
             assert t.outlets == ([FLIPS] if (dag_id, t.task_id) in flip_tasks else []), (dag_id, t.task_id)

@@ -145,7 +145,7 @@ def test_promote_json(bed):
     p = bed.k.paths(PIPELINE, v)
     assert set(d) == {"pipeline", "alias", "version", "previous_version", "dry_run", "flipped", "published",
                       "would_succeed", "message", "checks", "actions", "report", "report_path", "readiness",
-                      "pointer", "actor", "reason", "at", "error"}
+                      "pointer", "actor", "reason", "at", "error", "forced"}
     assert {key: d[key] for key in ("pipeline", "alias", "version", "previous_version", "dry_run", "flipped",
                                     "published", "would_succeed", "message", "actor", "reason", "error",
                                     "report_path")} == {
@@ -325,11 +325,11 @@ def _serving(bed) -> int:
 def test_monitor_json_exit_0_without_problems(bed):
     v = _serving(bed)
     d = bed.json("monitor", "--actor", "cron")
-    assert set(d) == {"at", "versions", "reconciled", "stopped", "problems", "errors"}
+    assert set(d) == {"at", "versions", "reconciled", "stopped", "watched", "problems", "errors"}
     assert d["versions"] == [{"pipeline": PIPELINE, "version": v, "state": "serving", "readiness": "ready", "lag": 0,
                               "eta_seconds": 0.0, "job": "running",
                               "reason": "lag <= 0 for 4 consecutive samples, job running"}]
-    assert (d["reconciled"], d["stopped"], d["problems"], d["errors"]) == ([], [], [], [])
+    assert (d["reconciled"], d["stopped"], d["watched"], d["problems"], d["errors"]) == ([], [], [], [], [])
     result = bed.run("monitor", "--actor", "cron")
     assert (result.exit_code, result.stderr) == (0, "")
     assert [json.loads(line) for line in result.stdout.splitlines()] == [

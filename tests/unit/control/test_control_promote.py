@@ -361,57 +361,40 @@ def test_rollback_with_nothing_to_roll_back_to(k, fake_log):
         rollback(k, PIPELINE, actor="alice", reason="r")
 
 
-def test_promote_of_a_version_whose_table_a_retire_deletes_meanwhile_is_refused(k, fake_log, monkeypatch):
-    """The stress test's failure: a concurrent retire deleted v2's data files between the report's
-    reads of its table; promote raised delta-rs's FileNotFoundError instead of refusing."""
-    from orchestrator.lifecycle import report as report_mod
-
-    v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
-    v2 = ready_version(k, fake_log, ROWS_V2)
-    table = Path(k.paths(PIPELINE, v2).table)
-    real_names = report_mod._names
-
-    def names_then_retired(uri):      # the retire's file deletion lands right after the schema read
-        out = real_names(uri)
-        if Path(uri) == table:
-            for f in table.glob("*.parquet"):
-                f.unlink()
-        return out
-
-    monkeypatch.setattr(report_mod, "_names", names_then_retired)
-    with pytest.raises(NotReadyError, match=r"report: cannot read the table .*retired or deleted meanwhile"):
-        promote(k, PIPELINE, v2, actor="bob", reason="new rules")
-    assert resolve_alias(ALIAS, k.settings)["version"] == v1
-    assert k.registry.get_version(PIPELINE, v2).state == "caught_up"
-
-
-def test_promote_of_a_version_whose_serving_table_a_retire_removes_whole_meanwhile_is_refused(k, fake_log, monkeypatch):
-    """The stress test's third failure: the retire removed a table's folder, Delta log included, between
-    the report's schema read and its data read; the data read found no table and compare_tables raised
-    AttributeError ('NoneType' object has no attribute 'column_names') instead of a refusal."""
+@pytest.mark.parametrize("which, removal", [("candidate", "data files"), ("serving", "whole folder")])
+def test_promote_of_a_version_whose_table_a_retire_deletes_meanwhile_is_refused(k, fake_log, monkeypatch,
+                                                                                 which, removal):
+    """The stress test's failures: a concurrent retire deleted a table's data files (or its whole folder,
+    Delta log included) between the report's read of its log and its read of the data; promote raised
+    delta-rs's FileNotFoundError (or an AttributeError on a table that was None) instead of refusing.
+    The report reads each table once (`orchestrator.core.tables.snapshot`): the deletion lands
+    between that read's open and its scan."""
     import shutil
 
-    from orchestrator.lifecycle import report as report_mod
+    from orchestrator.core import tables as tables_mod
 
     v1 = ready_version(k, fake_log, ROWS_V1)
     promote(k, PIPELINE, v1, actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
-    old_table = Path(k.paths(PIPELINE, v1).table)
-    real_count = report_mod._count_rows
-    counted = []
+    table = Path(k.paths(PIPELINE, v2 if which == "candidate" else v1).table)
+    real_read = tables_mod.read_table
+    hit = []
 
-    def count_then_removed(uri):      # the retire lands after both schema reads, before the data reads
-        out = real_count(uri)
-        counted.append(uri)
-        if Path(uri) == old_table:
-            shutil.rmtree(old_table)
-        return out
+    def read_after_the_retire(dt, columns=None, predicate=None):
+        if Path(dt.table_uri.removeprefix("file://")).resolve() == table.resolve() and not hit:
+            hit.append(dt.version())
+            if removal == "data files":
+                for f in table.glob("*.parquet"):
+                    f.unlink()
+            else:
+                shutil.rmtree(table)
+        return real_read(dt, columns, predicate)
 
-    monkeypatch.setattr(report_mod, "_count_rows", count_then_removed)
+    monkeypatch.setattr(tables_mod, "read_table", read_after_the_retire)
     with pytest.raises(NotReadyError, match=r"report: cannot read the table .*retired or deleted meanwhile"):
         promote(k, PIPELINE, v2, actor="bob", reason="new rules")
-    assert str(old_table) in map(str, counted)
+    assert hit, "the deletion landed between the table's log read and its data read"
+    assert resolve_alias(ALIAS, k.settings)["version"] == v1
     assert k.registry.get_version(PIPELINE, v2).state == "caught_up"
 
 

@@ -128,7 +128,7 @@ def test_unknown_field(tmp_path):
         f"job, topics, key, alias, ruleset, catchup_threshold, catchup_samples, catchup_max_lag_seconds, "
         f"catchup_rule, grace_period_seconds, "
         f"keep_versions, key_count_tolerance, max_reject_rate, max_records_per_batch, max_restarts, "
-        f"restart_window_seconds, restart_backoff_seconds, restart_backoff_max_seconds, description, options")
+        f"restart_window_seconds, restart_backoff_seconds, restart_backoff_max_seconds, description, options, checks, auto_rollback, watch_max_lag_seconds, watch_lag_samples, watch_on_rollback")
 
 
 def test_several_errors_in_one_pipeline_are_all_named(tmp_path):
