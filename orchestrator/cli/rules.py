@@ -11,7 +11,7 @@ their deploys (`orchestrator.lifecycle.version_rules`), whatever the files say n
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -98,13 +98,31 @@ def check_summary(path: Path, location: str | None = None) -> dict[str, Any]:
 @rules_app.command("check")
 def check_cmd(
     ctx: typer.Context,
-    files: Annotated[list[Path], typer.Argument(help="rules files, e.g. jobs/rules/titles/v3.toml",
-                                                show_default=False)],
+    files: Annotated[Optional[list[Path]], typer.Argument(help="rules files, e.g. jobs/rules/titles/v3.toml",
+                                                          show_default=False)] = None,
+    pipeline: Annotated[Optional[str], typer.Option("--pipeline", help="also check this pipeline's checks (their SQL "
+                                                    "and columns), as deploy does")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Validate rules files with the checks and errors of `kappa deploy` (for CI): exit 1 if any is bad."""
+    """Validate rules files (and with --pipeline a pipeline's checks) with the errors of `kappa deploy` (for CI):
+    exit 1 if any is bad."""
     results: list[dict[str, Any]] = []
+    files = files or []
+    if not files and pipeline is None:
+        raise typer.BadParameter("name rules files to check, or --pipeline PIPELINE", param_hint="FILES")
     location = cli_of(ctx).settings().rules_location
+    if pipeline is not None:
+        from orchestrator.lifecycle.report import check_pipeline_checks
+
+        try:
+            results.append({"pipeline": pipeline, "ok": True,
+                            "checks": check_pipeline_checks(cli_of(ctx).kappa(), pipeline)})
+            if not as_json:
+                typer.echo(f"ok: pipeline {pipeline}: {results[-1]['checks']}")
+        except KappaError as e:
+            results.append({"pipeline": pipeline, "ok": False, "error": str(e)})
+            if not as_json:
+                typer.echo(error_line(e), err=True)
     for path in files:
         try:
             results.append(check_summary(path, location))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["is_table", "read_table", "snapshot", "count_rows", "column_names"]
+__all__ = ["is_table", "read_table", "snapshot", "count_rows", "column_names", "arrow_schema"]
 
 
 def is_table(uri: str | Path) -> bool:
@@ -66,3 +66,11 @@ def column_names(uri: str | Path) -> list[str] | None:
     """The table's columns; None if there is no table at `uri`."""
     dt = _open(uri)
     return None if dt is None else [f.name for f in dt.schema().fields]
+
+
+def arrow_schema(uri: str | Path):
+    """The table's schema as a pyarrow Schema (its log only, no data read); None if there is no table."""
+    import pyarrow as pa
+
+    dt = _open(uri)
+    return None if dt is None else pa.schema(dt.schema())

@@ -195,6 +195,10 @@ def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold
                           f"{rules_version!r} was given; drop it")
     if not _own_job(spec.job):   # a team's job: imported and called on a Kafka stream, what it returns checked
         check_job_exists(spec, job_path=k.settings.job_folders, call=True, rules_file=rules_file)
+    if spec.checks:
+        from orchestrator.lifecycle.report import check_pipeline_checks
+
+        check_pipeline_checks(k, pipeline)
     return DeployPlan(pipeline=pipeline, job=spec.job, topics=tuple(spec.topics), rules_version=rules_version,
                       rules_file=rules_file, rules_hash=rules_hash, rules_text=rules_text if spec.ruleset else None,
                       force=force,

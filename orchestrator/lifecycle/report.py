@@ -31,12 +31,12 @@ from typing import Any
 from pydantic import BaseModel, Field, computed_field, field_serializer
 
 from orchestrator.core.checks import CheckResult, result, run_checks
-from orchestrator.core.exceptions import KappaError, SinkError
+from orchestrator.core.exceptions import ConfigError, KappaError, SinkError
 from orchestrator.core.files import write_json_atomic
 from orchestrator.core.kappa import Kappa
 from orchestrator.lifecycle.diff import POSITION, compare_tables, diff_rows, schema_changes
 
-__all__ = ["Report", "validation_report", "check_tables"]
+__all__ = ["Report", "validation_report", "check_tables", "check_pipeline_checks"]
 
 _UNSET: Any = object()
 
@@ -249,7 +249,7 @@ def _builtin_checks(report: Report) -> list[CheckResult]:
         removed, retyped = report.columns_removed, report.columns_retyped
         if removed or retyped:
             what = "; ".join(([f"columns removed: {', '.join(removed)}"] if removed else [])
-                             + ([f"columns retyped: " + ", ".join(f"{c} {a} -> {b}" for c, (a, b) in retyped.items())]
+                             + (["columns retyped: " + ", ".join(f"{c} {a} -> {b}" for c, (a, b) in retyped.items())]
                                 if retyped else []))
             out.append(result("schema", False, f"{what} (v{report.serving_version} -> v{report.version}); readers of "
                                                f"the alias may break: promote with --allow-schema-change if meant"))
@@ -312,3 +312,44 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
             raise SinkError(f"cannot write the validation report of {pipeline} v{version} to {paths.report_file}: "
                             f"its folder is gone (was it retired meanwhile? see kappa status)") from None
     return report
+
+
+def check_pipeline_checks(k: Kappa, pipeline: str) -> str:
+    """Refuse (ConfigError, one line) a check of `pipeline` that does not parse or names an unknown table
+    or column; what it was checked against. The columns are those of the newest version's table that
+    exists (the one the alias serves, else the newest): a version about to be deployed is expected to
+    write the same columns. Before any table exists, the SQL is parsed only."""
+    import pyarrow as pa
+
+    from orchestrator.core.checks import validate_checks
+    from orchestrator.core.tables import arrow_schema
+
+    spec = k.pipeline(pipeline)
+    if not spec.checks:
+        return "no checks declared"
+    alias = k.registry.get_alias(spec.alias)
+    order = sorted((r.version for r in k.registry.list_versions(pipeline) if r.state != "retired"), reverse=True)
+    if alias is not None and alias.pipeline == pipeline:
+        order = [alias.version] + [n for n in order if n != alias.version]
+    for n in order:
+        paths = k.paths(pipeline, n)
+        table = arrow_schema(paths.table)
+        if table is None:
+            continue
+        rejects = arrow_schema(paths.rejects) or _empty_rejects().schema
+        diff = pa.schema([table.field(c) for c in spec.key_columns if c in table.names]
+                         + [pa.field(c, pa.string()) for c in ("column_name", "old", "new")])
+        schemas = {"candidate": table, "serving": table, "candidate_rejects": rejects, "serving_rejects": rejects,
+                   "diff": diff}
+        validate_checks(pipeline, spec.checks, schemas, where=f" (checked against the columns of v{n}'s table)")
+        return f"{len(spec.checks)} checks bind against the columns of v{n}'s table"
+    import duckdb
+
+    for c in spec.checks:
+        try:
+            duckdb.extract_statements(c.sql)
+        except Exception as e:
+            line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"pipeline {pipeline!r}, check {c.name!r}: {line}; fix its sql in the pipelines "
+                              f"file") from None
+    return f"{len(spec.checks)} checks parse (no table yet to check their columns against)"
