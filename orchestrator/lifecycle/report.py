@@ -10,8 +10,8 @@ own (`key_count`, `reject_rate`, `schema`) and the pipeline's (`orchestrator.cor
 Each table is read once, at one Delta version (`table_versions`): the counts, the diff and the
 checks all see the same snapshot. Input skew is counted apart and never as a change: rows in both
 tables derived from different Kafka records (`rows_input_differs`), and keys only one version
-holds because the other has not read their record yet (`keys_only_*_unread`, from the versions'
-checkpoints); those keys are left out of the key-count check.
+holds on a partition the two have read to different offsets (`keys_only_*_skewed`, from the
+versions' checkpoints); those keys are left out of the key-count check.
 
 Compaction takes something away that no reprocess can give back: once the cleaner has run, a key
 whose latest record is malformed has lost its earlier valid value from the log. The serving
@@ -73,9 +73,10 @@ class Report(BaseModel):
     rows_input_differs: int = 0
     keys_only_new: int = 0
     keys_only_serving: int = 0
-    #: Of the keys only one table holds, those whose record the other version has not read yet.
-    keys_only_new_unread: int = 0
-    keys_only_serving_unread: int = 0
+    #: Of the keys only one table holds, those on a partition the versions have read to different
+    #: offsets (input skew: left out of the key-count check).
+    keys_only_new_skewed: int = 0
+    keys_only_serving_skewed: int = 0
     #: Keys the serving version has and this one cannot: their latest record in the log is malformed
     #: (in this version's rejects) and the cleaner removed their earlier valid value from the log.
     #: Not a change of the new logic; left out of keys_only_serving and of the key-count check.
@@ -149,22 +150,19 @@ def _keys_lost_to_compaction(new, old, keys: list[str], rejects) -> int:
     return pc.sum(pc.is_in(column, value_set=rejected)).as_py() or 0
 
 
-def _unread(mine, other, keys: list[str], other_next: dict[tuple[str, int], int] | None,
-            topics: tuple[str, ...]) -> int:
-    """Keys only `mine` holds whose record the other version has not read yet (its checkpoint's next
-    offset is at or before the record's position): input skew, not the new logic. Known for a
-    pipeline on one topic whose tables carry the source position; 0 otherwise."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+def _skewed(mine, other, keys: list[str], mine_next: dict[tuple[str, int], int] | None,
+            other_next: dict[tuple[str, int], int] | None, topics: tuple[str, ...]) -> int:
+    """Keys only `mine` holds, on a partition the two versions have read to different offsets: input
+    skew (a record, or a tombstone, one version has read and the other not yet), not the new logic.
+    Known for a pipeline on one topic whose tables carry the source position; 0 otherwise."""
     if len(topics) != 1 or not all(p in mine.column_names for p in POSITION):
         return 0
-    only = mine.select(keys + list(POSITION)).join(other.select(keys), keys=keys, join_type="left anti")
-    if only.num_rows == 0 or other_next is None:
-        return only.num_rows
-    parts = only.column(POSITION[0]).to_pylist()
-    nxt = pa.array([other_next.get((topics[0], int(p)), 0) if p is not None else 0 for p in parts], pa.int64())
-    return pc.sum(pc.greater_equal(pc.cast(only.column(POSITION[1]), pa.int64()), nxt)).as_py() or 0
+    only = mine.select(keys + [POSITION[0]]).join(other.select(keys), keys=keys, join_type="left anti")
+    if only.num_rows == 0:
+        return 0
+    mine_next, other_next = mine_next or {}, other_next or {}
+    return sum(1 for p in only.column(POSITION[0]).to_pylist()
+               if p is None or mine_next.get((topics[0], int(p))) != other_next.get((topics[0], int(p))))
 
 
 def _next_offsets(k: Kappa, pipeline: str, version: int) -> dict[tuple[str, int], int] | None:
@@ -229,9 +227,9 @@ def _builtin_checks(report: Report) -> list[CheckResult]:
                                              f"the key count ({report.keys_new}) with", value=report.keys_new))
     else:
         skew = ""
-        if report.keys_only_new_unread or report.keys_only_serving_unread or report.keys_lost_to_compaction:
-            skew = (f"; not counted: {report.keys_only_serving_unread} keys v{report.version} has not read yet, "
-                    f"{report.keys_only_new_unread} v{report.serving_version} has not read yet, "
+        if report.keys_only_new_skewed or report.keys_only_serving_skewed or report.keys_lost_to_compaction:
+            skew = (f"; not counted: {report.keys_only_new_skewed + report.keys_only_serving_skewed} keys only one "
+                    f"version holds on partitions the two have read to different offsets, "
                     f"{report.keys_lost_to_compaction} lost to compaction")
         ratio = report.key_delta_ratio
         detail = ((f"{report.keys_new} keys vs {report.keys_serving} in serving v{report.serving_version} "
@@ -295,11 +293,11 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
         lost = _keys_lost_to_compaction(new, old, keys, rejects)
         report.keys_lost_to_compaction = lost
         report.keys_only_serving -= lost
-        report.keys_only_serving_unread = _unread(old, new, keys, _next_offsets(k, pipeline, version), spec.topics)
-        report.keys_only_new_unread = _unread(new, old, keys, _next_offsets(k, pipeline, serving_version),
-                                              spec.topics)
-        kept_old = old.num_rows - lost - report.keys_only_serving_unread
-        kept_new = new.num_rows - report.keys_only_new_unread
+        new_next, old_next = _next_offsets(k, pipeline, version), _next_offsets(k, pipeline, serving_version)
+        report.keys_only_serving_skewed = _skewed(old, new, keys, old_next, new_next, spec.topics)
+        report.keys_only_new_skewed = _skewed(new, old, keys, new_next, old_next, spec.topics)
+        kept_old = old.num_rows - lost - report.keys_only_serving_skewed
+        kept_new = new.num_rows - report.keys_only_new_skewed
         delta = abs(kept_new - kept_old)
         report.key_delta_ratio = (delta / kept_old) if kept_old else (0.0 if delta == 0 else float("inf"))
         report.key_count_ok = report.key_delta_ratio <= spec.key_count_tolerance

@@ -84,10 +84,11 @@ def _render_changes(console: Console, report: Mapping[str, Any], n: Any, old: An
     if report.get("rows_input_differs"):
         console.print(f"  rows whose input differs (live updates one version has read and the other not "
                       f"yet; not compared): {fmt_count(report.get('rows_input_differs'))}", highlight=False)
-    unread_new, unread_old = report.get("keys_only_new_unread") or 0, report.get("keys_only_serving_unread") or 0
-    if unread_new or unread_old:
-        console.print(f"  keys whose record one version has not read yet (not counted): v{n} ahead "
-                      f"{fmt_count(unread_new)}, v{old} ahead {fmt_count(unread_old)}", highlight=False)
+    skew_new, skew_old = report.get("keys_only_new_skewed") or 0, report.get("keys_only_serving_skewed") or 0
+    if skew_new or skew_old:
+        console.print(f"  keys only one version holds where the two have read to different offsets (input skew, "
+                      f"not counted): only in v{n} {fmt_count(skew_new)}, only in v{old} {fmt_count(skew_old)}",
+                      highlight=False)
     for label, key in (("added", "columns_added"), ("removed", "columns_removed")):
         if report.get(key):
             console.print(f"  columns {label}: {', '.join(report[key])}", highlight=False)

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from orchestrator.core.exceptions import ConfigError
+from orchestrator.core.exceptions import ConfigError, NotReadyError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.settings import Settings
@@ -26,13 +26,17 @@ from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.registry import Registry
-from orchestrator.serving import open_alias
+from orchestrator.serving import open_alias, resolve_alias
 from tests.team_repo import accounts, expected_accounts, write_team_repo
 
 pytestmark = pytest.mark.integration
 
 DEADLINE = float(os.environ.get("KAPPA_TEST_READY_DEADLINE", "900"))
 PARTITIONS = 2
+
+#: The team's next job: the same rows without the owner column.
+SLIM = ("from jobs.lib.contract import Upserts\nfrom team_jobs.accounts import transform as full\n\n"
+        "def transform(job):\n    out = full(job)\n    return Upserts(out.rows.drop('owner'), then=out.then)\n")
 
 BROKEN = {
     "team_jobs.raising": ("import json\nraise RuntimeError('the team forgot a dependency')\n",
@@ -51,6 +55,7 @@ def team(bootstrap, tmp_path, seed):
     datagen.ensure_topic(bootstrap, topic, PARTITIONS)
     datagen.produce(bootstrap, topic, accounts(400, 60, seed))
     repo, rules = write_team_repo(tmp_path)
+    (repo / "team_jobs" / "slim.py").write_text(SLIM)
     for ref, (code, _) in BROKEN.items():
         if code is not None:
             (repo / "team_jobs" / f"{ref.split('.')[1]}.py").write_text(code)
@@ -93,6 +98,22 @@ def test_a_team_job_from_its_own_folder_is_deployed_caught_up_promoted_and_serve
     assert launch["mode"] == "local"
     log = k.paths("accounts", info.version).log_file.read_text(errors="replace")
     assert "--job team_jobs.accounts:transform" in log and "--key account_id" in log
+
+    # the team's next version drops a column readers may use: refused at promote unless allowed
+    slim_spec = k.pipeline("accounts").model_copy(update={"job": "team_jobs.slim:transform"})
+    slim = Kappa(k.settings, registry=k.registry, pipelines={"accounts": slim_spec})
+    v2 = deploy(slim, "accounts", "v2", actor="team:ana", reason="owner moves to its own table").version
+    assert wait_ready(slim, "accounts", v2, deadline_seconds=DEADLINE, poll_seconds=1).ready
+    with pytest.raises(NotReadyError) as e:
+        promote(slim, "accounts", v2, actor="team:ana", reason="drop owner")
+    assert str(e.value) == (
+        f"cannot promote accounts v{v2} to alias {alias!r}: schema: columns removed: owner (v{info.version} -> "
+        f"v{v2}); readers of the alias may break: promote with --allow-schema-change if meant")
+    assert resolve_alias(alias, k.settings)["version"] == info.version
+    res = promote(slim, "accounts", v2, actor="team:ana", reason="drop owner", allow_schema_change=True)
+    assert res.flipped and res.report.columns_removed == ["owner"] and res.report.columns_added == []
+    assert res.report.aligned and res.report.rows_changed == 0 and res.report.rows_same_input == len(table)
+    assert "owner" not in read_table(open_alias(alias, k.settings)).column_names
 
 
 @pytest.mark.parametrize("ref", list(BROKEN))
