@@ -118,3 +118,39 @@ def test_the_downstream_side_reads_each_flip_once_oldest_first():
     assert [(f["asset"], f["extra"]["version"], f["source_run_id"]) for f in flips] == [
         ("kappa.a_served", 3, "r3"), ("kappa.b_served", 7, "r7")]
     assert assets.flip_events(None) == []
+
+
+def test_an_automatic_rollback_is_an_event_on_the_alias_asset_and_fails_the_monitor_task_naming_its_cause(
+        k, monkeypatch):
+    """kappa_monitor's watch task announces each rollback the watch pass made (and succeeds, so that
+    Airflow records the event); its monitor task then fails with pipeline, version and cause."""
+    from contextlib import nullcontext
+
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from orchestrator.airflow import tasks
+    from orchestrator.core.exceptions import LifecycleError
+    from orchestrator.lifecycle import watch as watch_mod
+
+    k.registry.flip_alias("std_a_served", "std_a", expected_version=1, new_version=2, actor="ops", reason="promote")
+    cause = "v2: lag 42.0 s over the limit 5 s (watch_max_lag_seconds) for 3 samples in a row"
+
+    def the_watch_rolls_back(kk, pipeline, *, actor):   # what watch_pass does on the real stack
+        kk.registry.flip_alias("std_a_served", "std_a", expected_version=2, new_version=1, actor="kappa-watch",
+                               reason=f"automatic rollback: {cause}")
+        return [{"kind": "rolled_back", "pipeline": pipeline, "version": 2, "to_version": 1, "cause": cause,
+                 "degraded": "stopped"}]
+
+    monkeypatch.setattr(tasks, "_kappa", lambda: nullcontext(k))
+    monkeypatch.setattr(watch_mod, "watch_pass", the_watch_rolls_back)
+    events = OutletEventAccessors()
+    [action] = tasks.watch(user=None, run_id="scheduled__1", outlet_events=events)
+    [event] = alias_events(events)
+    assert event.extra == action["asset_event"]
+    assert {key: event.extra[key] for key in ("action", "version", "previous_version", "actor", "reason")} == {
+        "action": "rollback", "version": 1, "previous_version": 2, "actor": "kappa-watch",
+        "reason": f"automatic rollback: {cause}"}
+    with pytest.raises(LifecycleError) as e:
+        tasks.monitor(user=None, run_id="scheduled__1", watched=[action])
+    # first the rollback, then what else the pass found (v1's job is not running in this fake world)
+    assert str(e.value).startswith(f"std_a v2 was rolled back automatically to v1: {cause}; "), str(e.value)

@@ -200,3 +200,19 @@ def test_check_finds_a_file_of_the_rules_location_as_deploy_does(run, team):
     assert line.startswith("Error: invalid rules version 'V3': expected lowercase letters, digits")
     res = run("rules", "check", str(team / "titles" / "v1.toml"))
     assert res.exit_code == 0 and res.stdout.startswith(f"ok: {team / 'titles' / 'v1.toml'}: rules v1 ")
+
+
+def test_check_with_a_pipeline_checks_its_sql_as_deploy_does(run, tmp_path):
+    """`kappa rules check --pipeline P`: a pipeline's checks that do not parse are refused in one line,
+    exit 1; good ones say what they were checked against (no table yet: parsed only)."""
+    pipelines = tmp_path / "pipelines.toml"
+    base = ('[pipelines.p]\njob = "standardize"\ntopics = ["t"]\nkey = "member_id"\nruleset = "titles"\n'
+            'alias = "p_live"\n[[pipelines.p.checks]]\nname = "nulls"\nmax = 0.01\nsql = "{sql}"\n')
+    pipelines.write_text(base.format(sql="SELECT avg(CASE WHEN title IS NULL THEN 1.0 ELSE 0 END) FROM candidate"))
+    res = run("--pipelines-file", str(pipelines), "rules", "check", "--pipeline", "p")
+    assert res.exit_code == 0 and res.stdout == "ok: pipeline p: 1 checks parse (no table yet to check their columns against)\n"
+    pipelines.write_text(base.format(sql="SELEC avg(title) FROM candidate"))
+    res = run("--pipelines-file", str(pipelines), "rules", "check", "--pipeline", "p")
+    assert res.exit_code == 1
+    assert one_error_line(res).startswith("Error: pipeline 'p', check 'nulls': Parser Error: syntax error at or near "
+                                          "\"SELEC\""), res.stderr
