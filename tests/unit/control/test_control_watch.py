@@ -15,7 +15,8 @@ from orchestrator.core.exceptions import LifecycleError, NotReadyError
 from orchestrator.lifecycle.monitor import monitor
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.rollback import rollback
-from orchestrator.lifecycle.watch import watch_pass
+from orchestrator.lifecycle.watch import describe_watch, watch_pass
+from orchestrator.observe.metrics import collect, parse_text, render_text
 from orchestrator.serving import resolve_alias
 
 ROWS = [("m1", "swe", "SWE", "Ada", 1), ("m2", "pm", "PM", "Grace", 2)]
@@ -67,6 +68,15 @@ def test_a_watched_check_failing_on_the_live_table_rolls_back_once_with_its_caus
     assert [(e.actor, e.reason) for e in rb] == [("kappa-watch", f"automatic rollback: {cause}")]
     outcomes = [e.outcome for e in k.registry.audit_log(PIPELINE, action="watch")]
     assert outcomes == ["rolling_back", "rolled_back"]
+    # what the operator sees: kappa status's line, the metrics endpoint's figures
+    assert describe_watch(v2, w) == f"watch of v{v2} (standby v{v1}): rolled_back, 2 samples; rolled back " \
+                                    f"automatically: {cause}"
+    figures = parse_text(render_text(collect(k)))
+    labels = (("pipeline", PIPELINE), ("version", str(v2)))
+    assert figures[("kappa_watch_state", tuple(sorted(labels + (("state", "rolled_back"),))))] == 1
+    assert figures[("kappa_watch_state", tuple(sorted(labels + (("state", "watching"),))))] == 0
+    assert figures[("kappa_watch_samples", labels)] == 2
+    assert figures[("kappa_watch_decisions_total", (("outcome", "rolled_back"), ("pipeline", PIPELINE)))] == 1
     # once per promote: later passes do nothing more
     assert watch_pass(k, PIPELINE) == []
     assert len([e for e in k.registry.audit_log(PIPELINE, action="rollback") if e.outcome == "ok"]) == 1
