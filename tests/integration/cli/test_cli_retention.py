@@ -61,10 +61,13 @@ class Bed:
                                "--bootstrap-servers", self.bootstrap, *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
 
-    def deploy_ready(self, rules: str) -> int:
-        info = deploy(self.k, self.pipeline, rules, actor=ACTOR, reason=f"rules {rules}")
-        wait_ready(self.k, self.pipeline, info.version, deadline_seconds=DEADLINE, poll_seconds=1)
-        return info.version
+    def deploy_ready(self, *rules: str) -> list[int]:
+        """A version per rules file, deployed at once (queued: no job waits for the one before it to
+        catch up, so their JVM starts and backfills overlap), then each waited for until ready."""
+        infos = [deploy(self.k, self.pipeline, r, actor=ACTOR, reason=f"rules {r}", queue=True) for r in rules]
+        for info in infos:
+            wait_ready(self.k, self.pipeline, info.version, deadline_seconds=DEADLINE, poll_seconds=1)
+        return [info.version for info in infos]
 
 
 @pytest.fixture
@@ -134,10 +137,10 @@ def gone(pid: int) -> bool:
 def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     k, p = bed.k, bed.pipeline
     reg = k.registry
-    v1 = bed.deploy_ready("v1")
+    v1, *later = bed.deploy_ready("v1", "v2", "v1", "v2")
+    assert (v1, later) == (1, [2, 3, 4])
     stop_version(k, p, v1, actor=ACTOR, reason="superseded before it served")
-    for rules in ("v2", "v1", "v2"):
-        n = bed.deploy_ready(rules)
+    for n in later:
         promote(k, p, n, actor=ACTOR, reason=f"serve v{n}")
     assert {r.version: str(r.state) for r in reg.list_versions(p)} == {
         1: "stopped", 2: "standby", 3: "standby", 4: "serving"}
