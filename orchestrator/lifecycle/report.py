@@ -184,9 +184,11 @@ def _offsets_read(k: Kappa, pipeline: str, version: int) -> int:
     return sum(max(0, nxt - starts.get(tp, 0)) for tp, nxt in ckpt.items())
 
 
-def check_tables(k: Kappa, pipeline: str, version: int, other: int | None) -> tuple[dict[str, Any], dict[str, int]]:
+def check_tables(k: Kappa, pipeline: str, version: int, other: int | None, *,
+                 checks: Any = ()) -> tuple[dict[str, Any], dict[str, int]]:
     """The tables a check reads (`orchestrator.core.checks.TABLES`), with `version` as the candidate and
-    `other` as the serving one, each read once; and the Delta version each was read at."""
+    `other` as the serving one, each read once; and the Delta version each was read at. The `diff`
+    table (a join of the two) is made only when one of `checks` reads it."""
     spec = k.pipeline(pipeline)
     paths = k.paths(pipeline, version)
     snap = _snapshot(paths.table)
@@ -208,8 +210,8 @@ def check_tables(k: Kappa, pipeline: str, version: int, other: int | None) -> tu
     if tables["candidate_rejects"] is None:
         tables["candidate_rejects"] = old_rejects if old_rejects is not None else _empty_rejects()
     tables["serving_rejects"] = old_rejects if old_rejects is not None else _empty_like(tables["candidate_rejects"])
-    keys = list(spec.key_columns)
-    tables["diff"] = diff_rows(new, tables["serving"], keys) if old is not None else diff_rows(new, new, keys)
+    if any("diff" in c.sql.lower() for c in checks):
+        tables["diff"] = diff_rows(new, old if old is not None else new, list(spec.key_columns))
     return tables, versions_read
 
 
@@ -270,7 +272,7 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
         alias_prev = reg.get_alias(spec.alias)
         serving_version = alias_prev.previous_version if alias_prev is not None else None
     paths = k.paths(pipeline, version)
-    tables, table_versions = check_tables(k, pipeline, version, serving_version)
+    tables, table_versions = check_tables(k, pipeline, version, serving_version, checks=spec.checks)
     new, rejects = tables["candidate"], tables["candidate_rejects"]
     offsets_read = _offsets_read(k, pipeline, version)
     reject_rate = rejects.num_rows / offsets_read if offsets_read else 0.0

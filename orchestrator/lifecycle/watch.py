@@ -110,7 +110,7 @@ def _sample(k: Kappa, pipeline: str, version: int, w: dict[str, Any], *, actor: 
                         f"(max_reject_rate)")
     watched = [c for c in spec.checks if c.watch]
     if watched:
-        tables, _ = check_tables(k, pipeline, version, int(w["standby"]))
+        tables, _ = check_tables(k, pipeline, version, int(w["standby"]), checks=watched)
         results = run_checks(watched, tables)
         sample["checks"] = {c.name: c.value for c in results}
         failed = [c for c in results if not c.ok]
