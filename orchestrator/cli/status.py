@@ -98,12 +98,6 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
     return row
 
 
-def describe_watch(version: int, w: dict[str, Any]) -> str:
-    from orchestrator.lifecycle.watch import describe_watch as describe
-
-    return describe(version, w)
-
-
 def _versions(k: Kappa, pipeline: str) -> list[VersionRecord]:
     return sorted(k.registry.list_versions(pipeline), key=lambda r: r.version)
 
@@ -157,6 +151,8 @@ def status_cmd(
     if as_json:
         print_json({"pipelines": data})
         return
+    from orchestrator.lifecycle.watch import describe_watch
+
     if not data:
         cli.out.print("no pipeline has a version yet: deploy one with `kappa deploy <pipeline>` "
                       "(`kappa pipelines` lists them)")

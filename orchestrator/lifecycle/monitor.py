@@ -1,8 +1,8 @@
 """Monitor: the periodic check (Airflow's kappa_monitor runs it every minute).
 
-For every pipeline: reconcile (below), then the watch of a promoted version
-(`orchestrator.lifecycle.watch`: an automatic rollback is a problem, named with its cause), then (publish interrupted flips, restart dead jobs under supervision or
-fail them past their bound: a give-up is a problem), sample the lag of
+For every pipeline: reconcile (publish interrupted flips, restart dead jobs under supervision or
+fail them past their bound: a give-up is a problem), then the watch of a promoted version
+(`orchestrator.lifecycle.watch`: an automatic rollback is a problem, named with its cause), sample the lag of
 every version whose job should run (which also moves states and records failures), and stop
 standby versions whose grace period is over (keeping their table and checkpoint). Then, if a
 serving version is failing, or lagging beyond its threshold for every one of its last N

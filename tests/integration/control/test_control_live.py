@@ -16,6 +16,7 @@ concurrent promotes, a crash between the CAS and the publish, and retention's re
 from __future__ import annotations
 
 from pathlib import Path
+import json
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ import pytest
 import sqlalchemy as sa
 
 from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
+from orchestrator.core.checks import CheckSpec
 from orchestrator.dev import datagen
 from orchestrator.lifecycle.await_ready import readiness, wait_ready
 from orchestrator.dev.broker import free_port
@@ -143,6 +145,43 @@ def independent_lag(bootstrap: str, topic: str, group: str) -> dict[str, int]:
     return {partition_key(topic, p): ends[p] - committed.get(p, 0) for p in range(PARTITIONS)}
 
 
+def aligned_expectation(k: Kappa, report) -> dict[str, int]:
+    """The report's like-with-like counts, computed apart: both tables read at the Delta versions the
+    report read, joined on the member id in Python; a row is the same input when its source position
+    is, and changed when the oracle's v1 and v2 rules map its raw title or company differently."""
+    from deltalake import DeltaTable
+
+    from orchestrator.core.tables import read_table
+    from orchestrator.observe.lag import checkpoint_next_offsets
+
+    def rows(version: int, which: str) -> dict:
+        dt = DeltaTable(str(k.paths(PIPELINE, version).table), version=report.table_versions[which])
+        return {r["member_id"]: r for r in read_table(dt).to_pylist()}
+
+    new, old = rows(report.version, "candidate"), rows(report.serving_version, "serving")
+    nxt = {v: checkpoint_next_offsets(k.paths(PIPELINE, v).checkpoint)[0] or {}
+           for v in (report.version, report.serving_version)}
+    topic = k.pipeline(PIPELINE).topics[0]
+    both = new.keys() & old.keys()
+    same = [m for m in both if (new[m]["source_partition"], new[m]["source_offset"])
+            == (old[m]["source_partition"], old[m]["source_offset"])]
+    def derived(row: dict, rules: str) -> tuple:
+        return (standardize("titles", row["title_raw"], rules), standardize("companies", row["company_raw"], rules))
+
+    for m in same:       # each table holds what its rules make of the raw values
+        assert (new[m]["title"], new[m]["company"]) == derived(new[m], "v2"), m
+        assert (old[m]["title"], old[m]["company"]) == derived(old[m], "v1"), m
+
+    def skewed(mine: dict, other: dict) -> int:
+        return sum(1 for m in mine.keys() - other.keys()
+                   if nxt[report.version].get((topic, mine[m]["source_partition"]))
+                   != nxt[report.serving_version].get((topic, mine[m]["source_partition"])))
+
+    return {"rows_compared": len(both), "rows_same_input": len(same), "rows_input_differs": len(both) - len(same),
+            "rows_changed": sum(1 for m in same if derived(new[m], "v2") != derived(old[m], "v1")),
+            "keys_only_new_skewed": skewed(new, old), "keys_only_serving_skewed": skewed(old, new)}
+
+
 # -- the story, in order -----------------------------------------------------------------------
 
 def test_deploy_ready_promote_the_first_version(live):
@@ -194,7 +233,22 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     assert info.version == 2
     r = wait_ready(k, PIPELINE, 2, deadline_seconds=DEADLINE, poll_seconds=1)
     assert r.ready
-    report = validation_report(k, PIPELINE, 2)
+    # like with like: v2 held (SIGSTOP) while 40 more updates arrive and v1 reads them; the report
+    # counts as changed only rows both derived from the same Kafka record, the rest as input skew
+    live.stop_producer()
+    pid = k.registry.get_version(PIPELINE, 2).pid
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        live.produce(40, KEYS)
+        quiesce(live, 1)
+        report = validation_report(k, PIPELINE, 2)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    expected = aligned_expectation(k, report)
+    assert report.aligned and expected["rows_input_differs"] > 0, expected
+    assert {name: getattr(report, name) for name in expected} == expected
+    assert report.key_count_ok
+    live.start_producer(rate=10)
     assert report.serving_version == 1 and report.rules_version == "v2" and report.serving_rules_version == "v1"
     assert report.rows_changed > 0 and report.top_changes["title"]
     for change in report.top_changes["title"]:   # each change old -> new is what the rules do to a raw title
@@ -386,3 +440,104 @@ def test_retention_refuses_the_serving_version_on_each_registry(live, adopted):
     assert plan.kept == [1] and plan.retire == [] and list(plan.protected) == [2]
     assert k.registry.get_version(PIPELINE, 1).state == "serving"
     assert Path(k.paths(PIPELINE, 1).table).exists()
+
+
+# -- guarded rollouts: the watch over the grace period (last: it leaves v2 stopped) --------------
+
+def _monitor_until(k: Kappa, kind: str, what: str, deadline: float = 180.0) -> dict:
+    """Monitor passes (as `kappa supervise` runs them) until one's watch did `kind`; that action."""
+    from orchestrator.lifecycle.monitor import monitor
+
+    def one_pass():
+        report = monitor(k, actor="kappa supervise", raise_on_problem=False)
+        return next((a for a in report.watched if a["kind"] == kind), None)
+
+    return wait_until(one_pass, what, deadline, poll=1)
+
+
+def _watched_promote(live: Live, reason: str, **watch) -> None:
+    """v1 serving, v2 ready behind it, then v2 promoted under the watch `watch` configures."""
+    k = live.k
+    k.pipelines[PIPELINE] = make_spec(live.topic, live.alias, **{
+        "auto_rollback": True, "watch_max_lag_seconds": 5.0, "watch_lag_samples": 3, "checks": (LONG_TITLES,), **watch})
+    if k.registry.get_alias(live.alias).version != 1:
+        rollback(k, PIPELINE, 1, actor="ops", reason="v1 serves before the next watched promote")
+    assert wait_ready(k, PIPELINE, 2, deadline_seconds=DEADLINE, poll_seconds=1).ready
+    rolled_back = (k.registry.get_version(PIPELINE, 2).details or {}).get("watch", {}).get("state") == "rolled_back"
+    res = promote(k, PIPELINE, 2, actor="ops", reason=reason, force=rolled_back)
+    assert res.flipped and "watched (auto_rollback)" in res.message, res.message
+
+
+def _rolled_back_to_v1(live: Live, action: dict, cause: str) -> None:
+    k = live.k
+    assert (action["version"], action["to_version"]) == (2, 1) and re.search(cause, action["cause"]), action
+    assert resolve_alias(live.alias, live.settings)["table"] == str(k.paths(PIPELINE, 1).table)  # readers: v1
+    entry = [e for e in k.registry.audit_log(PIPELINE, action="rollback") if e.outcome == "ok"][-1]
+    assert (entry.actor, entry.reason) == ("kappa-watch", f"automatic rollback: {action['cause']}")
+
+
+#: A watched check: no raw title longer than 60 characters (a garbled upstream field).
+LONG_TITLES = CheckSpec(name="long_titles", max=0, watch=True,
+                        sql="SELECT count(*) FROM candidate WHERE length(title_raw) > 60")
+
+
+def test_a_promoted_version_that_degrades_is_rolled_back_by_itself_and_a_healthy_one_is_left_alone(v2_serving):
+    from orchestrator.lifecycle.watch import watch_pass
+
+    live, k = v2_serving, v2_serving.k
+    original = k.pipelines[PIPELINE]
+    pid = None
+    try:
+        # healthy: watched through a short grace period, sampled, then passed; alias untouched
+        _watched_promote(live, "healthy v2 under watch", grace_period_seconds=15.0)
+        passed = wait_until(lambda: next((a for a in watch_pass(k, PIPELINE) if a["kind"] == "passed"), None),
+                            "the watch of a healthy v2 to pass", 120, poll=2)
+        w = k.registry.get_version(PIPELINE, 2).details["watch"]
+        assert passed["version"] == 2 and w["state"] == "passed" and w["samples"] >= 2, w
+        assert k.registry.get_alias(live.alias).version == 2
+
+        # lag: v2's job held (SIGSTOP) while updates arrive: 3 samples over 5 s of lag -> rollback
+        _watched_promote(live, "v2 under watch, then held", grace_period_seconds=3600.0, watch_on_rollback="keep")
+        pid = k.registry.get_version(PIPELINE, 2).pid
+        os.killpg(pid, signal.SIGSTOP)
+        live.start_producer(rate=10)
+        action = _monitor_until(k, "rolled_back", "the watch to roll back a held v2")
+        _rolled_back_to_v1(live, action, r"^v2: lag \d+\.\d s over the limit 5 s \(watch_max_lag_seconds\) for 3 "
+                                         r"samples in a row$")
+        assert action["degraded"] == "kept running" and k.registry.get_version(PIPELINE, 2).state == "standby"
+        os.killpg(pid, signal.SIGCONT)
+        pid = None
+        live.stop_producer()
+        with pytest.raises(NotReadyError, match="auto_rollback: v2 was rolled back automatically"):
+            promote(k, PIPELINE, 2, actor="ops", reason="again, unforced")
+
+        # killed past its restart bound (max_restarts 0): supervision gives up -> rollback
+        _watched_promote(live, "v2 again, forced past its automatic rollback", max_restarts=0)
+        info = k.registry.get_version(PIPELINE, 2)
+        os.killpg(info.pid, signal.SIGKILL)
+        wait_until(lambda: inspect_version(k, PIPELINE, 2).alive, "the killed job of v2 to be gone", 30, poll=0.1,
+                   done=lambda alive: not alive)
+        action = _monitor_until(k, "rolled_back", "the watch to roll back a v2 given up by supervision")
+        _rolled_back_to_v1(live, action, r"^v2: its job (was given up by supervision|failed)")
+
+        # a watched check failing on the live table after bad records arrive -> rollback, v2 stopped
+        start_version(k, PIPELINE, 2, actor="ops", reason="back for the last watch test")
+        # (a lag limit it cannot meet right after its restart would roll it back first)
+        _watched_promote(live, "v2 again, watched check", watch_on_rollback="stop", watch_max_lag_seconds=3600.0)
+        long_title = "Senior Principal Staff Distinguished Software Engineering Architect of Everything " * 2
+        datagen.produce(live.bootstrap, live.topic, [datagen.ChangeRecord(
+            datagen.member_key(7), json.dumps({"name": "Garbled", "title": long_title, "company": "Acme",
+                                               "location": "Paris", "updated_at": "2026-01-01T00:00:00Z"}).encode(),
+            "upsert")], partitions=PARTITIONS)
+        live.produced += 1
+        action = _monitor_until(k, "rolled_back", "the watch to roll back v2 on its failing check")
+        _rolled_back_to_v1(live, action, r"^v2: check 'long_titles' failed on the live table: 1 outside its limit "
+                                         r"\(max 0\)$")
+        assert action["degraded"] == "stopped" and k.registry.get_version(PIPELINE, 2).state == "stopped"
+        outcomes = [e.outcome for e in k.registry.audit_log(PIPELINE, action="watch", limit=None)]
+        assert outcomes == ["passed"] + ["rolling_back", "rolled_back"] * 3, outcomes
+    finally:
+        if pid is not None:
+            os.killpg(pid, signal.SIGCONT)
+        live.stop_producer()
+        k.pipelines[PIPELINE] = original
