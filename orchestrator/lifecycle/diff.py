@@ -12,6 +12,8 @@ yet) are counted apart (`rows_input_differs`), never as changes. So every change
 new logic's.
 
 Columns that record where a row came from (`source_*`) or are internal (`_*`) are not compared.
+`changed_by_column` lists the derived columns (or, without raw columns, every compared one) and
+any other column that changed.
 `diff_rows` lists each changed value (key, column, old, new as text) for a pipeline's checks
 (the `diff` table of `orchestrator.core.checks`); `schema_changes` names the columns added,
 removed or retyped between the two tables.
@@ -35,14 +37,18 @@ def _differs(a, b):
     return pc.or_(ne, pc.xor(pc.is_null(a), pc.is_null(b)))
 
 
+def _derived(common: list[str]) -> list[str]:
+    """The columns derived from a raw one kept beside them (`title` of `title_raw`)."""
+    return [c[:-4] for c in common if c.endswith("_raw") and c[:-4] in common]
+
+
 def _plan(new, old, keys: list[str]) -> tuple[list[str], list[str], list[str]]:
     """(common data columns, compared columns, input columns that must be equal)."""
     common = [c for c in new.column_names if c in old.column_names and c not in keys
               and not c.startswith("source_") and not c.startswith("_")]
     if all(p in new.column_names and p in old.column_names for p in POSITION):
         return common, common, list(POSITION)
-    raw = [c for c in common if c.endswith("_raw") and c[:-4] in common]
-    derived = [c[:-4] for c in raw]
+    derived = _derived(common)
     if derived:
         return common, derived, [c for c in common if c not in derived]
     return common, common, []
@@ -86,6 +92,9 @@ def compare_tables(new, old, key_columns: list[str], top: int = TOP_CHANGES) -> 
             counts = counts.sort_by([("count_all", "descending"), ("old", "ascending"), ("new", "ascending")])
             top_changes[c] = [{"old": r["old"], "new": r["new"], "count": r["count_all"]}
                               for r in counts.slice(0, top).to_pylist()]
+    # every column is compared; listed are the derived ones (`title` of `title_raw`) and any that changed
+    keep = set(_derived(compared)) or set(compared)
+    by_column = {c: n for c, n in by_column.items() if n or c in keep}
     same = pc.sum(same_input).as_py() or 0
     return {
         "compared_columns": compared, "input_columns": [c for c in inputs if c not in POSITION],
