@@ -11,8 +11,8 @@ the same registry, warehouse and broker as the CLI.
 their PIDs and creation times in `<AIRFLOW_HOME>/stack.json`, and returns once the API answers,
 every component heartbeats and the kappa DAGs are parsed. `stop()` (or `AirflowStack.stop()`)
 stops exactly those process groups, and only while each PID is still the process started:
-SIGTERM, then SIGKILL after a timeout. Version jobs that tasks started are kappa's, not
-Airflow's: they run in their own sessions and survive a stop.
+SIGTERM to all of them, then SIGKILL to each still there after a timeout. Version jobs that
+tasks started are kappa's, not Airflow's: they run in their own sessions and survive a stop.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ from orchestrator.core.resources import dags_folder as _dags_folder
 from orchestrator.core.secrets import mask_url
 from orchestrator.core.settings import Settings
 from orchestrator.dev.broker import free_port
-from orchestrator.jobctl.process import create_time, is_ours, stop_group
+from orchestrator.jobctl.process import create_time, group_alive, is_ours, signal_group, wait_gone
 
 __all__ = ["AirflowStack", "DAGS_FOLDER", "KAPPA_DAG_IDS", "airflow_home", "sqlite_url", "check_db_url",
            "airflow_env", "kappa_env", "running", "migrate", "start", "stop"]
@@ -240,17 +241,30 @@ class AirflowStack(BaseModel):
             self.client().wait_for_dags(dag_ids, timeout=max(5.0, deadline - time.monotonic()))
 
     def stop(self, timeout: float = 30.0) -> list[str]:
-        """Stop the process groups this stack started, by PID, in STOP_ORDER. Returns the components stopped."""
-        stopped = []
+        """Stop the process groups this stack started, by PID. Returns the components stopped.
+
+        SIGTERM goes to every component's group first (in STOP_ORDER, each only while its PID is still
+        the process started), then each is waited for, up to `timeout` after its own signal; a
+        component still there then gets SIGKILL to its group, and what is left of a group that
+        outlived its leader goes with it (as `stop_group` does for one).
+        """
+        signalled: list[tuple[str, int, float, float]] = []
         for comp in STOP_ORDER:
             pid = self.pids.get(comp)
-            if pid is None or comp not in self.created:
+            if pid is None or comp not in self.created or not is_ours(pid, self.created[comp]):
                 continue
-            if stop_group(pid, self.created[comp], timeout):
-                stopped.append(comp)
-            proc = self.procs.get(comp)
-            if proc is not None:
-                proc.poll()  # reap our own child
+            signal_group(pid, signal.SIGTERM)
+            signalled.append((comp, pid, self.created[comp], time.monotonic() + timeout))
+        stopped = []
+        for comp, pid, created, deadline in signalled:
+            if not wait_gone(pid, created, max(0.0, deadline - time.monotonic())):
+                signal_group(pid, signal.SIGKILL)
+                wait_gone(pid, created, 5.0)
+            elif group_alive(pid):
+                signal_group(pid, signal.SIGKILL)
+            stopped.append(comp)
+        for proc in self.procs.values():
+            proc.poll()  # reap our own children
         self.procs.clear()
         state = self.home / STATE_FILE
         if state.exists():

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -80,6 +80,7 @@ class Demo:
         self.overrides = dict(overrides or {})
         self.config_file = config_file
         self.started = Started()
+        self.jobs_stopped: set[int] = set()   # versions whose job the cleanup has stopped
         self.k = None
         self.home: Path | None = None
         self.temp_home = False
@@ -407,36 +408,29 @@ class Demo:
 
     # -- cleanup --------------------------------------------------------------------------------
     def cleanup(self) -> list[tuple[str, int]]:
-        """Stop everything the demo started, by PID; return (what, pid) of each."""
+        """Stop everything the demo started, by PID; return (what, pid) of each.
+
+        `stop_others` (Airflow's components in `kappa up`) starts first and runs while the jobs stop:
+        every job is asked to stop (its STOP file) before any is waited for, each then bounded by its
+        own timeouts. Once the others are gone, a job one of them started meanwhile is stopped too.
+        The broker goes last, once the jobs have committed their checkpoints and stopped.
+        """
         from orchestrator.dev.broker_home import broker_file
 
         stopped: list[tuple[str, int]] = []
         st = self.started
         st.producer_stop.set()
+        others = self.stop_others()
         if st.producer is not None:
             st.producer.join(timeout=40)
             if not st.producer.is_alive():
                 self.say(f"stopped the live producer thread ({st.produced_live:,} updates and deletes sent"
                          + (f"; it had stopped early: {st.producer_error}" if st.producer_error else "") + ")")
         if self.k is not None:
-            from orchestrator.jobctl import inspect_version, stop_version
-
-            try:
-                versions = self.k.registry.list_versions(PIPELINE)
-            except KappaError:
-                versions = []
-            for rec in versions:
-                if rec.pid:
-                    st.job_pids.setdefault(rec.version, rec.pid)
-            for version in sorted(st.job_pids):
-                try:
-                    if inspect_version(self.k, PIPELINE, version).alive:
-                        stop_version(self.k, PIPELINE, version, actor=ACTOR, reason="the demo ends", force=True,
-                                     graceful_timeout=30)
-                except KappaError as e:
-                    self.say(f"[red]could not stop {PIPELINE} v{version} through kappa ({e}); killing it[/]")
-                end_group(st.job_pids[version], 10.0)
-                stopped.append((f"{PIPELINE} v{version} job", st.job_pids[version]))
+            stopped += self.stop_jobs()
+        stopped = others() + stopped
+        if self.k is not None:
+            stopped += self.stop_jobs()  # any job started while the others stopped
             self.k.close()
         if st.broker is not None:
             st.broker.stop()
@@ -445,6 +439,45 @@ class Demo:
             if self.home is not None:
                 broker_file(self.home).unlink(missing_ok=True)
         return stopped
+
+    def stop_jobs(self) -> list[tuple[str, int]]:
+        """Stop the jobs of every version not stopped yet: all asked first, then each waited for."""
+        from orchestrator.jobctl import inspect_version
+        from orchestrator.jobctl.stop import finish_stop, request_stop
+
+        st = self.started
+        try:
+            versions = self.k.registry.list_versions(PIPELINE)
+        except KappaError:
+            versions = []
+        for rec in versions:
+            if rec.pid:
+                st.job_pids.setdefault(rec.version, rec.pid)
+        todo = sorted(v for v in st.job_pids if v not in self.jobs_stopped)
+        requests = {}
+        for version in todo:
+            try:
+                if inspect_version(self.k, PIPELINE, version).alive:
+                    requests[version] = request_stop(self.k, PIPELINE, version, actor=ACTOR,
+                                                     reason="the demo ends", force=True)
+            except KappaError as e:
+                self.say(f"[red]could not stop {PIPELINE} v{version} through kappa ({e}); killing it[/]")
+        for version, req in requests.items():
+            try:
+                finish_stop(self.k, req, graceful_timeout=30)
+            except KappaError as e:
+                self.say(f"[red]could not stop {PIPELINE} v{version} through kappa ({e}); killing it[/]")
+        stopped = []
+        for version in todo:
+            end_group(st.job_pids[version], 10.0)
+            stopped.append((f"{PIPELINE} v{version} job", st.job_pids[version]))
+            self.jobs_stopped.add(version)
+        return stopped
+
+    def stop_others(self) -> Callable[[], list[tuple[str, int]]]:
+        """Start stopping what else runs besides the jobs and the broker (nothing in the demo); returns
+        the wait for it, called before the broker stops, which gives (what, pid) of each."""
+        return list
 
 
 def run_demo(opts: DemoOptions, *, console: Console | None = None, overrides: dict[str, Any] | None = None,

@@ -88,13 +88,31 @@ class Up(Demo):
         self.say(f"From a terminal: kappa --home {self.home} status --watch   |   kappa --home {self.home} history")
         self.say("[bold]Press Ctrl-C to stop everything kappa up started.[/]")
 
-    def cleanup(self) -> list[tuple[str, int]]:
-        stopped: list[tuple[str, int]] = []
-        if self.stack is not None:
-            pids = dict(self.stack.pids)
-            for comp in self.stack.stop():
-                stopped.append((f"Airflow {comp}", pids.get(comp, 0)))
-        return stopped + super().cleanup()
+    def stop_others(self) -> Callable[[], list[tuple[str, int]]]:
+        """Stop Airflow's components in a thread, while the jobs stop; the wait joins it."""
+        stack = self.stack
+        if stack is None:
+            return super().stop_others()
+        pids = dict(stack.pids)
+        done: dict[str, Any] = {}
+
+        def body() -> None:
+            try:
+                done["stopped"] = stack.stop()
+            except Exception as e:  # reported by the wait; the jobs and the broker still stop
+                done["error"] = e
+
+        thread = threading.Thread(target=body, name="kappa-up-stop-airflow", daemon=True)
+        thread.start()
+
+        def wait() -> list[tuple[str, int]]:
+            thread.join()
+            if "error" in done:
+                self.say(f"[red]stopping Airflow failed: {done['error']}[/]")
+                return [(f"Airflow {comp}", pid) for comp, pid in pids.items()]  # checked for being left
+            return [(f"Airflow {comp}", pids.get(comp, 0)) for comp in done.get("stopped", [])]
+
+        return wait
 
 
 def run_up(opts: UpOptions, *, console: Console | None = None, overrides: dict[str, Any] | None = None,

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,7 +25,7 @@ from orchestrator.core.states import VersionState
 from orchestrator.jobctl.health import CHILDREN, inspect_version, launch_identity, read_status
 from orchestrator.jobctl.process import end_group, signal_group, wait_gone
 
-__all__ = ["StopResult", "stop_version", "GRACEFUL_TIMEOUT", "TERM_TIMEOUT", "KILL_TIMEOUT"]
+__all__ = ["StopResult", "StopRequest", "stop_version", "request_stop", "finish_stop", "GRACEFUL_TIMEOUT", "TERM_TIMEOUT", "KILL_TIMEOUT"]
 
 #: Timeouts of the three stop steps: STOP file, SIGTERM, SIGKILL.
 GRACEFUL_TIMEOUT = 60.0
@@ -70,7 +71,33 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
     written first, as a compare-and-swap from the state read here (`expected_state` if the caller
     decided on one) together with a `stop_requested` audit entry, and only then is the job signalled: a flip or start that lands in between
     either sees the new state and refuses, or wins and makes this stop refuse (ConflictError).
+
+    It is `request_stop` then `finish_stop`; to stop several jobs at once, request each, then finish each.
     """
+    req = request_stop(k, pipeline, version, actor=actor, reason=reason, force=force, final_state=final_state,
+                       expected_state=expected_state)
+    return finish_stop(k, req, graceful_timeout=graceful_timeout, term_timeout=term_timeout,
+                       kill_timeout=kill_timeout)
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A stop `request_stop` asked for (the STOP file written if the job runs); `finish_stop` ends it."""
+
+    pipeline: str
+    version: int
+    actor: str
+    reason: str | None
+    st: Any                           # the job's health when the stop was requested
+    launch: dict[str, Any]
+    paths: Any
+    t0: float                         # time.monotonic() when the stop was requested
+
+
+def request_stop(k, pipeline: str, version: int, *, actor: str, reason: str | None = None, force: bool = False,
+                 final_state: str | None = VersionState.STOPPED,
+                 expected_state: str | None = None) -> StopRequest:
+    """The first half of `stop_version`: the checks, the registry state and `stop_requested`, the STOP file."""
     reg = k.registry
     rec = reg.get_version(pipeline, version)
     if expected_state is not None and rec.state != expected_state:
@@ -94,7 +121,6 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
     st = inspect_version(k, pipeline, version)
     launch = read_json(paths.launch_file) or {}
     t0 = time.monotonic()
-    how = "not-running"
     if st.alive and st.pid == os.getpid():
         raise LifecycleError(f"the job of {pipeline} v{version} is recorded with this very process's PID "
                              f"({st.pid}); refusing to signal it. Check {paths.launch_file}")
@@ -102,8 +128,20 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
         paths.run_dir.mkdir(parents=True, exist_ok=True)
         paths.stop_file.write_text(f"stop requested by {actor} at {datetime.now(timezone.utc).isoformat()}: "
                                    f"{reason or ''}\n")
+    return StopRequest(pipeline=pipeline, version=version, actor=actor, reason=reason, st=st, launch=launch,
+                       paths=paths, t0=t0)
+
+
+def finish_stop(k, req: StopRequest, *, graceful_timeout: float = GRACEFUL_TIMEOUT,
+                term_timeout: float = TERM_TIMEOUT, kill_timeout: float = KILL_TIMEOUT) -> StopResult:
+    """The second half of `stop_version`: wait for the job (`graceful_timeout` counted from the request),
+    escalate to SIGTERM and SIGKILL, end its process group, audit the `stop`."""
+    reg, pipeline, version, actor, reason = k.registry, req.pipeline, req.version, req.actor, req.reason
+    st, launch, paths, t0 = req.st, req.launch, req.paths, req.t0
+    how = "not-running"
+    if st.alive and st.pid:
         how = "graceful"
-        if not _wait_dead(st.pid, launch, graceful_timeout):
+        if not _wait_dead(st.pid, launch, max(0.0, graceful_timeout - (time.monotonic() - t0))):
             how = "sigterm"  # to the job's Python driver only: it stops between micro-batches
             try:
                 os.kill(st.pid, signal.SIGTERM)

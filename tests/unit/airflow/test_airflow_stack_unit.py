@@ -105,6 +105,30 @@ def test_stop_ends_the_recorded_process_groups(tmp_path):
             proc.kill()
 
 
+def test_stop_signals_every_component_before_waiting(tmp_path):
+    """Components that ignore SIGTERM are each killed `timeout` after their own signal, all at once:
+    the stop takes about one timeout, not one per component."""
+    s = Settings(home=tmp_path)
+    ignore = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+    procs = {c: subprocess.Popen([sys.executable, "-c", ignore], stdout=subprocess.PIPE, text=True,
+                                 start_new_session=True) for c in ("scheduler", "triggerer", "api-server")}
+    try:
+        for p in procs.values():
+            assert p.stdout.readline().strip() == "ready"
+        _record(airflow_stack.airflow_home(s), procs)
+        t0 = time.monotonic()
+        assert airflow_stack.stop(s, timeout=1.5) == ["scheduler", "triggerer", "api-server"]
+        elapsed = time.monotonic() - t0
+        assert 1.4 < elapsed < 2.8, elapsed  # one after another would take 4.5 s
+        for p in procs.values():
+            assert p.wait(5) == -9  # SIGKILL after the timeout, since SIGTERM was ignored
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.stdout.close()
+
+
 def test_stop_never_kills_a_reused_pid(tmp_path):
     s = Settings(home=tmp_path)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
