@@ -153,7 +153,7 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     with bed.kappa() as k:
         stop_version(k, PIPELINE, 1, actor="tests", reason="simulate a crash", force=True, final_state=None)
     dr, states = run_dag("kappa_monitor", {})
-    assert dr.state == "failed" and states == {"monitor": "failed"}
+    assert dr.state == "failed" and states == {"watch": "success", "monitor": "failed"}
     with bed.kappa() as k:
         alert = k.registry.audit_log(action="monitor")[-1]
         assert alert.outcome == "alert" and alert.actor == "airflow:dag_test"
