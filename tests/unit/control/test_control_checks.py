@@ -10,6 +10,7 @@ import pytest
 from control_helpers import ALIAS, PIPELINE, make_spec, ready_version
 from orchestrator.core.checks import CheckSpec, run_checks, validate_checks
 from orchestrator.core.exceptions import ConfigError, NotReadyError
+from orchestrator.lifecycle.deploy import check_request
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.report import check_pipeline_checks, validation_report
 from orchestrator.serving import resolve_alias
@@ -121,6 +122,10 @@ def test_checks_that_do_not_parse_or_name_unknown_columns_are_refused_in_one_lin
         assert "\n" not in line and line.startswith(f"pipeline {PIPELINE!r}, check 'bad': {error}"), line
         assert line.endswith("fix its sql in the pipelines file (tables: candidate, serving, candidate_rejects, "
                              "serving_rejects, diff)")
+        with pytest.raises(ConfigError) as at_deploy:      # deploy refuses it the same way, nothing allocated
+            check_request(kk, PIPELINE)
+        assert str(at_deploy.value) == line
+    assert [r.version for r in k.registry.list_versions(PIPELINE)] == [v1]
 
 
 def test_check_specs_are_refused_with_what_to_fix():
