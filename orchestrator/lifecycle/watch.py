@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 
 #: Who rolls back: the audit log's actor of every automatic rollback.
 ACTOR = "kappa-watch"
+#: How long an automatic rollback waits for the standby to be ready (it runs, so at once; a standby
+#: whose job died is restarted from its checkpoint). Past it, the pass reports the failed rollback
+#: and the next pass tries again: one pass never blocks a monitor for long.
+ROLLBACK_DEADLINE_SECONDS = 90.0
 
 
 def watch_of(rec: Any) -> dict[str, Any] | None:
@@ -121,11 +125,17 @@ def _sample(k: Kappa, pipeline: str, version: int, w: dict[str, Any], *, actor: 
 
 
 def _finish(k: Kappa, pipeline: str, version: int, w: dict[str, Any], *, actor: str) -> dict[str, Any]:
-    """The rollback decided for `version`: flip back to the standby (the rollback verb)."""
-    from orchestrator.lifecycle.rollback import rollback
+    """The rollback decided for `version`: flip back to the standby (the rollback verb), only while the
+    alias still serves `version`: a promote or rollback by someone since the decision wins."""
+    from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback
 
     standby = int(w["standby"])
-    res = rollback(k, pipeline, standby, actor=ACTOR, reason=f"automatic rollback: {w.get('cause')}")
+    reason = f"automatic rollback: {w.get('cause')}"
+    plan = prepare_rollback(k, pipeline, standby, actor=ACTOR, reason=reason)
+    if not plan.done and plan.from_version != version:   # the flip's compare-and-swap expects from_version
+        raise ConflictError(f"automatic rollback of {pipeline} v{version} abandoned: the alias moved to "
+                            f"v{plan.from_version} since the decision")
+    res = finish_rollback(k, plan, actor=ACTOR, reason=reason, deadline_seconds=ROLLBACK_DEADLINE_SECONDS)
     crashpoint("watch.rolled_back")
     return {"kind": "rolled_back", "pipeline": pipeline, "version": version, "to_version": standby,
             "cause": w.get("cause"), "message": res.message}
@@ -139,7 +149,8 @@ def _settle(k: Kappa, pipeline: str, rec: Any, w: dict[str, Any], *, actor: str)
 
     spec = k.pipeline(pipeline)
     finish_interrupted_flip(k, spec.alias, actor=ACTOR)
-    stopped = False
+    # stopped already: a pass killed after its stop, before recording it
+    stopped = spec.watch_on_rollback == "stop" and rec.state == VersionState.STOPPED
     if spec.watch_on_rollback == "stop" and rec.state in (VersionState.STANDBY, VersionState.CAUGHT_UP):
         try:
             stop_version(k, pipeline, rec.version, actor=ACTOR, expected_state=rec.state,
@@ -198,6 +209,9 @@ def watch_pass(k: Kappa, pipeline: str, *, actor: str = ACTOR) -> list[dict[str,
         if state == "rolling_back":   # decided by a pass that died before the flip: finish it
             try:
                 actions.append(_finish(k, pipeline, rec.version, w, actor=actor))
+            except ConflictError as e:
+                actions.append({"kind": "abandoned", "pipeline": pipeline, "version": rec.version, "reason": str(e)})
+                continue
             except KappaError as e:
                 actions.append({"kind": "rollback_failed", "pipeline": pipeline, "version": rec.version,
                                 "cause": w.get("cause"), "error": str(e)})
@@ -240,6 +254,9 @@ def watch_pass(k: Kappa, pipeline: str, *, actor: str = ACTOR) -> list[dict[str,
         crashpoint("watch.decided")
         try:
             actions.append(_finish(k, pipeline, rec.version, decided, actor=actor))
+        except ConflictError as e:   # the alias moved since the decision: that move stands
+            actions.append({"kind": "abandoned", "pipeline": pipeline, "version": rec.version, "reason": str(e)})
+            continue
         except KappaError as e:
             actions.append({"kind": "rollback_failed", "pipeline": pipeline, "version": rec.version,
                             "cause": cause, "error": str(e)})

@@ -496,11 +496,13 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
             details = {kk: v for kk, v in (row.details or {}).items() if kk != "standby_since"}
             if standby_since is not None:
                 details["standby_since"] = standby_since
-                details = end_watch_in_flip(details, action=action, now=now)
+                details = end_watch_in_flip(details, action=action, to_version=new, now=now)
             elif watch is not None:
                 details["watch"] = _json(watch, "watch")
-            else:
-                details.pop("watch", None)  # a flip to it without a watch: an earlier one is history
+            elif (details.get("watch") or {}).get("state") != "rolled_back":
+                # a flip to it without a watch: an earlier one is history; a rolled_back one stays
+                # (promote refuses the version without --force)
+                details.pop("watch", None)
             conn.execute(versions.update().where(
                 versions.c.pipeline == pipeline, versions.c.version == n, versions.c.state.in_(expect))
                 .values(state=state, updated_at=now, details=details,

@@ -29,13 +29,16 @@ __all__ = ["WatchOps", "ACTIVE", "end_watch_in_flip"]
 ACTIVE = ("watching", "rolling_back")
 
 
-def end_watch_in_flip(details: dict[str, Any], *, action: str | None, now: float) -> dict[str, Any]:
-    """A version flipped away from inside its watch: ``rolling_back`` becomes ``rolled_back``
-    (this is the automatic rollback's flip), ``watching`` becomes ``ended`` (someone moved the alias)."""
+def end_watch_in_flip(details: dict[str, Any], *, action: str | None, to_version: int,
+                      now: float) -> dict[str, Any]:
+    """A version flipped away from inside its watch: ``rolling_back`` becomes ``rolled_back`` when the
+    flip is the decided rollback (a rollback to the watch's standby); otherwise the watch ``ended``
+    (someone moved the alias elsewhere)."""
     watch = details.get("watch")
     if not isinstance(watch, dict) or watch.get("state") not in ACTIVE:
         return details
-    done = "rolled_back" if watch["state"] == "rolling_back" else "ended"
+    decided = watch["state"] == "rolling_back" and action == "rollback" and watch.get("standby") == to_version
+    done = "rolled_back" if decided else "ended"
     ended = {**watch, "state": done, "ended_at": now}
     if done == "ended":
         ended["ended_by"] = f"a {action or 'flip'} of the alias during the watch"

@@ -15,7 +15,13 @@ job processes (found by their command line, not through kappa's own records):
   versions that are not in flight;
 - after a completed reconcile (`check_reconciled`): the pointer file holds the registry's alias,
   the alias's version is `serving` (or `failed`), no job runs for a version outside a running
-  state, and no version has two jobs.
+  state, and no version has two jobs (but a version whose lease is held is its holder's);
+- the watch of a promoted version (`check_watch`, issue 21): at most one watch is active at any
+  moment; at most one automatic rollback (by `kappa-watch`) per promote of a version, and only of
+  the version whose watch decided it; a version rolled back automatically is promoted again only
+  with `--force`; after a watch pass that completed (nothing raced it), no watch is left
+  `rolling_back` on the served version (unless the pass reported its rollback failed), every
+  `rolled_back` watch is settled, and an active watch is on the version the alias serves.
 
 Each invariant raises its own `Violation` subclass, so Hypothesis tells distinct ones apart.
 """
@@ -23,7 +29,7 @@ Each invariant raises its own `Violation` subclass, so Hypothesis tells distinct
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.states import RUNNING, VersionState
@@ -89,6 +95,16 @@ class StrayJob(Violation): pass                         # noqa: E701
 class RollbackStayed(Violation): pass                   # noqa: E701
 class RetentionKeep(Violation): pass                    # noqa: E701
 class UnexpectedError(Violation): pass                  # noqa: E701
+class TwoWatches(Violation): pass                       # noqa: E701
+class TwoAutoRollbacks(Violation): pass                 # noqa: E701
+class AutoRollbackUndecided(Violation): pass            # noqa: E701
+class PromotedAfterAutoRollback(Violation): pass        # noqa: E701
+class WatchUnfinished(Violation): pass                  # noqa: E701
+
+#: The actor of every automatic rollback (orchestrator.lifecycle.watch.ACTOR).
+WATCH_ACTOR = "kappa-watch"
+#: The states of a watch that still has work to do (orchestrator.registry.watches.ACTIVE).
+ACTIVE_WATCH = frozenset({"watching", "rolling_back"})
 
 
 @dataclass
@@ -100,6 +116,7 @@ class Snap:
     audit_id: int
     where: str = ""
     in_flight: frozenset[int] = frozenset()   # deployed, never served, not stopped (the registry's own word)
+    watches: dict[int, tuple[str, bool]] = field(default_factory=dict)   # version: (watch state, settled)
 
 
 def concerns(entry: Any, v: int) -> bool:
@@ -123,6 +140,9 @@ def check_snap(w: Any, prev: Snap, cur: Snap, *, flip_ends_path: bool = True) ->
     serving = sorted(v for v, s in cur.states.items() if s == "serving")
     if len(serving) > 1:
         out.append(TwoServing(f"{cur.where}: {len(serving)} versions are serving: {serving}"))
+    watched = sorted(v for v, (s, _) in cur.watches.items() if s in ACTIVE_WATCH)
+    if len(watched) > 1:   # a flip ends the watch it leaves and starts the new one in one transaction
+        out.append(TwoWatches(f"{cur.where}: {len(watched)} watches are active: {cur.watches}"))
     if cur.alias is not None:
         av = cur.alias[0]
         if av not in cur.states:
@@ -225,8 +245,94 @@ def check_reconciled(w: Any, snap: Snap) -> list[Violation]:
                                       f"(states {snap.states})"))
     for v, pids in sorted(w.jobs().items()):
         state = snap.states.get(v)
+        rec = w.k.registry.get_version(w.pipeline, v) if v in snap.states else None
+        if rec is not None and rec.lease_held():
+            continue   # reconcile leaves a version whose lease is fresh to its holder (a crashed verb's runs
+            # out: the teardown expires them, and its reconcile checks this version too)
         if len(pids) > 1:
             found.append(StrayJob(f"after reconcile: {len(pids)} jobs run for v{v} ({state}): pids {pids}"))
         if state not in RUNNING_STATES:
             found.append(StrayJob(f"after reconcile: a job (pid {pids}) runs for v{v}, which is {state}"))
+    return found
+
+
+def _forced(entries: list, flip: Any) -> bool:
+    """Whether the promote that made `flip` was forced: its own audit entry (after the flip) lists the
+    checks it overrode; a promote cut off before that entry is known by the model's reason for it."""
+    to = (flip.details or {}).get("to_version")
+    for e in entries:
+        if e.id > flip.id and e.action == "promote" and e.version == to and e.outcome == "ok":
+            return bool((e.details or {}).get("forced"))
+        if e.id > flip.id and e.action == "flip_alias" and e.outcome == "ok":
+            break
+    return "--force" in (flip.reason or "")
+
+
+def _auto_rollbacks(entries: list) -> list[Violation]:
+    """Over a pipeline's audit log (oldest first): one automatic rollback per promote at most, each of
+    the version whose watch decided it; no unforced promote of a version rolled back automatically."""
+    found: list[Violation] = []
+    decided: set[int] = set()        # versions whose watch decided a rollback since their last promote
+    rolled: dict[int, int] = {}      # version: the flip away from it that rolled it back (watch rolled_back)
+    flips: dict[int, int] = {}       # version: automatic rollback flips from it since its last promote
+    done: dict[int, int] = {}        # version: automatic `rollback` entries (outcome ok) since its last promote
+    for e in entries:
+        d = e.details or {}
+        if e.action == "watch" and e.outcome == "rolling_back":
+            decided.add(e.version)
+        elif e.action == "rollback" and e.outcome == "ok" and e.actor == WATCH_ACTOR:
+            v = d.get("from_version")
+            done[v] = done.get(v, 0) + 1
+            if done[v] > 1:
+                found.append(TwoAutoRollbacks(f"audit #{e.id}: a second automatic rollback of v{v} (entry "
+                                              f"'rollback' ok by {WATCH_ACTOR}) since its last promote"))
+        elif e.action == "flip_alias" and e.outcome == "ok" and d.get("action") in ("promote", "rollback"):
+            frm, to = d.get("from_version"), d.get("to_version")
+            if d["action"] == "rollback" and e.actor == WATCH_ACTOR:
+                if frm not in decided:
+                    found.append(AutoRollbackUndecided(
+                        f"audit #{e.id}: {WATCH_ACTOR} flipped the alias from v{frm} to v{to}, but no watch "
+                        f"decided to roll v{frm} back (decided since their promote: {sorted(decided)})"))
+                flips[frm] = flips.get(frm, 0) + 1
+                if flips[frm] > 1:
+                    found.append(TwoAutoRollbacks(f"audit #{e.id}: a second automatic rollback flip from "
+                                                  f"v{frm} since its last promote"))
+            if frm in decided:   # this flip ended a watch rolling back: now rolled_back
+                rolled[frm] = e.id
+                decided.discard(frm)
+            if d["action"] == "promote":
+                if to in rolled and not _forced(entries, e):
+                    found.append(PromotedAfterAutoRollback(
+                        f"audit #{e.id}: v{to} promoted again (by {e.actor}, not forced) after its automatic "
+                        f"rollback (flip #{rolled[to]})"))
+                rolled.pop(to, None)
+                decided.discard(to)
+                flips[to] = done[to] = 0
+    return found
+
+
+def check_watch(w: Any, name: str, out: Any, trace: list[Snap], passes: list[list[dict]]) -> list[Violation]:
+    """The watch's invariants after a step (see the module); `passes`: the actions of each watch pass
+    this step's verb completed."""
+    found: list[Violation] = []
+    before, after = trace[0], trace[-1]
+    if after.audit_id > before.audit_id:
+        found += _auto_rollbacks(w.k.registry.audit_log(w.pipeline, limit=None))
+    if out.raced:
+        return found
+    served = after.alias[0] if after.alias is not None else None
+    for v, (state, _) in sorted(after.watches.items()):
+        if state in ACTIVE_WATCH and v != served:
+            found.append(WatchUnfinished(f"{name}: the watch of v{v} is {state}, but the alias serves "
+                                         f"{served and f'v{served}'} (watches {after.watches})"))
+    if not passes:
+        return found
+    failed = {a.get("version") for p in passes for a in p if a.get("kind") == "rollback_failed"}
+    for v, (state, settled) in sorted(after.watches.items()):
+        if state == "rolling_back" and v == served and v not in failed:
+            found.append(WatchUnfinished(f"{name}: its watch pass completed, but the watch of v{v} is left "
+                                         f"rolling_back while the alias still serves it (actions {passes})"))
+        if state == "rolled_back" and not settled:
+            found.append(WatchUnfinished(f"{name}: its watch pass completed, but the rolled_back watch of v{v} "
+                                         f"is not settled (actions {passes})"))
     return found

@@ -10,15 +10,22 @@ their public functions only, so the checks keep working while the verbs' insides
 connection). It snapshots the registry and the files before, after, and at every crash point
 (a hook on every crash point named in the product's source or seen reached), and checks the
 invariants of model_checks.py on them: every moment, every step, and after each reconcile.
+
+With `auto_rollback`, a promote also starts the watch of the promoted version (issue 21), which
+every monitor pass runs; `degrade` makes the serving version's job report a failure that
+supervision gives up at once, which the watch turns into an automatic rollback. The watch's
+rollback runs with the short deadlines of the model's own rollback verb.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +36,10 @@ import psutil
 
 from control_helpers import FAKE_JOB, FakeLog, end_children, make_spec, profiles, write_table
 from model_checks import (IGNORED, IllegalState, Snap, UnexpectedError, Violation, check_reconciled, check_step,
-                          check_trace)
+                          check_trace, check_watch)
 from orchestrator.core import crashpoints
 from orchestrator.core.crashpoints import KappaCrashed
+from orchestrator.core.files import read_json
 from orchestrator.core.exceptions import BrokerError, KappaError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.settings import Settings
@@ -42,6 +50,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.monitor import monitor
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.reconcile import reconcile
+from orchestrator.lifecycle import rollback as rollback_mod, watch as watch_mod
 from orchestrator.lifecycle.retire import apply_retention, retire
 from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback
 from orchestrator.observe import lag as lag_mod
@@ -54,6 +63,11 @@ ROWS = [("m1", "swe", "SWE", "Ada", 1), ("m2", "pm", "PM", "Grace", 2)]
 #: Crash points named in the product's source (those with a computed name are hooked once seen).
 KNOWN_POINTS: set[str] = {m for p in (ROOT / "orchestrator").rglob("*.py")
                           for m in re.findall(r"crashpoint\(\s*[\"']([^\"']+)[\"']", p.read_text())}
+#: ... and those of the flip (`crashpoint(f"{action}.checked")`), of a promote and of a rollback
+#: (the watch's automatic rollback among them).
+KNOWN_POINTS |= {f"{verb}.{point}" for verb in ("promote", "rollback") for point in ("checked", "flipped", "published")}
+#: What a degraded job reports before it exits: a deterministic failure, given up without a restart.
+DEGRADED = "RulesError: the model degraded this version"
 #: What the runs of this process explored: steps, crashes, races, crash points reached.
 STATS: Counter = Counter()
 POINTS: set[str] = set()
@@ -117,11 +131,11 @@ class World:
     """One pipeline, its registry, its kappa home, its fake broker and jobs; `step` runs a verb and checks."""
 
     def __init__(self, home: Path, url: str, pipeline: str, *, actor: str = "model", busy_timeout: float = 30.0,
-                 shared_outage: bool = False):
+                 shared_outage: bool = False, auto_rollback: bool = False, grace_period_seconds: float = 0.0):
         self.home, self.url, self.pipeline, self.actor = home, url, pipeline, actor
         self.spec = make_spec(name=pipeline, alias=f"{pipeline}_live", catchup_samples=2,
-                              grace_period_seconds=0.0, keep_versions=2, key_count_tolerance=1.0,
-                              max_reject_rate=1.0)
+                              grace_period_seconds=grace_period_seconds, keep_versions=2, key_count_tolerance=1.0,
+                              max_reject_rate=1.0, auto_rollback=auto_rollback)
         self.settings = Settings(home=home, bootstrap_servers="127.0.0.1:9")
         self.k = self._kappa(busy_timeout)
         self.k2: Kappa | None = None          # the other process of a race, made when first needed
@@ -141,6 +155,8 @@ class World:
         self._raced: str | None = None
         self._lock = threading.Lock()
         self._pending: tuple[str, int, Any] | None = None
+        self._main_thread: int | None = None
+        self.watch_passes: list[list[dict]] = []   # the actions of each watch pass the step's verb completed
 
     def _kappa(self, busy_timeout: float) -> Kappa:
         return Kappa(self.settings, registry=Registry(self.url, busy_timeout=busy_timeout),
@@ -172,7 +188,20 @@ class World:
                 raise BrokerError("cannot read the committed offsets: the Kafka broker at 127.0.0.1:9 is unreachable")
             return {}
 
+        real_rollback, real_pass = rollback_mod.rollback, watch_mod.watch_pass
+
+        def quick_rollback(k, pipeline, to_version=None, **kw):   # the watch's: as short as the model's own
+            return real_rollback(k, pipeline, to_version, **{"deadline_seconds": 1.5, "poll_seconds": 0.05, **kw})
+
+        def watch_pass(k, pipeline, **kw):   # the passes that completed in the step's own verb are checked
+            actions = real_pass(k, pipeline, **kw)
+            if threading.get_ident() == self._main_thread:
+                self.watch_passes.append(actions)
+            return actions
+
         admin = FakeAdmin(log)
+        mp.setattr(rollback_mod, "rollback", quick_rollback)
+        mp.setattr(watch_mod, "watch_pass", watch_pass)
         mp.setattr(lag_mod, "checkpoint_next_offsets", checkpoint_next_offsets)
         mp.setattr(lag_mod, "group_offsets", group_offsets)
         mp.setattr(lag_mod, "topic_partitions", topic_partitions)
@@ -210,10 +239,12 @@ class World:
         except Exception as e:  # a state the records do not know fails their validation
             raise IllegalState(f"{where}: the registry holds a version state that is not a VersionState: {e}")
         a = reg.get_alias(self.spec.alias)
+        watches = {r.version: ws for r in recs if isinstance(ws := (r.details or {}).get("watch"), dict)}
         return Snap(states={r.version: str(getattr(r.state, "value", r.state)) for r in recs},
                     alias=None if a is None else (a.version, a.previous_version, a.published_version),
                     tables=tables, checkpoints=checkpoints, audit_id=audit[-1].id if audit else 0, where=where,
-                    in_flight=frozenset(r.version for r in recs if r.in_flight))
+                    in_flight=frozenset(r.version for r in recs if r.in_flight),
+                    watches={v: (str(ws.get("state")), bool(ws.get("settled"))) for v, ws in watches.items()})
 
     def _hook(self, name: str) -> Callable[[], None]:
         def at_point() -> None:
@@ -244,6 +275,9 @@ class World:
         if name == "kill":  # the job dies right there
             self.kill_job(args.get("v") or 1)
             return
+        if name == "degrade":  # the serving version's job fails right there
+            self.degrade()
+            return
 
         def run() -> None:
             try:
@@ -267,7 +301,7 @@ class World:
         return {
             "deploy": lambda k: deploy(k, p, actor=who, reason=why, queue=flag),
             "ready": lambda k: wait_ready(k, p, v, deadline_seconds=1.0, poll_seconds=0.05, actor=who),
-            "promote": lambda k: promote(k, p, v, actor=who, reason=why),
+            "promote": lambda k: promote(k, p, v, actor=who, reason=f"{why} --force" if flag else why, force=flag),
             "rollback": lambda k: finish_rollback(k, prepare_rollback(k, p, v, actor=who, reason=why), actor=who,
                                                   reason=why, deadline_seconds=1.5, poll_seconds=0.05),
             "prepare_rollback": lambda k: prepare_rollback(k, p, v, actor=who, reason=why),
@@ -306,6 +340,7 @@ class World:
 
         With `hooks`, every crash point snapshots the world into the step's trace."""
         self._hook_violations, self._race_threads, self._points_seen, self._raced = [], [], 0, None
+        self._main_thread, self.watch_passes = threading.get_ident(), []
         crashpoints.disarm()
         crashpoints.record(True)
         if hooks:
@@ -355,6 +390,11 @@ class World:
         out.violations += check_step(self, name, args, out, self._trace)
         if name == "reconcile" and out.outcome == "ok":
             out.violations += check_reconciled(self, after)
+        out.violations += check_watch(self, name, out, self._trace, self.watch_passes)
+        for a in (a for actions in self.watch_passes for a in actions):
+            STATS[f"watch:{a.get('kind')}"] += 1
+            if a.get("error"):
+                STATS[f"why:watch:{a['kind']}:{re.sub(self.pipeline, 'P', a['error'])[:90]}"] += 1
         self.last = after
         out.violations = [v for v in out.violations if type(v).__name__ not in IGNORED]
         if out.violations and raise_first:
@@ -376,6 +416,21 @@ class World:
             else:
                 psutil.wait_procs([psutil.Process(pid)], timeout=10) if psutil.pid_exists(pid) else None
         return bool(pids)
+
+    def degrade(self) -> int | None:
+        """The serving version degrades: its job reports a deterministic failure and exits, which
+        supervision gives up at once (no restart would help); the version it was, or None."""
+        a = self.k.registry.get_alias(self.spec.alias)
+        if a is None:
+            return None
+        self.kill_job(a.version)
+        path = Path(self.k.paths(self.pipeline, a.version).status_file)
+        if path.parent.exists():
+            status = {**(read_json(path) or {}), "state": "failed", "error": DEGRADED, "heartbeat_at": time.time()}
+            tmp = path.with_name(f".{path.name}.model")
+            tmp.write_text(json.dumps(status))
+            os.replace(tmp, path)
+        return a.version
 
     def truncate_pointer(self) -> bool:
         """Cut the alias's pointer file in half (a torn write by something else); True if there was one."""

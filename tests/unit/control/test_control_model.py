@@ -3,12 +3,17 @@
 Hypothesis drives random sequences of deploy, await (readiness), promote, rollback (whole, or its
 two halves with other steps between them, as the Airflow DAG runs it), stop, retire, retention,
 reconcile and monitor, with job deaths (kill -9 of a fake job), broker outages and a torn pointer
-file. Any verb may crash kappa at its n-th crash point (its `crash` argument), and `race_next`
-runs a second verb (or kills a job) at the n-th crash point of the next one. After every step
-and at every crash point the invariants of model_checks.py are checked; a failure names the
+file. The pipeline has `auto_rollback` (issue 21), with a grace period of 0 (a watch passes at the
+first monitor) or of an hour (a watch lasts the whole example), drawn per example; `degrade` makes
+the serving version's job fail so that supervision gives it up, and a monitor pass's watch then
+rolls it back by itself (crash points watch.decided, rollback.checked/flipped/published,
+watch.rolled_back: a monitor may crash at any of its first six points). Any verb may crash kappa
+at its n-th crash point (its `crash` argument), and `race_next` runs a second verb (or kills a job,
+or degrades the serving one) at the n-th crash point of the next one. After every step and at
+every crash point the invariants of model_checks.py are checked; a failure names the
 invariant, and Hypothesis shrinks the sequence to a short one (the notes show each step's outcome).
 
-Its budget is bounded for CI: KAPPA_MODEL_EXAMPLES sequences (default 30) of up to
+Its budget is bounded for CI: KAPPA_MODEL_EXAMPLES sequences (default 20: the watch made each step dearer) of up to
 KAPPA_MODEL_STEPS steps (default 25) per database. A longer local run:
 
     KAPPA_MODEL_EXAMPLES=300 KAPPA_MODEL_STEPS=40 pytest tests/unit/control/test_control_model.py
@@ -34,9 +39,9 @@ from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
-from model_world import KNOWN_POINTS, POINTS, STATS, World
+from model_world import DEGRADED, KNOWN_POINTS, POINTS, STATS, World
 
-EXAMPLES = int(os.environ.get("KAPPA_MODEL_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("KAPPA_MODEL_EXAMPLES", "20"))
 STEPS = int(os.environ.get("KAPPA_MODEL_STEPS", "25"))
 #: KAPPA_MODEL_SHRINK=0 reports a failing sequence as found, without shrinking it (shrinking a
 #: failure of slow steps may take Hypothesis's full five minutes).
@@ -49,8 +54,14 @@ MAYBE_INDEX = st.none() | INDEX
 POINT = st.integers(1, 4)
 #: Crash kappa at this crash point of the verb (None: let it finish), about one call in three.
 CRASH = st.sampled_from([None] * 6 + [1, 2, 3])
-RACERS = st.sampled_from(["kill", "promote", "rollback", "stop", "retire", "retention", "reconcile", "monitor",
-                          "deploy", "ready"])
+#: A monitor's: the watch's automatic rollback reaches watch.decided, rollback.checked, .flipped,
+#: .published, watch.rolled_back and stop.marked (the degraded version stopped), in that order.
+MONITOR_CRASH = st.sampled_from([None] * 12 + [1, 2, 3, 4, 5, 6])
+#: A promote with --force, now and then (it overrides a failed check, the automatic rollback's among them).
+FORCE = st.sampled_from([False] * 4 + [True])
+GRACE = st.sampled_from([3600.0, 0.0])   # a live grace period first: Hypothesis favours it
+RACERS = st.sampled_from(["kill", "degrade", "promote", "rollback", "stop", "retire", "retention", "reconcile",
+                          "monitor", "deploy", "ready"])
 _names = itertools.count(1)
 
 
@@ -63,7 +74,8 @@ def machine(root: Path, url_for):
             n = next(_names)
             self.dir = Path(tempfile.mkdtemp(prefix=f"m{n}-", dir=root))
             self.mp = pytest.MonkeyPatch()
-            self.world = World(self.dir / "home", url_for(self.dir), f"model{n}").install(self.mp)
+            self.name = f"model{n}"
+            self.world: World | None = None   # made by `begin`, with the grace period it draws
             self.plans: list = []
 
         def _step(self, verb: str, crash=None, **args):
@@ -86,15 +98,26 @@ def machine(root: Path, url_for):
             known = sorted((self.world.last.states if self.world.last else {}), reverse=True)
             return known[i % len(known)] if known else 1
 
-        @initialize(start=st.sampled_from(["empty", "serving", "serving+ready"]))
-        def begin(self, start):
-            """Start empty, or from v1 serving (and v2 ready to promote): deeper states in fewer steps."""
+        @initialize(start=st.sampled_from(["empty", "serving", "serving+ready", "watching", "watching+degraded"]),
+                    grace=GRACE)
+        def begin(self, start, grace=3600.0):
+            """Start empty, or from v1 serving (and v2 ready to promote; or v2 promoted, watched, v1
+            standby; and v2's job failed for good, which the next monitor's watch rolls back): deeper
+            states in fewer steps."""
+            note(f"  pipeline {self.name}: auto_rollback, grace period {grace:.0f} s")
+            STATS[f"start:{start}:grace {grace:.0f}"] += 1
+            self.world = World(self.dir / "home", url_for(self.dir), self.name, auto_rollback=True,
+                               grace_period_seconds=grace).install(self.mp)
             if start != "empty":
                 for verb, args in [("deploy", {}), ("ready", {"v": 1}), ("promote", {"v": 1})]:
                     self._step(verb, **args)
-            if start == "serving+ready":
+            if start != "empty" and start != "serving":
                 self._step("deploy")
                 self._step("ready", v=2)
+            if start.startswith("watching"):
+                self._step("promote", v=2)
+            if start == "watching+degraded":
+                self.world.degrade()
 
         @rule(queue=st.booleans(), crashing_job=st.booleans(), crash=CRASH)
         def deploy(self, queue, crashing_job, crash):
@@ -108,9 +131,9 @@ def machine(root: Path, url_for):
         def await_ready(self, i):
             self._step("ready", v=self._v(i))
 
-        @rule(i=MAYBE_INDEX, crash=CRASH)
-        def promote(self, i, crash):
-            self._step("promote", crash, v=self._v(i))
+        @rule(i=MAYBE_INDEX, crash=CRASH, force=FORCE)
+        def promote(self, i, crash, force=False):
+            self._step("promote", crash, v=self._v(i), flag=force)
 
         @rule(i=MAYBE_INDEX, crash=CRASH)
         def rollback(self, i, crash):
@@ -143,9 +166,21 @@ def machine(root: Path, url_for):
         def reconcile(self, crash):
             self._step("reconcile", crash)
 
-        @rule(crash=CRASH)
+        @rule(crash=MONITOR_CRASH)
         def monitor(self, crash):
             self._step("monitor", crash)
+
+        @rule(then_monitor=st.sampled_from([False, True, True]), crash=MONITOR_CRASH)
+        def degrade(self, then_monitor, crash):
+            """The serving version's job fails for good; most often a monitor pass follows at once (its
+            watch rolls it back if it is watched), so that the watch's crash windows are explored."""
+            last = self.world.last.watches if self.world.last else {}
+            watched = {u for u, (w, _) in last.items() if w == "watching"}
+            v = self.world.degrade()
+            STATS[f"degrade:{'watched' if v in watched else 'unwatched' if v else 'nothing serves'}"] += 1
+            note(f"  the serving version degrades: {f'v{v} job failed ({DEGRADED})' if v else 'nothing serves'}")
+            if then_monitor:
+                self._step("monitor", crash)
 
         @rule(i=INDEX)
         def kill_job(self, i):
@@ -171,6 +206,10 @@ def machine(root: Path, url_for):
         def teardown(self):
             """The broker back, the crashed verbs' leases run out, and one reconcile: everything must be
             consistent again."""
+            if self.world is None:
+                self.mp.undo()
+                shutil.rmtree(self.dir, ignore_errors=True)
+                return
             try:
                 self.world.log.down = False
                 self.world.forget_pending()
@@ -196,7 +235,8 @@ def _explore(db: str, root: Path, artifacts_dir: Path, url_for) -> None:
                    "distinct_points_reached": len(POINTS), "points_reached": sorted(POINTS),
                    "points_in_source": sorted(KNOWN_POINTS)}
         (artifacts_dir / f"control-model-{db}.json").write_text(json.dumps(summary, indent=1))
-        shown = {k: v for k, v in STATS.items() if k.startswith(("outcome:", "races", "points"))}
+        shown = {k: v for k, v in STATS.items()
+                 if k.startswith(("outcome:", "races", "points", "watch:", "start:", "degrade"))}
         print(f"control model on {db}: {STATS['steps']} steps {shown}, "
               f"{len(POINTS)} distinct crash points reached of {len(KNOWN_POINTS)} in the source")
 
