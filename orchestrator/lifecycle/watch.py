@@ -172,6 +172,19 @@ def _settle(k: Kappa, pipeline: str, rec: Any, w: dict[str, Any], *, actor: str)
             "cause": w.get("cause"), "degraded": "stopped" if stopped else "kept running"}
 
 
+def _roll_back(k: Kappa, pipeline: str, version: int, w: dict[str, Any], *, actor: str) -> dict[str, Any]:
+    """Carry out a decided rollback and settle it; the one action it ends with."""
+    try:
+        done = _finish(k, pipeline, version, w, actor=actor)
+    except ConflictError as e:   # the alias moved since the decision: that move stands
+        return {"kind": "abandoned", "pipeline": pipeline, "version": version, "reason": str(e)}
+    except KappaError as e:
+        return {"kind": "rollback_failed", "pipeline": pipeline, "version": version, "cause": w.get("cause"),
+                "error": str(e)}
+    after = k.registry.get_version(pipeline, version)
+    return _settle(k, pipeline, after, watch_of(after) or w, actor=actor) or done
+
+
 def _move(k: Kappa, pipeline: str, version: int, w: dict, new: dict, outcome: str | None, reason: str | None,
           details: dict | None = None) -> bool:
     audit = None if outcome is None else {"action": "watch", "actor": ACTOR, "outcome": outcome, "reason": reason,
@@ -207,19 +220,7 @@ def watch_pass(k: Kappa, pipeline: str, *, actor: str = ACTOR) -> list[dict[str,
         if not serves:
             continue  # the flip away from it ended the watch in its transaction
         if state == "rolling_back":   # decided by a pass that died before the flip: finish it
-            try:
-                actions.append(_finish(k, pipeline, rec.version, w, actor=actor))
-            except ConflictError as e:
-                actions.append({"kind": "abandoned", "pipeline": pipeline, "version": rec.version, "reason": str(e)})
-                continue
-            except KappaError as e:
-                actions.append({"kind": "rollback_failed", "pipeline": pipeline, "version": rec.version,
-                                "cause": w.get("cause"), "error": str(e)})
-                continue
-            after = reg.get_version(pipeline, rec.version)
-            done = _settle(k, pipeline, after, watch_of(after) or w, actor=actor)
-            if done:
-                actions[-1] = done
+            actions.append(_roll_back(k, pipeline, rec.version, w, actor=actor))
             continue
         now = time.time()
         standby = int(w["standby"])
@@ -252,17 +253,5 @@ def watch_pass(k: Kappa, pipeline: str, *, actor: str = ACTOR) -> list[dict[str,
                      {"to_version": standby, "sample": sample}):
             continue
         crashpoint("watch.decided")
-        try:
-            actions.append(_finish(k, pipeline, rec.version, decided, actor=actor))
-        except ConflictError as e:   # the alias moved since the decision: that move stands
-            actions.append({"kind": "abandoned", "pipeline": pipeline, "version": rec.version, "reason": str(e)})
-            continue
-        except KappaError as e:
-            actions.append({"kind": "rollback_failed", "pipeline": pipeline, "version": rec.version,
-                            "cause": cause, "error": str(e)})
-            continue
-        after = reg.get_version(pipeline, rec.version)
-        done = _settle(k, pipeline, after, watch_of(after) or decided, actor=actor)
-        if done:
-            actions[-1] = done
+        actions.append(_roll_back(k, pipeline, rec.version, decided, actor=actor))
     return actions
