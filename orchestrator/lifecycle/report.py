@@ -171,10 +171,12 @@ def _next_offsets(k: Kappa, pipeline: str, version: int) -> dict[tuple[str, int]
     return checkpoint_next_offsets(k.paths(pipeline, version).checkpoint)[0]
 
 
-def _offsets_read(k: Kappa, pipeline: str, version: int) -> int:
+def _offsets_read(k: Kappa, pipeline: str, version: int, ckpt: Any = _UNSET) -> int:
+    """Records `version` has read, by offsets; `ckpt`: its checkpoint's next offsets, if read already."""
     from orchestrator.observe.lag import log_offsets
 
-    ckpt = _next_offsets(k, pipeline, version)
+    if ckpt is _UNSET:
+        ckpt = _next_offsets(k, pipeline, version)
     if not ckpt:
         return 0
     try:
@@ -274,7 +276,8 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
     paths = k.paths(pipeline, version)
     tables, table_versions = check_tables(k, pipeline, version, serving_version, checks=spec.checks)
     new, rejects = tables["candidate"], tables["candidate_rejects"]
-    offsets_read = _offsets_read(k, pipeline, version)
+    new_next = _next_offsets(k, pipeline, version)
+    offsets_read = _offsets_read(k, pipeline, version, new_next)
     reject_rate = rejects.num_rows / offsets_read if offsets_read else 0.0
     report = Report(
         pipeline=pipeline, version=version, serving_version=serving_version, alias=spec.alias,
@@ -295,7 +298,7 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
         lost = _keys_lost_to_compaction(new, old, keys, rejects)
         report.keys_lost_to_compaction = lost
         report.keys_only_serving -= lost
-        new_next, old_next = _next_offsets(k, pipeline, version), _next_offsets(k, pipeline, serving_version)
+        old_next = _next_offsets(k, pipeline, serving_version)
         report.keys_only_serving_skewed = _skewed(old, new, keys, old_next, new_next, spec.topics)
         report.keys_only_new_skewed = _skewed(new, old, keys, new_next, old_next, spec.topics)
         kept_old = old.num_rows - lost - report.keys_only_serving_skewed
