@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -106,10 +107,8 @@ def status_table(data: list[dict[str, Any]]) -> Table:
         if not p["versions"]:
             t.add_row(p["pipeline"], "-", "no versions", "", "", "", "", "", "")
         for v in p["versions"]:
+            jtext = _job_cell(v)
             job = v.get("job") or {}
-            jtext = job.get("health", "-")
-            if job.get("pid"):
-                jtext += f" (pid {job['pid']})"
             reading = job.get("reading") or {}
             if reading.get("records_total"):
                 jtext += (f", reading micro-batch {reading.get('batch_id')}: {fmt_count(reading.get('records_read'))}"
@@ -126,6 +125,23 @@ def status_table(data: list[dict[str, Any]]) -> Table:
         t.caption += (f"; rules file edited since deploy: {', '.join(edited)} (each version runs the rules "
                       f"stored at its deploy; `kappa rules diff` compares versions, a new deploy takes the edit)")
     return t
+
+
+def _job_cell(v: dict[str, Any]) -> str:
+    """The job's health and PID; for a stopped version whose job still runs, the stop under way and
+    who asked for it: 'stopping (pid 123, stop requested by airflow:scheduler 8 s ago)'."""
+    job = v.get("job") or {}
+    health = job.get("health", "-")
+    bits = [f"pid {job['pid']}"] if job.get("pid") else []
+    stop = v.get("stopping")
+    if stop is not None:
+        if health in ("starting", "running", "stopping"):
+            health = "stopping"
+        if stop.get("requested_by"):
+            at = stop.get("requested_at")
+            ago = "" if at is None else f" {fmt_eta(max(0.0, time.time() - at))} ago"
+            bits.append(f"stop requested by {stop['requested_by']}{ago}")
+    return health + (f" ({', '.join(bits)})" if bits else "")
 
 
 def _rules_cell(v: dict[str, Any]) -> str:

@@ -62,6 +62,9 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
                    record: bool = False, rules_cache: dict | None = None) -> dict[str, Any]:
     """One row of `kappa status`: registry record, job, lag and readiness of a version.
 
+    Readiness is decided for running versions only; a version recorded stopped whose job is still
+    alive has `stopping` instead (a requested stop under way), not a "failing" readiness.
+
     `rules_file` compares the rules file of the version's name, as it is now, with the rules the
     version runs (stored at its deploy): "same", "changed", "missing" or "invalid" (None: no rules)."""
     from orchestrator.jobctl import inspect_version
@@ -78,6 +81,7 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         "rules_file": file_state(k, pipeline, rec, rules_cache if rules_cache is not None else {}),
         "created_at": rec.created_at,
         "watch": (rec.details or {}).get("watch"),
+        "stopping": None,       # {"requested_by", "requested_at", "reason"} while a stopped version's job ends
     }
     if rec.state == VersionState.RETIRED:
         row.update(job=None, readiness=None, lag=None, partitions={}, eta_seconds=None, rejects=None, lag_seconds=None)
@@ -87,15 +91,28 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
                   "rows_in": job.rows_in, "rows_out": job.rows_out, "error": job.error,
                   "reading": job.reading if job.alive else None}
     row["rejects"] = job.rejects
-    if rec.state in LIVE or job.alive:
+    if rec.state in LIVE:
         r = readiness(k, pipeline, n, record=record)
         row.update(readiness=r.state, lag=r.total_lag, partitions=r.partitions, eta_seconds=r.eta_seconds,
                    consecutive_ok=r.consecutive_ok, required_samples=r.required_samples,
                    threshold=r.threshold, reason=r.reason, lag_error=r.lag_error,
                    lag_seconds=r.lag_seconds, catchup_rule=r.rule, max_lag_seconds=r.max_lag_seconds)
     else:
+        # Not meant to run: no readiness. A job still alive is finishing a stop (it ends its micro-batch).
         row.update(readiness=None, lag=None, partitions={}, eta_seconds=None, lag_seconds=None)
+        if job.alive:
+            row["stopping"] = _stop_request(k, pipeline, n, job.started_at)
     return row
+
+
+def _stop_request(k: Kappa, pipeline: str, version: int, started_at: float | None) -> dict[str, Any]:
+    """Who asked the running job of a stopped version to stop, and when: the last `stop_requested`
+    entry of the version, unless it is older than the job (a stop of an earlier run)."""
+    entries = k.registry.audit_log(pipeline, limit=1, version=version, action="stop_requested")
+    e = entries[-1] if entries else None
+    if e is None or (started_at is not None and e.at < started_at - 1.0):
+        return {"requested_by": None, "requested_at": None, "reason": None}
+    return {"requested_by": e.actor, "requested_at": e.at, "reason": e.reason}
 
 
 def _versions(k: Kappa, pipeline: str) -> list[VersionRecord]:

@@ -1,11 +1,12 @@
 """Is a version caught up? Readiness states as Materialize names them, and a bounded wait.
 
 - hydrating: the job runs and has not caught up yet since it was deployed (backfilling);
-- lagging: it had caught up (or serves) but is now behind, or its lag is unknown;
+- lagging: it had caught up (or serves) but is now behind, or its lag is unknown, or its job is
+  finishing a requested stop (the registry no longer counts it as running);
 - ready: lag within the pipeline's catch-up rule for N consecutive recent samples (all taken since
   the job's current start, and within `readiness_window_seconds` of the newest), and the job
   running with a fresh heartbeat;
-- failing: the job failed, hangs, or is not running.
+- failing: the job failed, hangs, or is not running (or stops while the version should run).
 
 The catch-up rule (`PipelineSpec.catchup_rule_used`, recorded as `rule` in every decision and in
 the `caught_up` audit entry): "records" (total lag <= `catchup_threshold`, the default), "seconds"
@@ -36,7 +37,7 @@ from pydantic import BaseModel, Field, computed_field
 
 from orchestrator.core.exceptions import ConflictError, NotReadyError
 from orchestrator.core.kappa import Kappa
-from orchestrator.core.states import VersionState
+from orchestrator.core.states import LIVE, VersionState
 from orchestrator.core.files import tail as log_tail
 from orchestrator.core.secrets import mask_secrets
 from orchestrator.jobctl import JobStatus, inspect_version
@@ -166,6 +167,8 @@ def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, thr
 
     if job.failed:
         state, why = "failing", job.error or "the job failed"
+    elif job.health == "stopping" and rec.state not in LIVE:
+        state, why = "lagging", "its job is stopping (stop requested)"
     elif not job.healthy:
         state, why = "failing", f"job is not running ({job.health}); start it with `kappa rollback` or redeploy"
     elif reading.total is None:

@@ -191,3 +191,18 @@ def test_wait_ready_deadline_and_poll_are_seconds(k, fake_log, monkeypatch):
     assert clock.slept == [2.0] * 5   # samples at 0, 2, 4, 6, 8 and 10 s; the next would pass the deadline
     assert str(e.value).startswith(f"{PIPELINE} v{v} is not ready after 10 s (hydrating): total lag 100 records")
     assert len(k.registry.lag_samples(PIPELINE, v)) == 6
+
+
+def test_a_requested_stop_in_progress_is_not_failing_but_a_running_version_whose_job_stops_is(k, fake_log):
+    fake_log.read_all()
+    v = allocate(k).version
+    k.registry.set_state(PIPELINE, v, "caught_up")
+    k.registry.set_state(PIPELINE, v, "stopped")          # request_stop marks the state first
+    fake_running(k, v, state="stopping")                  # the job finishes its micro-batch meanwhile
+    r = readiness(k, PIPELINE, v)
+    assert (r.state, r.job_health) == ("lagging", "stopping")
+    assert "stopping" in r.reason and "stop requested" in r.reason
+    assert k.registry.get_version(PIPELINE, v).state == "stopped"
+    k.registry.set_state(PIPELINE, v, "standby")
+    r = readiness(k, PIPELINE, v)
+    assert r.state == "failing" and "stopping" in r.reason
