@@ -25,7 +25,7 @@ from datetime import timedelta
 
 from airflow.sdk import dag, task
 
-from orchestrator.airflow import tasks
+from orchestrator.airflow import monitor_tasks
 from orchestrator.airflow.assets import FLIPS
 
 
@@ -42,11 +42,12 @@ from orchestrator.airflow.assets import FLIPS
 def kappa_monitor():
     @task(outlets=[FLIPS], execution_timeout=timedelta(minutes=2))
     def watch(dag_run=None, outlet_events=None) -> list:
-        return tasks.watch(user=dag_run.triggering_user_name, run_id=dag_run.run_id, outlet_events=outlet_events)
+        return monitor_tasks.watch(user=dag_run.triggering_user_name, run_id=dag_run.run_id,
+                                   outlet_events=outlet_events)
 
     @task(execution_timeout=timedelta(minutes=2), trigger_rule="all_done")
     def monitor(watched: list | None = None, dag_run=None) -> dict:
-        return tasks.monitor(user=dag_run.triggering_user_name, run_id=dag_run.run_id, watched=watched)
+        return monitor_tasks.monitor(user=dag_run.triggering_user_name, run_id=dag_run.run_id, watched=watched)
 
     monitor(watch())
 

@@ -13,7 +13,11 @@ after a `kappa_reprocess` run with auto-promote off. The same checks as `kappa p
    file published for readers, and the audit entry (`airflow:<your user>`, your reason, this run).
    The flip is an event on the alias's Asset (`kappa.<alias>`): DAGs scheduled on it run next.
    With `auto_rollback`, the promoted version is watched over the grace period (`kappa_monitor`).
-3. **stop_previous**: after the standby grace period, stops the version it replaced.
+3. **stop_previous**: the version it replaced stays a running standby for the grace period
+   (`kappa_rollback` flips back to it at once); the task ends *skipped* saying until when, so the
+   run ends at the flip, and `kappa_monitor` stops the standby then. Grace 0: stopped at once.
+
+The run's note says what was promoted and until when the previous version stays a standby.
 
 Leave the version empty to promote the newest caught-up version of the pipeline (as
 `kappa promote PIPELINE` does).
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import Param, PokeReturnValue, dag, task
+from airflow.sdk import Param, dag, task
 
 from orchestrator.airflow import params as form
 from orchestrator.airflow import tasks
@@ -62,13 +66,13 @@ def kappa_promote():
     def promote(checked: dict, params=None, dag_run=None, outlet_events=None) -> dict:
         return tasks.promote(params["pipeline"], checked["version"], params["reason"],
                              user=dag_run.triggering_user_name, run_id=dag_run.run_id, outlet_events=outlet_events,
-                             force=params["force"], allow_schema_change=params["allow_schema_change"])
+                             force=params["force"], allow_schema_change=params["allow_schema_change"],
+                             grace_seconds=params["grace_period_seconds"])
 
-    @task.sensor(mode="reschedule", poke_interval=timedelta(seconds=60), timeout=timedelta(days=7))
-    def stop_previous(promoted: dict, params=None, dag_run=None) -> PokeReturnValue:
-        return PokeReturnValue(**tasks.poke_stop_previous(
-            params["pipeline"], promoted, params["grace_period_seconds"], user=dag_run.triggering_user_name,
-            run_id=dag_run.run_id, dag_id=dag_run.dag_id))
+    @task
+    def stop_previous(promoted: dict, params=None, dag_run=None) -> dict:
+        return tasks.stop_previous(params["pipeline"], promoted, user=dag_run.triggering_user_name,
+                                   run_id=dag_run.run_id, dag_id=dag_run.dag_id)
 
     stop_previous(promote(check()))
 

@@ -16,11 +16,16 @@ as `airflow:<your user>` with that reason and this run's id.
    and ETA at every poke until the version is caught up; it fails when the job fails or at the
    catch-up deadline, naming the partitions still lagging.
 5. **validation_report**: key counts, reject rate, what the new rules changed (XCom and log).
-6. **promote** (only with auto-promote on): every check again, then the atomic alias flip, an
-   event on the alias's Asset (`kappa.<alias>`) that DAGs scheduled on it run after.
-   With auto-promote off the run ends here, the version ready, and the log says how to promote.
-7. **stop_previous**: after the grace period, stops the version the promote replaced (kept as
-   a standby until then for an instant rollback with `kappa_rollback`).
+6. **promote**: with auto-promote on, every check again, then the atomic alias flip, an
+   event on the alias's Asset (`kappa.<alias>`) that DAGs scheduled on it run after. With
+   auto-promote off it ends *skipped*: the version is ready and unpromoted, and the run's note
+   links to `kappa_promote` with the configuration JSON to paste.
+7. **stop_previous**: the version the promote replaced stays a running standby for the grace
+   period (`kappa_rollback` flips back to it at once); the task ends *skipped* saying until when,
+   and `kappa_monitor` stops the standby then. With a grace period of 0 it stops it at once.
+
+The run's note (on the run's page) says where the run got: the validation report, what was
+promoted or how to promote.
 
 Retrying any task continues from what kappa's registry says happened.
 """
@@ -59,7 +64,7 @@ POKE = timedelta(seconds=form.poke_seconds())
         "auto_promote": Param(True, type="boolean", title="Promote automatically when ready",
                               description="On: the run promotes the version as soon as it is ready and passes "
                                           "its checks. Off: the run ends with the version ready and unpromoted; "
-                                          "its promote task says how to promote it with kappa_promote."),
+                                          "its promote task ends skipped and the run's note links to kappa_promote."),
         "grace_period_seconds": form.grace_period_param(),
         "catchup_deadline_minutes": form.deadline_minutes_param(
             CATCHUP_DEADLINE_SECONDS, "The run fails if the version is not ready this long after it started."),
@@ -91,17 +96,17 @@ def kappa_reprocess():
     def validation_report(version: dict, readiness: dict) -> dict:
         return tasks.report(version["pipeline"], version["version"])
 
-    @task.short_circuit(outlets=[FLIPS])
+    @task(outlets=[FLIPS])
     def promote(version: dict, report: dict, params=None, dag_run=None, outlet_events=None) -> dict | None:
         return tasks.promote_if_asked(version["pipeline"], version["version"], params["auto_promote"],
                                       params["reason"], user=dag_run.triggering_user_name, run_id=dag_run.run_id,
-                                      dag_id=dag_run.dag_id, outlet_events=outlet_events)
+                                      dag_id=dag_run.dag_id, outlet_events=outlet_events, report=report,
+                                      grace_seconds=params["grace_period_seconds"])
 
-    @task.sensor(mode="reschedule", poke_interval=timedelta(seconds=60), timeout=timedelta(days=7))
-    def stop_previous(version: dict, promoted: dict, params=None, dag_run=None) -> PokeReturnValue:
-        return PokeReturnValue(**tasks.poke_stop_previous(
-            version["pipeline"], promoted, params["grace_period_seconds"], user=dag_run.triggering_user_name,
-            run_id=dag_run.run_id, dag_id=dag_run.dag_id))
+    @task
+    def stop_previous(version: dict, promoted: dict, dag_run=None) -> dict:
+        return tasks.stop_previous(version["pipeline"], promoted, user=dag_run.triggering_user_name,
+                                   run_id=dag_run.run_id, dag_id=dag_run.dag_id)
 
     checked = validate()
     previewed = preview_rules(checked)

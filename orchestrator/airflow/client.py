@@ -231,6 +231,11 @@ class AirflowClient:
         return self._request("GET", f"{self._dag(dag_id)}/dagRuns/{quote(run_id, safe='')}",
                              what=f"read run {run_id} of {dag_id}").json()
 
+    def set_note(self, dag_id: str, run_id: str, note: str) -> dict:
+        """Replace a run's note (Markdown, at most 1,000 characters: Airflow refuses longer ones)."""
+        return self._request("PATCH", f"{self._dag(dag_id)}/dagRuns/{quote(run_id, safe='')}", json={"note": note},
+                             params={"update_mask": "note"}, what=f"set the note of run {run_id} of {dag_id}").json()
+
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         resp = self._request("GET", f"{self._dag(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances",
                              what=f"list the tasks of run {run_id}")

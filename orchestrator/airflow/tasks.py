@@ -33,8 +33,8 @@ from orchestrator.lifecycle.await_ready import Readiness
 
 __all__ = ["refusals_are_final", "actor_for", "run_tag", "tagged_reason",
            "validate_reprocess", "preview_rules", "start_reprocess", "poke_ready", "report", "promote_if_asked",
-           "check_promote", "promote", "poke_stop_previous",
-           "prepare_rollback", "poke_rollback_ready", "rollback", "monitor"]
+           "check_promote", "promote", "stop_previous",
+           "prepare_rollback", "poke_rollback_ready", "rollback"]
 
 log = logging.getLogger("kappa.airflow")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,6 +42,7 @@ PokeResult = dict[str, Any]   # {"is_done": bool, "xcom_value": ...}: the kwargs
 #: An auto-promote refused only because the version fell behind again waits this long for it, this often.
 READY_AGAIN_SECONDS = 300.0
 READY_AGAIN_TRIES = 3
+BASE_URL_ENV = "AIRFLOW__API__BASE_URL"   # the UI's base URL, for links in run notes
 
 
 def refusals_are_final(fn: F) -> F:
@@ -167,6 +168,7 @@ def preview_rules(pipeline: str, rules_version: str | None) -> dict[str, Any]:
     run goes on; the XCom then says `previewed: false` and why.
     """
     from orchestrator.lifecycle.preview import preview_rules as preview_verb
+    from orchestrator.observe.render import render_preview
 
     if not rules_version:
         log.info("pipeline %s takes no rules: nothing to preview", pipeline)
@@ -178,14 +180,8 @@ def preview_rules(pipeline: str, rules_version: str | None) -> dict[str, Any]:
         log.warning("no rules preview (the reprocess goes on): %s", e)
         return {"previewed": False, "reason": str(e)}
     d = p.model_dump(mode="json")
-    by_col = ", ".join(f"{c}: {n}" for c, n in p.changed_by_column.items())
-    log.info("rules preview of %s: rules %s applied to the raw columns of served v%s (rules %s, alias %s, "
-             "Delta version %s) in %.2f s: %s of %s rows would change (%s)%s", pipeline, p.rules_version,
-             p.serving_version, p.serving_rules_version or "-", p.alias, p.delta_version, p.seconds, p.rows_changed,
-             p.rows_compared, by_col or "-", "; the same rules content as the served version" if p.same_rules else "")
-    for column, changes in d["top_changes"].items():
-        for c in changes:
-            log.info("  %s: %s", column, json.dumps(c, ensure_ascii=False))
+    for line in _text(render_preview, d):
+        log.info("%s", line)
     return {"previewed": True, **d}
 
 
@@ -250,51 +246,78 @@ def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | N
             time.sleep(burst_seconds)
 
 
+def _text(render, *args) -> list[str]:
+    """What a `observe.render` function prints, as plain lines at most 100 characters wide (for a task log)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
+    render(console, *args)
+    return console.export_text().rstrip("\n").splitlines()
+
+
 @refusals_are_final
 def report(pipeline: str, version: int) -> dict[str, Any]:
-    """The validation report of the version against the one serving now (logged, and returned)."""
+    """The validation report of the version against the one serving now: logged as text, set on the run's
+    note as Markdown (`orchestrator.airflow.notes`), and returned."""
+    from orchestrator.airflow import notes
     from orchestrator.lifecycle.report import validation_report
+    from orchestrator.observe.render import render_report
 
     with _kappa() as k:
         rep = validation_report(k, pipeline, version)
     d = rep.model_dump(mode="json")
-    against = f"serving v{rep.serving_version}" if rep.serving_version is not None else "nothing served yet"
-    log.info("validation report of %s v%s (rules %s) against %s: %s keys (serving %s), %s rejects of %s "
-             "records read (%.2f%%, limit %.2f%%), %s rows changed by the new derivation, %s rows whose "
-             "input differs; saved to %s", pipeline, version, rep.rules_version or "-", against, rep.keys_new,
-             rep.keys_serving if rep.keys_serving is not None else "-", rep.rejects, rep.offsets_read,
-             rep.reject_rate * 100, rep.max_reject_rate * 100, rep.rows_changed, rep.rows_input_differs,
-             rep.path)
-    for column, changes in d["top_changes"].items():
-        for c in changes:
-            log.info("  %s: %s", column, json.dumps(c, ensure_ascii=False))
+    for line in _text(render_report, d):
+        log.info("%s", line)
     for p in rep.problems:
         log.warning("promote would refuse: %s", p)
+    verdict = f"promote would refuse: {'; '.join(rep.problems)}" if rep.problems else "its checks pass"
+    notes.set_run_note(f"{pipeline} v{version} has caught up; {verdict}", notes.report_md(d))
     return d
+
+
+def _in_airflow() -> bool:
+    return bool(os.environ.get("AIRFLOW_CTX_DAG_ID"))
+
+
+def _skip(message: str) -> None:
+    """End the task skipped inside Airflow (what the run's page shows: nothing was done); outside, return."""
+    log.info("%s", message)
+    if _in_airflow():
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(message)
 
 
 @refusals_are_final
 def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: str | None = None, *,
-                     user: str | None, run_id: str, dag_id: str = "kappa_reprocess",
-                     outlet_events: Any = None) -> dict[str, Any] | None:
-    """Promote when auto-promote is on; otherwise say how to promote and return None.
+                     user: str | None, run_id: str, dag_id: str = "kappa_reprocess", outlet_events: Any = None,
+                     report: dict[str, Any] | None = None, grace_seconds: float | None = None) -> dict[str, Any] | None:
+    """Promote when auto-promote is on; otherwise end skipped, the run's note saying how to promote.
 
-    The sensor found the version ready; live updates may push its lag over the threshold again
-    before the promote's own readiness check. Such a refusal (readiness alone failed) is waited
+    With auto-promote off the task ends *skipped* inside Airflow (so is `stop_previous` after it) and
+    the run's note links to kappa_promote with the configuration JSON to paste; outside Airflow it
+    returns None. The sensor found the version ready; live updates may push its lag over the threshold
+    again before the promote's own readiness check. Such a refusal (readiness alone failed) is waited
     out: the task waits until the version is ready again (at most `READY_AGAIN_SECONDS`) and
     promotes then, up to `READY_AGAIN_TRIES` times. Any other refusal fails the task at once."""
+    from orchestrator.airflow import notes
     from orchestrator.lifecycle.await_ready import wait_ready
 
     if not auto_promote:
         conf = json.dumps({"pipeline": pipeline, "version": version})
-        log.info("%s v%s is ready and NOT promoted (auto-promote is off). To promote it, trigger kappa_promote "
-                 "with this configuration JSON: %s, or run `kappa promote %s %s` or `kappa trigger promote %s %s`.",
-                 pipeline, version, conf, pipeline, version, pipeline, version)
+        step = notes.next_step_md(pipeline, version, os.environ.get(BASE_URL_ENV))
+        notes.set_run_note(f"{pipeline} v{version} is ready and NOT promoted (auto-promote is off): promote it with "
+                           f"kappa_promote", [*step, "", *notes.report_md(report)] if report else step)
+        _skip(f"{pipeline} v{version} is ready and NOT promoted (auto-promote is off). To promote it, trigger "
+              f"kappa_promote with this configuration JSON: {conf}, or run `kappa promote {pipeline} {version}` or "
+              f"`kappa trigger promote {pipeline} {version}`.")
         return None
     for attempt in range(1, READY_AGAIN_TRIES + 1):
         try:
             return promote.__wrapped__(pipeline, version, reason, user=user, run_id=run_id, dag_id=dag_id,
-                                       outlet_events=outlet_events)
+                                       outlet_events=outlet_events, grace_seconds=grace_seconds, report=report)
         except NotReadyError as e:
             if e.failed_checks != ("ready",) or attempt == READY_AGAIN_TRIES:
                 raise
@@ -344,66 +367,79 @@ def check_promote(pipeline: str, version: int | None = None, reason: str | None 
 @refusals_are_final
 def promote(pipeline: str, version: int | None, reason: str | None = None, *, user: str | None, run_id: str,
             dag_id: str = "kappa_promote", outlet_events: Any = None, force: bool = False,
-            allow_schema_change: bool = False) -> dict[str, Any]:
+            allow_schema_change: bool = False, grace_seconds: float | None = None,
+            report: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check everything, flip the alias (CAS), publish, record. A no-op once the alias points at it.
 
     A flip adds the alias's asset event to `outlet_events` (`orchestrator.airflow.assets`); the
-    XCom's `asset_event` is its extra, None when nothing flipped.
+    XCom's `asset_event` is its extra, None when nothing flipped. The run's note says what was
+    promoted and until when the version it replaced stays a standby. `grace_seconds` None: the
+    pipeline's `grace_period_seconds`.
     """
+    from orchestrator.airflow import notes
     from orchestrator.airflow.assets import announce_flip
     from orchestrator.lifecycle.promote import promote as promote_verb
 
     with _kappa() as k:
         _override(pipeline, reason, force)
         res = promote_verb(k, pipeline, version, actor=actor_for(user), force=force,
-                           allow_schema_change=allow_schema_change,
+                           allow_schema_change=allow_schema_change, grace_seconds=grace_seconds,
                            reason=tagged_reason(reason, dag_id, run_id, f"promote requested in Airflow by {user}"))
         log.info("%s", res.message)
         d = res.model_dump(mode="json")
         if not res.flipped and res.previous_version == res.version:
             # a retry after the flip: the version it replaced is in the alias history
             d["previous_version"] = k.registry.get_alias(res.alias).previous_version
+        d["grace_seconds"] = k.pipeline(pipeline).grace_period_seconds if grace_seconds is None else float(grace_seconds)
         d["asset_event"] = announce_flip(k, outlet_events, action="promote", pipeline=pipeline, alias=res.alias,
                                          version=res.version, previous_version=res.previous_version,
                                          flipped=res.flipped, run_tag=run_tag(dag_id, run_id), actor=res.actor or "",
                                          reason=res.reason, at=res.at)
-        return d
+    prev = d.get("previous_version")
+    body = [notes.standby_md(pipeline, prev, float(res.at or time.time()) + d["grace_seconds"], d["grace_seconds"])] \
+        if prev is not None and prev != res.version else []
+    notes.set_run_note(f"promoted {pipeline} v{res.version}: alias {res.alias} serves it"
+                       + (f" (was v{prev})" if prev is not None and prev != res.version else ""),
+                       [*body, "", *notes.report_md(report)] if report else body)
+    return d
 
 
 @refusals_are_final
-def poke_stop_previous(pipeline: str, promoted: dict[str, Any] | None, grace_seconds: float | None = None, *,
-                       user: str | None, run_id: str, dag_id: str) -> PokeResult:
-    """After the standby grace period, stop the version the promote replaced (a sensor poke).
+def stop_previous(pipeline: str, promoted: dict[str, Any] | None, *, user: str | None, run_id: str,
+                  dag_id: str) -> dict[str, Any]:
+    """Stop the version the promote replaced if its standby grace period is already over (grace 0).
 
-    Does nothing to a version that serves again (a rollback happened meanwhile) or is no longer
-    a standby. `grace_seconds` None means the pipeline's `grace_period_seconds`.
+    Otherwise it stays a running standby (an instant rollback with kappa_rollback) and `kappa_monitor`
+    stops it when the grace period ends: the task ends *skipped* inside Airflow, saying until when,
+    so that the promote's run ends at the flip. Leaves alone a version that serves again (a rollback
+    happened meanwhile) or is no longer a standby.
     """
+    from orchestrator.airflow import notes
     from orchestrator.jobctl import stop_version
 
     previous = (promoted or {}).get("previous_version")
     version = (promoted or {}).get("version")
     if not promoted or previous is None or previous == version:
         log.info("no previous version to stop")
-        return {"is_done": True, "xcom_value": {"stopped": None}}
+        return {"stopped": None}
+    grace = float(promoted.get("grace_seconds") or 0.0)
+    until = float(promoted.get("at") or 0.0) + grace
+    if until > time.time():
+        _skip(notes.standby_md(pipeline, previous, until, grace))
+        return {"stopped": None, "standby_until": until}
     with _kappa() as k:
         spec = k.pipeline(pipeline)
-        grace = spec.grace_period_seconds if grace_seconds is None else float(grace_seconds)
-        at = float(promoted.get("at") or 0.0)
-        left = at + grace - time.time()
-        if left > 0:
-            log.info("%s v%s stays standby for another %.0f s (grace period %.0f s)", pipeline, previous, left, grace)
-            return {"is_done": False, "xcom_value": None}
         rec = k.registry.get_version(pipeline, previous)
         alias = k.registry.get_alias(spec.alias)
         if rec.state != VersionState.STANDBY or (alias is not None and alias.version == previous):
             msg = f"{pipeline} v{previous} is {rec.state} now, not a standby: leaving it alone"
             log.info("%s", msg)
-            return {"is_done": True, "xcom_value": {"stopped": None, "message": msg}}
+            return {"stopped": None, "message": msg}
         res = stop_version(k, pipeline, previous, actor=actor_for(user),
                            reason=tagged_reason(None, dag_id, run_id,
                                                 f"standby grace period of {grace:.0f} s after promoting v{version} is over"))
         log.info("%s", res.message)
-        return {"is_done": True, "xcom_value": {**res.model_dump(mode="json"), "stopped": previous}}
+        return {**res.model_dump(mode="json"), "stopped": previous}
 
 
 # -- kappa_rollback ---------------------------------------------------------------------------
@@ -455,43 +491,3 @@ def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at
                               version=res.to_version, previous_version=res.from_version, flipped=res.flipped,
                               run_tag=run_tag(dag_id, run_id), actor=res.actor or "", reason=res.reason, at=res.at)
     return {**res.model_dump(mode="json"), "asset_event": event}
-
-
-# -- kappa_monitor ----------------------------------------------------------------------------
-
-@refusals_are_final
-def watch(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor", outlet_events: Any = None) -> list:
-    """The watch pass of every pipeline (`orchestrator.lifecycle.watch`): each automatic rollback is an
-    event on the alias's Asset. Succeeds (so that Airflow records the events); `monitor` fails on them."""
-    from orchestrator.airflow.assets import announce_flip
-    from orchestrator.lifecycle.watch import ACTOR, watch_pass
-
-    actions: list[dict[str, Any]] = []
-    with _kappa() as k:
-        for name in k.pipelines:
-            try:
-                done = watch_pass(k, name, actor=actor_for(user))
-            except KappaError as e:
-                done = [{"kind": "watch_failed", "pipeline": name, "error": str(e)}]
-            for a in done:
-                log.info("watch: %s", json.dumps(a, default=str))
-                if a.get("kind") == "rolled_back":
-                    spec = k.pipeline(name)
-                    a["asset_event"] = announce_flip(
-                        k, outlet_events, action="rollback", pipeline=name, alias=spec.alias,
-                        version=int(a["to_version"]), previous_version=a["version"], flipped=True, run_tag=run_id,
-                        actor=ACTOR, reason=f"automatic rollback: {a.get('cause')}", at=time.time())
-            actions += done
-    return actions
-
-
-def monitor(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor",
-            watched: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Sample lag of every running version, record failed jobs, reconcile aliases; raise if serving is unhealthy
-    (or the `watch` task rolled a version back: `watched`, its actions)."""
-    from orchestrator.lifecycle.monitor import monitor as monitor_verb
-
-    with _kappa() as k:
-        d = monitor_verb(k, actor=actor_for(user), watched=list(watched or [])).model_dump(mode="json")
-    log.info("%s", json.dumps(d)[:4000])
-    return d

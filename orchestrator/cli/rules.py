@@ -17,6 +17,7 @@ import typer
 
 from orchestrator.cli.app import AsJson, app, cli_of, error_line, new_typer
 from orchestrator.cli.render import print_json
+from orchestrator.observe.render import render_preview
 from orchestrator.core.exceptions import KappaError
 
 __all__ = ["rules_app"]
@@ -43,36 +44,6 @@ def preview_cmd(
         print_json(result)
     else:
         render_preview(cli.out, result.model_dump(mode="json"))
-
-
-def render_preview(console: Any, p: dict[str, Any]) -> None:
-    """The preview for people: what was read, then the validation report's change lines and tables."""
-    from rich.table import Table
-
-    from orchestrator.observe.progress import fmt_count
-
-    served = f"served v{p['serving_version']} (rules {p.get('serving_rules_version') or '-'})"
-    console.print(f"[bold]rules preview: {p['pipeline']} rules {p['rules_version']} against {served}, "
-                  f"alias {p['alias']}[/]", highlight=False)
-    console.print(f"  table {p['table']} (Delta version {p['delta_version']}): {fmt_count(p['rows_compared'])} "
-                  f"rows read and compared in {p['seconds']:.2f} s", highlight=False)
-    by_col = ", ".join(f"{c}: {fmt_count(v)}" for c, v in p["changed_by_column"].items())
-    console.print(f"  rows the new rules would change: [bold]{fmt_count(p['rows_changed'])}[/]"
-                  + (f" ({by_col})" if by_col else ""), highlight=False)
-    if p.get("serving_rules_hash") == p["rules_hash"]:
-        console.print(f"  rules {p['rules_version']} have the same content as the served version's rules",
-                      highlight=False)
-    old = f"v{p['serving_version']} now"
-    for col, changes in p["top_changes"].items():
-        if not changes:
-            continue
-        t = Table(title=f"top changes of {col}: {old} -> rules {p['rules_version']}", title_justify="left")
-        t.add_column("rows", justify="right")
-        t.add_column(old)
-        t.add_column(f"rules {p['rules_version']}")
-        for ch in changes:
-            t.add_row(f"{ch['count']:,}", str(ch["old"]), str(ch["new"]))
-        console.print(t)
 
 
 def check_summary(path: Path, location: str | None = None) -> dict[str, Any]:

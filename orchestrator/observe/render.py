@@ -113,3 +113,29 @@ def _render_changes(console: Console, report: Mapping[str, Any], n: Any, old: An
         for ch in changes:
             t.add_row(f"{ch['count']:,}", str(ch["old"]), str(ch["new"]))
         console.print(t)
+
+
+def render_preview(console: Any, p: dict[str, Any]) -> None:
+    """The preview for people: what was read, then the validation report's change lines and tables."""
+    served = f"served v{p['serving_version']} (rules {p.get('serving_rules_version') or '-'})"
+    console.print(f"[bold]rules preview: {p['pipeline']} rules {p['rules_version']} against {served}, "
+                  f"alias {p['alias']}[/]", highlight=False)
+    console.print(f"  table {p['table']} (Delta version {p['delta_version']}): {fmt_count(p['rows_compared'])} "
+                  f"rows read and compared in {p['seconds']:.2f} s", highlight=False)
+    by_col = ", ".join(f"{c}: {fmt_count(v)}" for c, v in p["changed_by_column"].items())
+    console.print(f"  rows the new rules would change: [bold]{fmt_count(p['rows_changed'])}[/]"
+                  + (f" ({by_col})" if by_col else ""), highlight=False)
+    if p.get("serving_rules_hash") == p["rules_hash"]:
+        console.print(f"  rules {p['rules_version']} have the same content as the served version's rules",
+                      highlight=False)
+    old = f"v{p['serving_version']} now"
+    for col, changes in p["top_changes"].items():
+        if not changes:
+            continue
+        t = Table(title=f"top changes of {col}: {old} -> rules {p['rules_version']}", title_justify="left")
+        t.add_column("rows", justify="right")
+        t.add_column(old)
+        t.add_column(f"rules {p['rules_version']}")
+        for ch in changes:
+            t.add_row(f"{ch['count']:,}", str(ch["old"]), str(ch["new"]))
+        console.print(t)

@@ -128,7 +128,7 @@ def test_an_automatic_rollback_is_an_event_on_the_alias_asset_and_fails_the_moni
 
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
-    from orchestrator.airflow import tasks
+    from orchestrator.airflow import monitor_tasks, tasks
     from orchestrator.core.exceptions import LifecycleError
     from orchestrator.lifecycle import watch as watch_mod
 
@@ -144,13 +144,13 @@ def test_an_automatic_rollback_is_an_event_on_the_alias_asset_and_fails_the_moni
     monkeypatch.setattr(tasks, "_kappa", lambda: nullcontext(k))
     monkeypatch.setattr(watch_mod, "watch_pass", the_watch_rolls_back)
     events = OutletEventAccessors()
-    [action] = tasks.watch(user=None, run_id="scheduled__1", outlet_events=events)
+    [action] = monitor_tasks.watch(user=None, run_id="scheduled__1", outlet_events=events)
     [event] = alias_events(events)
     assert event.extra == action["asset_event"]
     assert {key: event.extra[key] for key in ("action", "version", "previous_version", "actor", "reason")} == {
         "action": "rollback", "version": 1, "previous_version": 2, "actor": "kappa-watch",
         "reason": f"automatic rollback: {cause}"}
     with pytest.raises(LifecycleError) as e:
-        tasks.monitor(user=None, run_id="scheduled__1", watched=[action])
+        monitor_tasks.monitor(user=None, run_id="scheduled__1", watched=[action])
     # first the rollback, then what else the pass found (v1's job is not running in this fake world)
     assert str(e.value).startswith(f"std_a v2 was rolled back automatically to v1: {cause}; "), str(e.value)

@@ -108,6 +108,18 @@ def test_reprocess_chain_and_sensor(clean_kappa_env):
     assert dag.schedule is None and dag.catchup is False
 
 
+@pytest.mark.parametrize("dag_id", ["kappa_reprocess", "kappa_promote"])
+def test_no_promote_run_waits_out_the_grace_period_and_a_promote_not_made_is_not_a_success(clean_kappa_env, dag_id):
+    """Issue 22, items 1 and 4: `promote` was a short-circuit task (a green success that promoted nothing) and
+    `stop_previous` a sensor that kept the promote's run Running for the whole standby grace period."""
+    from airflow.sdk.bases.sensor import BaseSensorOperator
+    from airflow.providers.standard.operators.python import ShortCircuitOperator
+
+    dag = parse().dags[dag_id]
+    assert not isinstance(dag.get_task("stop_previous"), BaseSensorOperator)
+    assert not isinstance(dag.get_task("promote"), ShortCircuitOperator)
+
+
 def test_monitor_runs_every_minute_without_catchup(clean_kappa_env):
     dag = parse().dags["kappa_monitor"]
     assert dag.schedule == timedelta(minutes=1)

@@ -112,10 +112,9 @@ def test_validate_refuses_unknown_pipeline_and_rules(kappa_env):
 
 
 def test_stop_previous_with_nothing_replaced_is_done_at_once(kappa_env):
-    assert tasks.poke_stop_previous("std_a", None, user="alice", run_id="r", dag_id="kappa_reprocess") == \
-        {"is_done": True, "xcom_value": {"stopped": None}}
-    first_promote = {"version": 1, "previous_version": None, "at": 0}
-    assert tasks.poke_stop_previous("std_a", first_promote, 0, user="a", run_id="r", dag_id="d")["is_done"] is True
+    assert tasks.stop_previous("std_a", None, user="alice", run_id="r", dag_id="kappa_reprocess") == {"stopped": None}
+    first_promote = {"version": 1, "previous_version": None, "at": 0, "grace_seconds": 300}
+    assert tasks.stop_previous("std_a", first_promote, user="a", run_id="r", dag_id="d") == {"stopped": None}
 
 
 def test_promote_if_asked_off_says_how(kappa_env, caplog):
@@ -128,6 +127,63 @@ def test_promote_if_asked_off_says_how(kappa_env, caplog):
     conf = caplog.text.split("with this configuration JSON: ", 1)[1].split(", or run", 1)[0]
     assert json.loads(conf) == {"pipeline": "std_a", "version": 4}
 
+
+def test_promote_if_asked_off_ends_skipped_in_airflow_with_the_next_step_on_the_run_note(kappa_env, monkeypatch):
+    """Issue 22, item 1: inside Airflow the promote task of a run with auto-promote off ends skipped (it
+    was a green success that promoted nothing), and the run's note links to kappa_promote with its JSON."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from orchestrator.airflow import notes
+
+    set_notes = []
+    monkeypatch.setattr(notes, "set_run_note", lambda head, body=(), **kw: set_notes.append((head, list(body))))
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "kappa_reprocess")
+    monkeypatch.setenv(tasks.BASE_URL_ENV, "http://127.0.0.1:8080")
+    with pytest.raises(AirflowSkipException, match="std_a v4 is ready and NOT promoted"):
+        tasks.promote_if_asked("std_a", 4, False, "why", user="alice", run_id="r", report=REPORT)
+    [(head, body)] = set_notes
+    assert head.startswith("std_a v4 is ready and NOT promoted")
+    text = "\n".join(body)
+    assert "[open kappa_promote](http://127.0.0.1:8080/dags/kappa_promote)" in text
+    assert json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0]) == {"pipeline": "std_a", "version": 4}
+    assert "| 812 | Sr. Engineer | Senior Engineer |" in text   # the report rides along
+
+
+REPORT = {"pipeline": "std_a", "version": 4, "serving_version": 3, "rules_version": "v2", "keys_new": 4998,
+          "keys_serving": 5000, "key_delta_ratio": -0.0004, "key_count_ok": True, "rejects": 21,
+          "offsets_read": 3120, "reject_rate": 0.0067, "max_reject_rate": 0.01, "reject_rate_ok": True,
+          "rows_compared": 4990, "rows_same_input": 4990, "rows_changed": 812,
+          "changed_by_column": {"title": 812, "company": 0},
+          "top_changes": {"title": [{"old": "Sr. Engineer", "new": "Senior Engineer", "count": 812}]},
+          "checks": [], "problems": []}
+
+
+def test_the_report_task_logs_text_lines_and_puts_a_markdown_report_on_the_note(kappa_env, monkeypatch, caplog):
+    """Issue 22, item 11: the report was JSON lines in the task log, cut at the viewer's edge; now text lines of
+    at most 100 characters, and the note has a table of the top changes per field."""
+    import logging
+
+    from orchestrator.airflow import notes
+    from orchestrator.lifecycle import report as report_mod
+
+    class Rep:
+        problems: list = []
+
+        def model_dump(self, mode):
+            return {**REPORT, "top_changes": {"title": [{"old": "x" * 150, "new": "Senior Engineer", "count": 3}]}}
+
+    set_notes = []
+    monkeypatch.setattr(report_mod, "validation_report", lambda k, p, v: Rep())
+    monkeypatch.setattr(notes, "set_run_note", lambda head, body=(), **kw: set_notes.append((head, list(body))))
+    with caplog.at_level(logging.INFO, logger="kappa.airflow"):
+        tasks.report("std_a", 4)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("validation report: std_a v4" in line for line in lines)
+    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    assert not any('{"old"' in line for line in lines)
+    [(head, body)] = set_notes
+    assert head == "std_a v4 has caught up; its checks pass"
+    assert "| 3 | " + "x" * 39 + "… | Senior Engineer |" in body
 
 
 def test_an_auto_promote_refused_because_the_version_fell_behind_waits_and_promotes(kappa_env, monkeypatch):
@@ -161,14 +217,19 @@ def test_an_auto_promote_refused_because_the_version_fell_behind_waits_and_promo
     assert len(waits) == 1
 
 @pytest.mark.parametrize("after, done", [(299.5, False), (300.0, True), (300.5, True)])
-def test_stop_previous_waits_exactly_the_grace_period_in_seconds(kappa_env, monkeypatch, after, done):
-    """The promote's `at` and the grace period are seconds: 299.5 s after it the standby is kept."""
+def test_stop_previous_stops_only_a_standby_whose_grace_period_is_over(kappa_env, monkeypatch, after, done):
+    """Issue 22, item 4: within the grace period the task no longer waits it out (the promote run stayed Running
+    for 5 minutes): it ends skipped saying until when v1 stays a standby, and kappa_monitor stops it then.
+    Past it (grace 0, or a retry), it stops the standby at once. The grace period is in seconds."""
     from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowSkipException
 
     from orchestrator.core.kappa import Kappa
 
     promoted_at = 1_700_000_000.0
     monkeypatch.setattr(tasks, "time", SimpleNamespace(time=lambda: promoted_at + after))
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "kappa_promote")
     with Kappa() as k:
         for _ in range(2):
             k.registry.allocate_version("std_a", rules_version="v1", rules_hash=None, code_ref="test",
@@ -177,17 +238,21 @@ def test_stop_previous_waits_exactly_the_grace_period_in_seconds(kappa_env, monk
         k.registry.flip_alias("std_a_served", "std_a", expected_version=1, new_version=2, actor="t", reason="r")
         k.registry.set_state("std_a", 2, "serving")
         k.registry.set_state("std_a", 1, "standby")
-    promoted = {"version": 2, "previous_version": 1, "at": promoted_at}
-    res = tasks.poke_stop_previous("std_a", promoted, 300, user="alice", run_id="r7", dag_id="kappa_promote")
+    promoted = {"version": 2, "previous_version": 1, "at": promoted_at, "grace_seconds": 300}
+    if not done:
+        with pytest.raises(AirflowSkipException) as e:
+            tasks.stop_previous("std_a", promoted, user="alice", run_id="r7", dag_id="kappa_promote")
+        assert str(e.value).startswith("v1 stays a running standby until 22:18:20 UTC (grace period 300 s): "
+                                       "kappa_rollback flips back to it at once until then; kappa_monitor stops it")
+    else:
+        res = tasks.stop_previous("std_a", promoted, user="alice", run_id="r7", dag_id="kappa_promote")
+        assert res["stopped"] == 1 and (res["how"], res["version"]) == ("not-running", 1)
     with Kappa() as k:
         state = k.registry.get_version("std_a", 1).state
         stops = [(e.actor, e.reason) for e in k.registry.audit_log("std_a", action="stop")]
     if not done:
-        assert res == {"is_done": False, "xcom_value": None}
         assert (state, stops) == ("standby", [])
     else:
-        assert res["is_done"] is True and res["xcom_value"]["stopped"] == 1
-        assert (res["xcom_value"]["how"], res["xcom_value"]["version"]) == ("not-running", 1)
         assert state == "stopped"
         assert stops == [("airflow:alice", "standby grace period of 300 s after promoting v2 is over "
                                             "[airflow kappa_promote run r7]")]

@@ -1,0 +1,58 @@
+"""What kappa_monitor runs: the watch pass of every pipeline, then the monitor pass.
+
+Plain functions, as in `orchestrator.airflow.tasks` (whose helpers they use); `dags/kappa_monitor.py`
+wraps them, one call per task body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from orchestrator.airflow import tasks
+from orchestrator.airflow.tasks import actor_for, refusals_are_final
+from orchestrator.core.exceptions import KappaError
+
+__all__ = ["watch", "monitor"]
+
+log = logging.getLogger("kappa.airflow")
+
+
+@refusals_are_final
+def watch(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor", outlet_events: Any = None) -> list:
+    """The watch pass of every pipeline (`orchestrator.lifecycle.watch`): each automatic rollback is an
+    event on the alias's Asset. Succeeds (so that Airflow records the events); `monitor` fails on them."""
+    from orchestrator.airflow.assets import announce_flip
+    from orchestrator.lifecycle.watch import ACTOR, watch_pass
+
+    actions: list[dict[str, Any]] = []
+    with tasks._kappa() as k:
+        for name in k.pipelines:
+            try:
+                done = watch_pass(k, name, actor=actor_for(user))
+            except KappaError as e:
+                done = [{"kind": "watch_failed", "pipeline": name, "error": str(e)}]
+            for a in done:
+                log.info("watch: %s", json.dumps(a, default=str))
+                if a.get("kind") == "rolled_back":
+                    spec = k.pipeline(name)
+                    a["asset_event"] = announce_flip(
+                        k, outlet_events, action="rollback", pipeline=name, alias=spec.alias,
+                        version=int(a["to_version"]), previous_version=a["version"], flipped=True, run_tag=run_id,
+                        actor=ACTOR, reason=f"automatic rollback: {a.get('cause')}", at=time.time())
+            actions += done
+    return actions
+
+
+def monitor(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor",
+            watched: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Sample lag of every running version, record failed jobs, reconcile aliases; raise if serving is unhealthy
+    (or the `watch` task rolled a version back: `watched`, its actions)."""
+    from orchestrator.lifecycle.monitor import monitor as monitor_verb
+
+    with tasks._kappa() as k:
+        d = monitor_verb(k, actor=actor_for(user), watched=list(watched or [])).model_dump(mode="json")
+    log.info("%s", json.dumps(d)[:4000])
+    return d
