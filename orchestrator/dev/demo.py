@@ -30,8 +30,8 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.core.exceptions import ConfigError, KappaError
-from orchestrator.jobctl.process import create_time, end_group, group_alive
+from orchestrator.core.exceptions import ConfigError
+from orchestrator.dev.demo_stop import report_stopped
 
 __all__ = ["DemoOptions", "Demo", "run_demo"]
 
@@ -69,10 +69,16 @@ class Started:
     producer_stop: threading.Event = field(default_factory=threading.Event)
     produced_live: int = 0
     producer_error: str | None = None
-    job_pids: dict[int, int] = field(default_factory=dict)    # version -> pid
+    job_pids: dict[int, int] = field(default_factory=dict)    # version -> the pid last known
+    earlier_pids: dict[int, list[int]] = field(default_factory=dict)  # version -> pids a restart replaced
 
 
 class Demo:
+    #: Who the registry's audit entries name, and why the jobs stop at the end (`kappa up` has its own).
+    actor = ACTOR
+    end_reason = "the demo ends"
+    pipeline = PIPELINE
+
     def __init__(self, opts: DemoOptions, console: Console, overrides: dict[str, Any] | None = None,
                  config_file: Path | None = None) -> None:
         self.opts = opts
@@ -80,7 +86,7 @@ class Demo:
         self.overrides = dict(overrides or {})
         self.config_file = config_file
         self.started = Started()
-        self.jobs_stopped: set[int] = set()   # versions whose job the cleanup has stopped
+        self.pids_done: set[int] = set()      # job pids the cleanup has stopped or found ended
         self.k = None
         self.home: Path | None = None
         self.temp_home = False
@@ -130,7 +136,7 @@ class Demo:
         self.fill_topic()
         self.start_producer()
         self.show_compaction()
-        spec = self.k.pipeline(PIPELINE)
+        spec = self.k.pipeline(self.pipeline)
         self.alias = spec.alias
         threshold = self.threshold()
 
@@ -145,7 +151,7 @@ class Demo:
         self.section("Validation report: what the v2 rules change")
         from orchestrator.lifecycle.report import validation_report
 
-        report = validation_report(self.k, PIPELINE, v2, save=True)
+        report = validation_report(self.k, self.pipeline, v2, save=True)
         from orchestrator.observe.render import render_report
 
         render_report(self.c, report.model_dump(mode="json"))
@@ -165,7 +171,7 @@ class Demo:
         self.section("The catch-up curve")
         from orchestrator.observe.lagplot import plot_pipeline_lag
 
-        png = plot_pipeline_lag(self.k, PIPELINE, self.home / "catchup.png")
+        png = plot_pipeline_lag(self.k, self.pipeline, self.home / "catchup.png")
         self.say(f"wrote {png} ({png.stat().st_size:,} bytes): the lag of v1 and v2 over time")
 
         self.section("Audit log")
@@ -188,13 +194,13 @@ class Demo:
 
         pipelines = dict(load_pipelines(settings.pipelines_file))
         if self.opts.batch is not None:
-            pipelines[PIPELINE] = pipelines[PIPELINE].model_copy(update={"max_records_per_batch": self.opts.batch})
+            pipelines[self.pipeline] = pipelines[self.pipeline].model_copy(update={"max_records_per_batch": self.opts.batch})
         self.k = Kappa(settings, pipelines=pipelines)
         self.say(f"embedded broker (Apache Kafka, KRaft, log cleaner on): {broker.bootstrap_servers}, "
                  f"pid {broker.proc.pid}, data in {broker.data_dir}")
         self.say(f"registry: {settings.masked_registry_url}")
         self.say(f"warehouse: {settings.warehouse}")
-        batch = self.k.pipeline(PIPELINE).max_records_per_batch
+        batch = self.k.pipeline(self.pipeline).max_records_per_batch
         why = ("small, so that lag visibly goes down; the pipeline's backfill setting is larger"
                if self.opts.batch is not None else "the pipeline's max_records_per_batch")
         self.say(f"Spark master for the jobs: {settings.spark_master}; micro-batches of at most {batch:,} records ({why})")
@@ -203,7 +209,7 @@ class Demo:
     def fill_topic(self) -> None:
         from orchestrator.dev.datagen import ensure_topic, generate_changelog, produce
 
-        spec = self.k.pipeline(PIPELINE)
+        spec = self.k.pipeline(self.pipeline)
         topic = spec.topics[0]
         bootstrap = self.k.bootstrap_servers
         ensure_topic(bootstrap, topic, self.opts.partitions, compact=True, fast_compaction=True)
@@ -230,7 +236,7 @@ class Demo:
 
         from orchestrator.observe.lag import log_offsets
 
-        topic = self.k.pipeline(PIPELINE).topics[0]
+        topic = self.k.pipeline(self.pipeline).topics[0]
         written = sum(hi - lo for lo, hi in log_offsets(self.k, [topic]).values())
         self.say(f"the topic holds {written:,} records so far; waiting for the log cleaner to compact it...")
         after, done = wait_for_compaction(self.k.bootstrap_servers, topic, written, timeout=60)
@@ -251,7 +257,7 @@ class Demo:
     def start_producer(self) -> None:
         from orchestrator.dev.datagen import produce_live
 
-        spec = self.k.pipeline(PIPELINE)
+        spec = self.k.pipeline(self.pipeline)
         st = self.started
 
         def progress(n: int) -> None:
@@ -271,7 +277,7 @@ class Demo:
                  f"deletes per second of existing members, until the demo ends")
 
     def threshold(self) -> int:
-        spec = self.k.pipeline(PIPELINE)
+        spec = self.k.pipeline(self.pipeline)
         t = self.opts.threshold if self.opts.threshold is not None else spec.catchup_threshold
         origin = "--threshold" if self.opts.threshold is not None else "the pipeline's catchup_threshold"
         self.say(f"catch-up rule: lag <= {t:,} records ({origin}; live updates keep arriving) for "
@@ -281,7 +287,7 @@ class Demo:
     def deploy_and_wait(self, rules: str, threshold: int, reason: str) -> int:
         from orchestrator.lifecycle.deploy import deploy
 
-        info = deploy(self.k, PIPELINE, rules, actor=ACTOR, reason=reason, threshold=threshold)
+        info = deploy(self.k, self.pipeline, rules, actor=self.actor, reason=reason, threshold=threshold)
         if info.pid:
             self.started.job_pids[info.version] = info.pid
         self.say(info.message)
@@ -295,8 +301,8 @@ class Demo:
 
         t = time.monotonic()
         with LagProgress(self.c, line_every=2.0) as bars:
-            r = wait_ready(self.k, PIPELINE, version, deadline_seconds=self.opts.deadline,
-                           poll_seconds=self.opts.poll, on_sample=bars.update, actor=ACTOR)
+            r = wait_ready(self.k, self.pipeline, version, deadline_seconds=self.opts.deadline,
+                           poll_seconds=self.opts.poll, on_sample=bars.update, actor=self.actor)
         self.say(f"v{version} is ready after {time.monotonic() - t:.0f} s: {r.reason} "
                  f"(lag now {r.total_lag:,}; {self.started.produced_live:,} live updates produced so far)")
 
@@ -313,7 +319,7 @@ class Demo:
         deadline = time.monotonic() + self.opts.deadline
         while True:
             try:
-                res = promote(self.k, PIPELINE, version, actor=ACTOR, reason=reason)
+                res = promote(self.k, self.pipeline, version, actor=self.actor, reason=reason)
                 break
             except NotReadyError as e:
                 if set(e.failed_checks) != {"ready"} or time.monotonic() >= deadline:
@@ -329,7 +335,7 @@ class Demo:
     def rollback(self, to: int | None, reason: str) -> None:
         from orchestrator.lifecycle.rollback import rollback
 
-        res = rollback(self.k, PIPELINE, to, actor=ACTOR, reason=reason, deadline_seconds=self.opts.deadline,
+        res = rollback(self.k, self.pipeline, to, actor=self.actor, reason=reason, deadline_seconds=self.opts.deadline,
                        poll_seconds=self.opts.poll)
         self.say(f"[bold yellow]{res.message}[/] (waited {res.waited_seconds:.1f} s"
                  + (", restarted from its checkpoint" if res.restarted else ", it was running as standby") + ")")
@@ -338,7 +344,7 @@ class Demo:
     def _table(self, version: int):
         from orchestrator.core.tables import read_table
 
-        return read_table(self.k.paths(PIPELINE, version).table, ["member_id", "title_raw", "title"])
+        return read_table(self.k.paths(self.pipeline, version).table, ["member_id", "title_raw", "title"])
 
     def sample_ids(self, version: int) -> list[str]:
         t = self._table(version)
@@ -397,8 +403,8 @@ class Demo:
     def show_history(self) -> None:
         from orchestrator.observe.render import fmt_time as _fmt_time
 
-        entries = self.k.registry.audit_log(PIPELINE, limit=40)
-        table = Table(title_justify="left", title=f"{len(entries)} audit entries of {PIPELINE} (kappa history)")
+        entries = self.k.registry.audit_log(self.pipeline, limit=40)
+        table = Table(title_justify="left", title=f"{len(entries)} audit entries of {self.pipeline} (kappa history)")
         for col in ("at", "action", "version", "outcome", "actor", "reason"):
             table.add_column(col)
         for e in entries:
@@ -441,38 +447,18 @@ class Demo:
         return stopped
 
     def stop_jobs(self) -> list[tuple[str, int]]:
-        """Stop the jobs of every version not stopped yet: all asked first, then each waited for."""
-        from orchestrator.jobctl import inspect_version
-        from orchestrator.jobctl.stop import finish_stop, request_stop
+        """Stop the job of every version that runs now, by the PID kappa records now; (what, pid) of each."""
+        from orchestrator.dev.demo_stop import stop_version_jobs
 
         st = self.started
-        try:
-            versions = self.k.registry.list_versions(PIPELINE)
-        except KappaError:
-            versions = []
-        for rec in versions:
-            if rec.pid:
-                st.job_pids.setdefault(rec.version, rec.pid)
-        todo = sorted(v for v in st.job_pids if v not in self.jobs_stopped)
-        requests = {}
-        for version in todo:
-            try:
-                if inspect_version(self.k, PIPELINE, version).alive:
-                    requests[version] = request_stop(self.k, PIPELINE, version, actor=ACTOR,
-                                                     reason="the demo ends", force=True)
-            except KappaError as e:
-                self.say(f"[red]could not stop {PIPELINE} v{version} through kappa ({e}); killing it[/]")
-        for version, req in requests.items():
-            try:
-                finish_stop(self.k, req, graceful_timeout=30)
-            except KappaError as e:
-                self.say(f"[red]could not stop {PIPELINE} v{version} through kappa ({e}); killing it[/]")
-        stopped = []
-        for version in todo:
-            end_group(st.job_pids[version], 10.0)
-            stopped.append((f"{PIPELINE} v{version} job", st.job_pids[version]))
-            self.jobs_stopped.add(version)
-        return stopped
+        return stop_version_jobs(self.k, self.pipeline, actor=self.actor, reason=self.end_reason,
+                                 job_pids=st.job_pids, earlier_pids=st.earlier_pids, done=self.pids_done,
+                                 say=self.say)
+
+    def earlier_jobs(self) -> list[tuple[str, int]]:
+        """(what, pid) of the jobs a restart replaced, for the check that nothing is left."""
+        return [(f"{self.pipeline} v{v} earlier job", pid) for v, pids in sorted(self.started.earlier_pids.items())
+                for pid in pids]
 
     def stop_others(self) -> Callable[[], list[tuple[str, int]]]:
         """Start stopping what else runs besides the jobs and the broker (nothing in the demo); returns
@@ -500,16 +486,9 @@ def run_demo(opts: DemoOptions, *, console: Console | None = None, overrides: di
             demo.section("Stopping everything the demo started" if ok else
                          "Stopping everything the demo started (it did not finish)")
             stopped = demo.cleanup()
-            for what, pid in stopped:
-                console.print(f"stopped {what} (pid {pid})", highlight=False)
-            left = [(what, pid) for what, pid in stopped if create_time(pid) is not None or group_alive(pid)]
+            report_stopped(console, stopped, demo.earlier_jobs())
             if demo.started.producer is not None and demo.started.producer.is_alive():
                 console.print("[red]the live producer thread did not stop[/]")
-            pids = ", ".join(str(pid) for _, pid in stopped) or "none"
-            if left:
-                console.print(f"[red]still running: {', '.join(f'{w} (pid {p})' for w, p in left)}[/]")
-            else:
-                console.print(f"nothing left running (checked pids: {pids})", highlight=False)
             if demo.home is not None:
                 if opts.clean:
                     shutil.rmtree(demo.home, ignore_errors=True)

@@ -23,7 +23,8 @@ from typing import Any, Callable
 from rich.console import Console
 
 from orchestrator.dev.demo import PIPELINE, Demo, DemoOptions
-from orchestrator.jobctl.process import create_time, group_alive
+from orchestrator.dev.demo_stop import report_stopped
+from orchestrator.jobctl.launch import reap_children
 
 __all__ = ["UpOptions", "run_up"]
 
@@ -42,6 +43,9 @@ class UpOptions:
 
 class Up(Demo):
     """The demo's embedded stack and v1, then Airflow on top; `serve` waits for the stop signal."""
+
+    actor = "kappa-up"
+    end_reason = "kappa up stopped"
 
     def __init__(self, opts: UpOptions, console: Console, overrides: dict[str, Any] | None = None):
         super().__init__(DemoOptions(home=opts.home, records=opts.records, keys=opts.keys, rate=opts.rate,
@@ -88,6 +92,12 @@ class Up(Demo):
         self.say(f"From a terminal: kappa --home {self.home} status --watch   |   kappa --home {self.home} history")
         self.say("[bold]Press Ctrl-C to stop everything kappa up started.[/]")
 
+    def stopped_by(self, signum: int) -> None:
+        """Record the signal that ends `kappa up`, for the audit entries of the jobs it stops."""
+        name = signal.Signals(signum).name
+        self.end_reason = f"kappa up stopped ({name}, Ctrl-C)" if signum == signal.SIGINT else \
+            f"kappa up stopped ({name})"
+
     def stop_others(self) -> Callable[[], list[tuple[str, int]]]:
         """Stop Airflow's components in a thread, while the jobs stop; the wait joins it."""
         stack = self.stack
@@ -125,10 +135,11 @@ def run_up(opts: UpOptions, *, console: Console | None = None, overrides: dict[s
     in_main = threading.current_thread() is threading.main_thread()
 
     def on_signal(signum, frame):
+        up.stopped_by(signum)
         stop.set()
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
-    left: list[tuple[str, int]] = []
+    left = False
     try:
         up.run()
         if not stop.is_set():
@@ -136,8 +147,10 @@ def run_up(opts: UpOptions, *, console: Console | None = None, overrides: dict[s
             if on_ready is not None:
                 on_ready(up)
         while not stop.wait(1.0):
+            reap_children()  # jobs this process started and Airflow stopped: no zombies left behind
             if up.stack is not None and not all(up.stack.alive().values()):
                 gone = [c for c, alive in up.stack.alive().items() if not alive]
+                up.end_reason = f"kappa up stopped: Airflow's {', '.join(gone)} stopped"
                 console.print(f"[red]Airflow's {', '.join(gone)} stopped; see {up.stack.log_dir}. "
                               f"Stopping everything.[/]")
                 break
@@ -147,14 +160,7 @@ def run_up(opts: UpOptions, *, console: Console | None = None, overrides: dict[s
         try:
             up.section("Stopping everything kappa up started")
             stopped = up.cleanup()
-            for what, pid in stopped:
-                console.print(f"stopped {what} (pid {pid})", highlight=False)
-            left = [(w, p) for w, p in stopped if p and (create_time(p) is not None or group_alive(p))]
-            if left:
-                console.print(f"[red]still running: {', '.join(f'{w} (pid {p})' for w, p in left)}[/]")
-            else:
-                console.print(f"nothing left running (checked pids: {', '.join(str(p) for _, p in stopped) or 'none'})",
-                              highlight=False)
+            left = report_stopped(console, stopped, up.earlier_jobs())
             if up.home is not None:
                 console.print(f"the registry and tables stay in {up.home}: kappa --home {up.home} history",
                               highlight=False)

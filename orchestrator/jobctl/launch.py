@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from orchestrator.registry import VersionRecord
 
 __all__ = ["StartResult", "start_version", "restart_version", "job_command", "lease_owner", "LEASE_SECONDS",
-           "STARTABLE"]
+           "STARTABLE", "reap_children"]
 
 
 class StartResult(BaseModel):
@@ -343,3 +343,16 @@ def restart_version(k, pipeline: str, version: int, *, actor: str, reason: str |
                     trigger: str = "continuous") -> StartResult:
     """Stop (if running) and start again from the version's own checkpoint, under one lease."""
     return start_version(k, pipeline, version, actor=actor, reason=reason, trigger=trigger, restart=True)
+
+
+def reap_children() -> list[int]:
+    """Reap the jobs this process started that have ended, and forget them; returns their PIDs.
+
+    A job this process spawned and another process stopped (Airflow's monitor, a `kappa stop`) stays
+    a zombie until its parent polls it: it holds its PID and its process group, so a check by PID
+    would count it as still running. A long-running parent (`kappa up`) calls this now and then.
+    """
+    ended = [pid for pid, proc in list(CHILDREN.items()) if proc.poll() is not None]
+    for pid in ended:
+        CHILDREN.pop(pid, None)
+    return ended
