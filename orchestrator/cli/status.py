@@ -66,8 +66,11 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
     alive has `stopping` instead (a requested stop under way), not a "failing" readiness.
 
     `rules_file` compares the rules file of the version's name, as it is now, with the rules the
-    version runs (stored at its deploy): "same", "changed", "missing" or "invalid" (None: no rules)."""
+    version runs (stored at its deploy): "same", "changed", "missing" or "invalid" (None: no rules).
+    `rejects` counts the rows of the version's rejects table (`rejects_source`: "job" when its running
+    job reported that count, "table" when read from the table's Delta log)."""
     from orchestrator.jobctl import inspect_version
+    from orchestrator.jobctl.health import rejects_of
     from orchestrator.lifecycle.await_ready import readiness
     from orchestrator.lifecycle.version_rules import file_state
 
@@ -84,13 +87,14 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         "stopping": None,       # {"requested_by", "requested_at", "reason"} while a stopped version's job ends
     }
     if rec.state == VersionState.RETIRED:
-        row.update(job=None, readiness=None, lag=None, partitions={}, eta_seconds=None, rejects=None, lag_seconds=None)
+        row.update(job=None, readiness=None, lag=None, partitions={}, eta_seconds=None, rejects=None,
+                   rejects_source=None, lag_seconds=None)
         return row
     job = inspect_version(k, pipeline, n)
     row["job"] = {"health": job.health, "pid": job.pid if job.alive else None, "batches": job.batches,
                   "rows_in": job.rows_in, "rows_out": job.rows_out, "error": job.error,
                   "reading": job.reading if job.alive else None}
-    row["rejects"] = job.rejects
+    row["rejects"], row["rejects_source"] = rejects_of(k, pipeline, n, job)
     if rec.state in LIVE:
         r = readiness(k, pipeline, n, record=record)
         row.update(readiness=r.state, lag=r.total_lag, partitions=r.partitions, eta_seconds=r.eta_seconds,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["is_table", "read_table", "snapshot", "count_rows", "column_names", "arrow_schema"]
+__all__ = ["is_table", "read_table", "snapshot", "count_rows", "count_rows_from_log", "column_names", "arrow_schema"]
 
 
 def is_table(uri: str | Path) -> bool:
@@ -56,10 +56,30 @@ def snapshot(uri: str | Path):
 def count_rows(uri: str | Path) -> int:
     """Live rows of a Delta table; 0 if there is no table at `uri` (no micro-batch committed yet)."""
     dt = _open(uri)
-    if dt is None:
-        return 0
+    return 0 if dt is None else _scan_count(dt)
+
+
+def _scan_count(dt: Any) -> int:
     first = dt.schema().fields[0].name
     return sum(b.num_rows for b in dt.scan(columns=[first]))
+
+
+def count_rows_from_log(uri: str | Path) -> int:
+    """Rows of an append-only Delta table (a rejects table) from its log alone: the sum of the row
+    counts in its data files' statistics, no data read. 0 if there is no table at `uri`.
+
+    A file without statistics is counted by a scan (`count_rows`). Deletion vectors are not seen
+    here (delta-rs's add actions leave them out), so a table that a DELETE, UPDATE or MERGE changed
+    (an output table) is counted with `count_rows` instead."""
+    import pyarrow as pa
+
+    dt = _open(uri)
+    if dt is None:
+        return 0
+    counts = pa.table(dt.get_add_actions()).column("num_records").to_pylist()
+    if any(n is None for n in counts):
+        return _scan_count(dt)
+    return sum(counts)
 
 
 def column_names(uri: str | Path) -> list[str] | None:

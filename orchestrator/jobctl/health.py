@@ -25,7 +25,7 @@ from orchestrator.jobctl.process import CREATE_TIME_TOLERANCE, find_launched, is
 
 __all__ = ["JobHealth", "JobStatus", "STALE_HEARTBEAT_SECONDS", "STARTUP_TIMEOUT_SECONDS", "LEGACY_START_TOLERANCE",
            "read_launch", "read_status", "inspect_version", "mark_failed", "ensure_failed_recorded",
-           "launch_identity", "job_alive"]
+           "launch_identity", "job_alive", "rejects_of"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,8 @@ class JobStatus(BaseModel):
     batches: int | None = None
     rows_in: int | None = None
     rows_out: int | None = None
-    rejects: int | None = None
+    rejects: int | None = None        # since this process started (0 after a restart)
+    rejects_total: int | None = None  # the rejects table's rows, reported from the first micro-batch on
     end_offsets: dict[str, Any] | None = None
     rules_hash: str | None = None
     #: While a long micro-batch (the backfill) runs: {"batch_id", "records_read", "records_total"}.
@@ -162,7 +163,8 @@ def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
         started_at=to_seconds((launch or {}).get("started_at")) or to_seconds(status.get("started_at")),
         heartbeat_age=None if hb is None else max(0.0, now - hb),
         **{name: status.get(name) for name in
-           ("batch_id", "batches", "rows_in", "rows_out", "rejects", "end_offsets", "rules_hash", "reading")},
+           ("batch_id", "batches", "rows_in", "rows_out", "rejects", "rejects_total", "end_offsets", "rules_hash",
+            "reading")},
     )
 
     def fail(why: str) -> JobStatus:
@@ -192,6 +194,29 @@ def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
     if state == RunState.STOPPING or state in ENDED_RUNS:
         return JobStatus(health="stopping", **base)
     return JobStatus(health="running" if state == RunState.RUNNING else "starting", **base)
+
+
+def rejects_of(k, pipeline: str, version: int, job: JobStatus | None = None) -> tuple[int | None, str | None]:
+    """A version's rejects, the rows of its rejects table, as (count, "job" | "table").
+
+    A running job that reports `rejects_total` keeps that count up to date. Otherwise (a job just
+    restarted, before its first micro-batch; a stopped job, whose last report may miss a batch it
+    wrote before it died) the table's own count from its Delta log: 0 with no table yet, and
+    (None, None) if the table cannot be read (logged), so a status still shows everything else.
+    """
+    from deltalake.exceptions import DeltaError
+
+    from orchestrator.core.tables import count_rows_from_log
+
+    job = inspect_version(k, pipeline, version) if job is None else job
+    if job.alive and job.rejects_total is not None:
+        return job.rejects_total, "job"
+    uri = k.paths(pipeline, version).rejects
+    try:
+        return count_rows_from_log(uri), "table"
+    except (DeltaError, OSError) as e:
+        log.warning("cannot count the rejects of %s v%s in %s: %s", pipeline, version, uri, e)
+        return None, None
 
 
 def mark_failed(k, status: JobStatus, *, actor: str = "kappa") -> bool:

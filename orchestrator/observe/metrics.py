@@ -12,7 +12,7 @@ the latest monitor pass of the serving process (readiness is a decision, not a s
 | `kappa_readiness`                   | gauge   | pipeline, version, state    | latest monitor pass (1: current) |
 | `kappa_ready`                       | gauge   | pipeline, version           | latest monitor pass (1 ready, 0 not) |
 | `kappa_serving_version`             | gauge   | pipeline, alias             | registry alias                |
-| `kappa_rejects`                     | gauge   | pipeline, version           | the job's status (as `kappa status`) |
+| `kappa_rejects`                     | gauge   | pipeline, version           | rows of the rejects table (as `kappa status`) |
 | `kappa_flips_total`                 | counter | pipeline, outcome           | audit log, action flip_alias  |
 | `kappa_job_restarts_total`          | counter | pipeline, outcome           | audit log, action restart     |
 | `kappa_watch_state`                 | gauge   | pipeline, version, state    | the version's watch (1: current) |
@@ -54,7 +54,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "kappa_readiness": ("gauge", "The version's readiness at the latest monitor pass (1 for the current one)."),
     "kappa_ready": ("gauge", "1 if the version was ready at the latest monitor pass, else 0."),
     "kappa_serving_version": ("gauge", "The version the pipeline's serving alias points at."),
-    "kappa_rejects": ("gauge", "Records the version's job sent to its rejects table."),
+    "kappa_rejects": ("gauge", "Rows in the version's rejects table."),
     "kappa_flips_total": ("counter", "Serving alias flips recorded in the audit log, by outcome."),
     "kappa_job_restarts_total": ("counter", "Supervisor restarts of jobs recorded in the audit log, by outcome."),
     "kappa_watch_state": ("gauge", "The state of a promoted version's watch (1 for the current one)."),
@@ -104,7 +104,7 @@ def _m(name: str, value: float | None, **labels: Any) -> Metric:
 
 def collect(k: Any, passes: PassState | None = None, pipelines: Iterable[str] | None = None) -> list[Metric]:
     """Every figure now, from the registry, the jobs' status files and `passes`."""
-    from orchestrator.jobctl import inspect_version
+    from orchestrator.jobctl.health import rejects_of
     from orchestrator.registry.lagsamples import audit_counts, latest_lag_samples
 
     names = list(pipelines) if pipelines is not None else list(k.pipelines)
@@ -137,7 +137,7 @@ def collect(k: Any, passes: PassState | None = None, pipelines: Iterable[str] | 
                 out.extend(_m("kappa_watch_state", int(s == watch.get("state")), pipeline=name, version=n, state=s)
                            for s in WATCH_STATES)
                 out.append(_m("kappa_watch_samples", watch.get("samples", 0), pipeline=name, version=n))
-            rejects = inspect_version(k, name, n).rejects
+            rejects, _ = rejects_of(k, name, n)
             if rejects is not None:
                 out.append(_m("kappa_rejects", rejects, pipeline=name, version=n))
     family = {"flip_alias": "kappa_flips_total", "restart": "kappa_job_restarts_total",

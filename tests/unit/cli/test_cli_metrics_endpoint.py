@@ -8,7 +8,9 @@ import urllib.request
 
 import threading
 
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
 from orchestrator.core.exceptions import ConflictError
 from orchestrator.lifecycle.monitor import MonitorReport
@@ -79,7 +81,8 @@ def test_readiness_and_rejects_after_a_pass(served, figures):
     hub, server = served
     run_dir = figures.paths(P, 2).run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "status.json").write_text('{"state": "running", "rejects": 12, "heartbeat_at": 0}')
+    (run_dir / "status.json").write_text('{"state": "running", "rejects": 0, "heartbeat_at": 0}')
+    write_deltalake(str(figures.paths(P, 2).rejects), pa.table({"key": [str(i) for i in range(12)]}))
     hub.record_pass(MonitorReport(at=0.0, versions=[
         {"pipeline": P, "version": 2, "readiness": "lagging"}, {"pipeline": P, "version": 1, "readiness": "ready"}]))
     hub.record_pass(None)
