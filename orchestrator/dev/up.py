@@ -1,9 +1,11 @@
 """`kappa up`: everything a new user needs to click through kappa in the Airflow UI, in one command.
 
 It starts what `kappa demo` starts (the embedded broker, the compacted `member_profiles` topic
-filled with profile changes, a live producer of updates), deploys v1 of `standardize` with the v1
-rules and promotes it once it has caught up, then starts Airflow for that kappa home and prints
-the UI's address and login. It runs until Ctrl-C (or SIGTERM), then stops everything it started,
+filled with profile changes, a live producer of updates), fills the seed pipelines' topics (page
+views, member settings, ad impressions and clicks), deploys v1 of `standardize` with the v1 rules
+and promotes it once it has caught up, then starts Airflow for that kappa home and prints the UI's
+address and login. The trigger form offers the pipelines whose topics hold data (with a pipelines
+file of one's own, those reading other topics are left out, and `kappa up` says so). It runs until Ctrl-C (or SIGTERM), then stops everything it started,
 by PID: Airflow's components, the jobs of every version (those the UI started too), the producer
 and the broker, and says that nothing is left running.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -58,20 +61,54 @@ class Up(Demo):
         self.section("The embedded stack: broker, compacted topic, live updates")
         self.start_broker()
         self.fill_topic()
+        self.fill_seed_topics()
         self.start_producer()
         self.alias = self.k.pipeline(PIPELINE).alias
         self.section("v1 with the v1 rules: deploy, catch up, promote")
         v1 = self.deploy_and_wait("v1", self.threshold(), "kappa up: the first version")
         self.promote(v1, "kappa up: first version goes live")
         self.section("Airflow for this kappa home")
-        self.start_airflow()
+        self.start_airflow(self.offered_settings())
 
-    def start_airflow(self) -> None:
+    def fill_seed_topics(self) -> None:
+        """Data for the other pipelines the trigger form offers (deploy/pipelines.toml's seed pipelines):
+        page views, member settings, ad impressions and clicks of the same members, a few seconds' worth."""
+        from orchestrator.dev.seedgen import produce_demo_events
+
+        members = min(self.opts.keys, 1000)
+        t0 = time.monotonic()
+        counts = produce_demo_events(self.k.bootstrap_servers, members=members, views=5 * members,
+                                     impressions=2 * members, partitions=self.opts.partitions)
+        self.say("seed pipelines' topics: " + ", ".join(f"{topic} {n:,}" for topic, n in counts.items())
+                 + f" records ({time.monotonic() - t0:.1f} s)")
+
+    def offered_settings(self):
+        """The settings Airflow runs with: the pipelines file, less the pipelines whose topics hold no data."""
+        from orchestrator.dev.up_data import pipelines_without_data, write_pipelines_subset
+
+        settings = self.k.settings
+        missing = pipelines_without_data(self.k)
+        if not missing:
+            self.say(f"the trigger form offers the {len(self.k.pipelines)} pipelines of {settings.pipelines_file}: "
+                     f"the topics of each hold data")
+            return settings
+        keep = [name for name in self.k.pipelines if name not in missing]
+        why = "; ".join(f"{name} ({', '.join(reasons)})" for name, reasons in missing.items())
+        path = write_pipelines_subset(settings.pipelines_file, self.home / "pipelines.up.toml", keep)
+        if path is None:
+            self.say(f"[yellow]no data for: {why}. The trigger form offers them, but a reprocess of them fails "
+                     f"until their topics on {self.k.bootstrap_servers} hold data[/]")
+            return settings
+        self.say(f"[yellow]left out of the trigger form, no data: {why}. kappa up fills only its own topics; "
+                 f"Airflow reads {path}, with {', '.join(keep)}[/]")
+        return settings.model_copy(update={"pipelines_file": path})
+
+    def start_airflow(self, settings) -> None:
         from orchestrator.airflow import stack as airflow_stack
 
         self.say("starting Airflow (db migrate, api-server, scheduler, dag-processor, triggerer); "
                  "this takes a minute or two")
-        self.stack = airflow_stack.start(self.k.settings, self.up.port or None, username=self.up.username,
+        self.stack = airflow_stack.start(settings, self.up.port or None, username=self.up.username,
                                          password=self.up.password, timeout=self.up.airflow_timeout)
         s = self.stack
         self.say(f"Airflow runs, logs in {s.log_dir}; pids " + ", ".join(f"{c} {p}" for c, p in s.pids.items()))
