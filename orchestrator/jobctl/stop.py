@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,12 +25,17 @@ from orchestrator.core.states import VersionState
 from orchestrator.jobctl.health import CHILDREN, inspect_version, launch_identity, read_status
 from orchestrator.jobctl.process import end_group, signal_group, wait_gone
 
-__all__ = ["StopResult", "StopRequest", "stop_version", "request_stop", "finish_stop", "GRACEFUL_TIMEOUT", "TERM_TIMEOUT", "KILL_TIMEOUT"]
+__all__ = ["StopResult", "StopRequest", "StopUnderWay", "stop_version", "request_stop", "finish_stop",
+           "stop_under_way", "wait_stop_finished", "GRACEFUL_TIMEOUT", "TERM_TIMEOUT", "KILL_TIMEOUT",
+           "STOP_WAIT_SECONDS"]
 
 #: Timeouts of the three stop steps: STOP file, SIGTERM, SIGKILL.
 GRACEFUL_TIMEOUT = 60.0
 TERM_TIMEOUT = 20.0
 KILL_TIMEOUT = 10.0
+#: How long one may wait for a stop someone else is carrying out: its three steps, ending the
+#: job's process group, and a margin.
+STOP_WAIT_SECONDS = GRACEFUL_TIMEOUT + TERM_TIMEOUT + KILL_TIMEOUT + TERM_TIMEOUT + 5.0
 
 
 class StopResult(BaseModel):
@@ -168,3 +173,51 @@ def finish_stop(k, req: StopRequest, *, graceful_timeout: float = GRACEFUL_TIMEO
               details={"how": how, "pid": st.pid, "seconds": round(seconds, 3), "job_state": job_state})
     return StopResult(pipeline=pipeline, version=version, stopped=how != "not-running", how=how, pid=st.pid,
                       seconds=seconds, message=msg, final_state=job_state)
+
+
+@dataclass(frozen=True)
+class StopUnderWay:
+    """A stop another actor is carrying out: the STOP file is written, the job has not ended yet."""
+
+    pipeline: str
+    version: int
+    by: str                           # the actor of the last `stop_requested` (or the STOP file's)
+    after_id: int                     # the audit id its `stop` entry will come after
+    waited: float = 0.0               # seconds `wait_stop_finished` waited
+    finished: bool = False            # the job ended and the stopper audited its `stop`
+
+
+def stop_under_way(k, pipeline: str, version: int) -> StopUnderWay | None:
+    """The stop under way of the version's job (its STOP file exists and the job still runs), or None.
+
+    Whoever restarts or starts the job meanwhile would stop it a second time, and its `start` would
+    be audited before the first stopper's `stop`: wait for it instead (`wait_stop_finished`)."""
+    paths = k.paths(pipeline, version)
+    if not paths.stop_file.exists() or not inspect_version(k, pipeline, version).alive:
+        return None
+    entries = k.registry.audit_log(pipeline, limit=50, version=version)
+    by = next((e.actor for e in reversed(entries) if e.action == "stop_requested"), None)
+    if by is None:
+        try:
+            text = paths.stop_file.read_text()
+        except OSError:
+            text = ""
+        by = text.split(" at ", 1)[0].removeprefix("stop requested by ").strip() or "another operation"
+    return StopUnderWay(pipeline=pipeline, version=version, by=by, after_id=entries[-1].id if entries else 0)
+
+
+def wait_stop_finished(k, stop: StopUnderWay, *, timeout: float = STOP_WAIT_SECONDS,
+                       poll: float = 0.2) -> StopUnderWay:
+    """Wait until the stop under way has ended: the job gone and its stopper's `stop` audited.
+
+    Returns `stop` with `waited` and `finished` (False: not within `timeout` seconds); raises nothing.
+    """
+    t0 = time.monotonic()
+    while True:
+        gone = not inspect_version(k, stop.pipeline, stop.version).alive
+        if gone and any(e.id > stop.after_id for e in k.registry.audit_log(stop.pipeline, limit=20,
+                                                                          version=stop.version, action="stop")):
+            return replace(stop, waited=time.monotonic() - t0, finished=True)
+        if time.monotonic() - t0 >= timeout:
+            return replace(stop, waited=time.monotonic() - t0, finished=False)
+        time.sleep(poll)

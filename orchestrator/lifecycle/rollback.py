@@ -15,7 +15,10 @@ unpublished flip was a *promote*, it is published and then rolled back, as asked
 the Airflow DAG decide the same way: the audit entry of the flip names the verb that made it).
 The flip expects the alias where `prepare_rollback` found it, so a promote that lands while a
 rollback waits is never silently undone: the rollback then stops with a ConflictError. A target
-restarted for a rollback that then times out or loses is stopped again.
+restarted for a rollback that then times out or loses is stopped again. A target whose job
+someone else is stopping (the monitor, after the grace period) is started only once that stop has
+ended and been recorded, so that the history lists the `stop` before the rollback's `start`; a
+stop that does not end in time refuses the rollback, and the current version keeps serving.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from orchestrator.core.exceptions import KappaError, LifecycleError, NotFoundErr
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import FLIP_TARGETS, VersionState
 from orchestrator.jobctl import inspect_version, restart_version, start_version, stop_version
+from orchestrator.jobctl.stop import STOP_WAIT_SECONDS, stop_under_way, wait_stop_finished
 from orchestrator.lifecycle.await_ready import POLL_SECONDS, Readiness, wait_ready
 from orchestrator.lifecycle.promote import finish_interrupted_flip, flip
 from orchestrator.serving import publish_current
@@ -90,8 +94,11 @@ def _unpublished_flip_action(k: Kappa, alias: str) -> str | None:
 
 
 def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str,
-                     reason: str | None = None) -> RollbackPlan:
-    """Pick the target (default: the previous serving version); restart its job from its checkpoint if stopped."""
+                     reason: str | None = None, stop_wait_seconds: float = STOP_WAIT_SECONDS) -> RollbackPlan:
+    """Pick the target (default: the previous serving version); restart its job from its checkpoint if stopped.
+
+    If someone else is stopping the target's job, wait (at most `stop_wait_seconds`) until that stop
+    has ended, then start it: a LifecycleError past that."""
     spec = k.pipeline(pipeline)
     reg = k.registry
     alias = spec.alias
@@ -128,11 +135,21 @@ def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, 
     if not uris.exists(checkpoint):
         raise LifecycleError(f"cannot roll back to {pipeline} v{target}: its checkpoint {checkpoint} is "
                              f"missing, and a rollback never re-reads from offset zero; deploy a new version")
+    waited = ""
+    stop = stop_under_way(k, pipeline, target) if st.alive else None
+    if stop is not None:
+        crashpoint("rollback.awaiting_stop")
+        stop = wait_stop_finished(k, stop, timeout=stop_wait_seconds)
+        if not stop.finished:
+            raise LifecycleError(f"cannot roll back alias {alias!r} to {pipeline} v{target} now: v{target} is still "
+                                 f"being stopped by {stop.by}; retry the rollback (v{current} keeps serving)")
+        waited = f"v{target} was being stopped by {stop.by}: waited {stop.waited:.1f} s for that stop to end; "
+        st = inspect_version(k, pipeline, target)
     why = f"rollback of alias {alias!r} to v{target}" + (f": {reason}" if reason else "")
     res = (restart_version if st.alive else start_version)(k, pipeline, target, actor=actor, reason=why)
     crashpoint("rollback.restarted")
     return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target, restarted=True,
-                        done=False, message=f"restarted {pipeline} v{target} from its checkpoint: {res.message}")
+                        done=False, message=f"{waited}restarted {pipeline} v{target} from its checkpoint: {res.message}")
 
 
 def _stop_restarted(k: Kappa, plan: RollbackPlan, *, actor: str, why: str) -> None:

@@ -1,8 +1,10 @@
 """A stand-in for a kappa job process that follows the runtime's contract without Spark.
 
-    python fake_job.py --run-dir DIR [--behaviour normal|ignore-stop|ignore-term|crash|fail|hang]
+    python fake_job.py --run-dir DIR [--behaviour normal|slow-stop|ignore-stop|ignore-term|crash|fail|hang]
 
 normal: status.json starting -> running, heartbeat every 0.1 s; the STOP file or SIGTERM -> stopped, exit 0.
+slow-stop: on the STOP file, keeps heartbeating for 1 s, and for as long as a HOLD file exists in the run
+    dir (a test holds the job there), then stops like normal (a Spark job finishing its micro-batch).
 ignore-stop: ignores the STOP file (SIGTERM still stops it).
 ignore-term: ignores the STOP file and SIGTERM (only SIGKILL ends it).
 crash: exits with code 3 at once, its last status 'starting' (no final status).
@@ -53,8 +55,13 @@ def main() -> int:
         return 1
     status.update(state="running")
     n = 0
+    stop_seen: float | None = None
     while True:
-        if stop["term"] or ((run / "STOP").exists() and a.behaviour == "normal"):
+        if stop_seen is None and (run / "STOP").exists():
+            stop_seen = time.monotonic()
+        slow = a.behaviour == "slow-stop" and stop_seen is not None and (
+            time.monotonic() - stop_seen < 1.0 or (run / "HOLD").exists())
+        if stop["term"] or (stop_seen is not None and a.behaviour in ("normal", "slow-stop") and not slow):
             status.update(state="stopped", heartbeat_at=time.time())
             write(run / "status.json", status)
             print("fake job stopped", flush=True)

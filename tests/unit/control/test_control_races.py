@@ -16,7 +16,7 @@ import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, end_children, profiles, wait_for, write_table
 from orchestrator.core import crashpoints
-from orchestrator.core.exceptions import ConflictError, KappaError, NotReadyError
+from orchestrator.core.exceptions import ConflictError, KappaError, LifecycleError, NotReadyError
 from orchestrator.jobctl import inspect_version, launch, start_version
 from orchestrator.jobctl.health import CHILDREN
 from orchestrator.lifecycle import monitor as monitor_mod
@@ -163,6 +163,91 @@ def test_case3_rollback_after_the_standby_was_marked_stopped_is_refused(k, fake_
     assert alias.version == v2 and states(k)[v2] == "serving"
     assert states(k)[v1] != "serving"
     assert "error" in outcome
+
+
+def _stop_under_way(k, fake_log, fake_jobs):
+    """v2 serves, v1 is a standby whose job takes its time to stop (`slow-stop`, held by a HOLD file)."""
+    fake_jobs[1] = "slow-stop"
+    v1, v2 = serving_pair(k, fake_log)
+    assert v1 == 1
+    Path(k.paths(PIPELINE, v1).checkpoint).mkdir(parents=True, exist_ok=True)
+    hold = k.paths(PIPELINE, v1).run_dir / "HOLD"
+    hold.touch()
+    return v1, v2, hold
+
+
+def test_case3_rollback_during_a_standby_stop_waits_for_it(k, fake_log, fake_jobs, monkeypatch):
+    """Issue 22, item 9: the history listed the rollback's `start` of v1 before the earlier `stop` of v1.
+    The monitor's standby stop had written `stop_requested` and the STOP file and was waiting for the
+    job to end; a rollback saw v1 alive but stopped, restarted it (stopping the same job itself) and
+    audited `start`; the monitor's `stop` came after. Forced here: v1's job stays alive (HOLD) until
+    the rollback has seen it, and the monitor audits its `stop` only once the rollback is either done
+    (the bug) or waiting for that stop (the fix)."""
+    from orchestrator.lifecycle import rollback as rollback_mod
+
+    v1, v2, hold = _stop_under_way(k, fake_log, fake_jobs)
+    monkeypatch.setattr(monitor_mod, "standby_expired", lambda kk, p, rec, now=None: 1.0 if rec.version == v1 else None)
+    rollback_ready = threading.Event()
+    crashpoints.hook("rollback.awaiting_stop", rollback_ready.set)
+    real_inspect, real_audit = rollback_mod.inspect_version, k.registry.audit
+    seen: list = []
+
+    def inspect_then_release(kk, pipeline, version):
+        st = real_inspect(kk, pipeline, version)
+        if version == v1 and not seen:
+            seen.append(st.alive)
+            hold.unlink()                 # the rollback has seen v1's job alive: now it may end
+        return st
+
+    def audit_after_the_rollback(action, *, actor, **kw):
+        if action == "stop" and actor == "cron":
+            assert rollback_ready.wait(30), "the rollback neither finished nor waited for the stop"
+        return real_audit(action, actor=actor, **kw)
+
+    monkeypatch.setattr(rollback_mod, "inspect_version", inspect_then_release)
+    monkeypatch.setattr(k.registry, "audit", audit_after_the_rollback)
+    cron = threading.Thread(target=lambda: monitor(k, actor="cron", raise_on_problem=False))
+    cron.start()
+    try:
+        wait_for(lambda: k.paths(PIPELINE, v1).stop_file.exists(), 15, "the monitor's STOP file of v1")
+        plan = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad")
+        rollback_ready.set()
+        finish_rollback(k, plan, actor="bob", poll_seconds=0.01, deadline_seconds=15)
+    finally:
+        rollback_ready.set()
+        hold.unlink(missing_ok=True)
+        cron.join(60)
+    assert seen == [True]
+    entries = [(e.action, e.actor) for e in k.registry.audit_log(PIPELINE, limit=None, version=v1)]
+    assert ("stop", "bob") not in entries
+    assert entries.index(("stop", "cron")) < entries.index(("start", "bob")), entries
+    assert "was being stopped by cron" in plan.message and "waited" in plan.message, plan.message
+    assert k.registry.get_alias(ALIAS).version == v1
+    assert states(k)[v1] == "serving" and inspect_version(k, PIPELINE, v1).alive
+
+
+def test_case3_a_rollback_refuses_when_the_stop_under_way_does_not_end_in_time(k, fake_log, fake_jobs):
+    """The wait for someone else's stop is bounded: past it, the rollback is refused in one line and
+    the current version keeps serving."""
+    from orchestrator.jobctl import stop_version
+
+    v1, v2, hold = _stop_under_way(k, fake_log, fake_jobs)
+    cron = threading.Thread(target=lambda: stop_version(k, PIPELINE, v1, actor="cron", expected_state="standby",
+                                                        reason="standby grace period of 0 s is over"))
+    cron.start()
+    try:
+        wait_for(lambda: k.paths(PIPELINE, v1).stop_file.exists(), 15, "the STOP file of v1")
+        with pytest.raises(LifecycleError) as e:
+            prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad", stop_wait_seconds=0.3)
+    finally:
+        hold.unlink(missing_ok=True)
+        cron.join(60)
+    assert str(e.value) == (f"cannot roll back alias {ALIAS!r} to {PIPELINE} v{v1} now: v{v1} is still being "
+                            f"stopped by cron; retry the rollback (v{v2} keeps serving)")
+    assert "\n" not in str(e.value)
+    assert k.registry.get_alias(ALIAS).version == v2
+    actions = [(e.action, e.actor) for e in k.registry.audit_log(PIPELINE, limit=None, version=v1)]
+    assert ("start_requested", "bob") not in actions and ("stop", "bob") not in actions
 
 
 def test_case4_two_promotes_in_a_row_leave_exactly_one_serving(k, fake_log, fake_jobs):
