@@ -122,10 +122,8 @@ class Up(Demo):
         self.say(f"serving: alias {self.alias} -> {PIPELINE} v{served.version} (rules {rec.rules_version}); "
                  f"kappa home {self.home}")
         self.say("In the UI:")
-        self.say(f"  1. DAGs -> kappa_reprocess -> Trigger: pipeline {PIPELINE}, rules version v2, a reason -> Trigger")
-        self.say("  2. watch the run: wait_ready's log shows the lag and ETA, validation_report what v2 changes; "
-                 "the run promotes v2 when it is ready")
-        self.say("  3. DAGs -> kappa_rollback -> Trigger: pipeline standardize, a reason -> back to v1 at once")
+        for line in walk_through(self.pipeline, self.k.pipeline(self.pipeline).grace_period_seconds):
+            self.say(line)
         self.say(f"From a terminal: kappa --home {self.home} status --watch   |   kappa --home {self.home} history")
         self.say("[bold]Press Ctrl-C to stop everything kappa up started.[/]")
 
@@ -160,6 +158,32 @@ class Up(Demo):
             return [(f"Airflow {comp}", pids.get(comp, 0)) for comp in done.get("stopped", [])]
 
         return wait
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
+
+
+def walk_through(pipeline: str, grace_seconds: float) -> list[str]:
+    """The steps `kappa up` suggests in the UI; what each run shows and what a rollback costs when."""
+    grace = _duration(grace_seconds)
+    if grace_seconds > 0:
+        standby = (f"v1 stays a running standby for the grace period ({grace} for {pipeline} unless the form sets "
+                   f"another), then kappa_monitor stops it")
+        back = (f"back to v1: instant while v1 is a standby (the grace period after a promote, {grace} by "
+                f"default); after that v1 restarts from its checkpoint, about 30 s here, and the run's note shows "
+                f"its progress")
+    else:
+        standby = f"v1 is stopped at the flip (the grace period of {pipeline} is 0)"
+        back = "back to v1: v1 restarts from its checkpoint, about 30 s here, and the run's note shows its progress"
+    return [
+        f"  1. DAGs -> kappa_reprocess -> Trigger: pipeline {pipeline}, rules version v2, a reason -> Trigger",
+        "  2. watch the run: wait_ready's log shows the lag and ETA, validation_report what v2 changes; the run "
+        "promotes v2 when it is ready. With auto-promote off, its promote task ends skipped and the run's note "
+        "links to kappa_promote, which promotes v2 when you trigger it",
+        f"     either promote ends its run at the flip: v2 serves, and {standby}",
+        f"  3. DAGs -> kappa_rollback -> Trigger: pipeline {pipeline}, a reason -> {back}",
+    ]
 
 
 def run_up(opts: UpOptions, *, console: Console | None = None, overrides: dict[str, Any] | None = None,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
 from orchestrator.airflow.stack import kappa_env
@@ -14,7 +17,7 @@ from orchestrator.core.resources import default_pipelines_file
 from orchestrator.core.settings import Settings
 from orchestrator.dev import up_data
 from orchestrator.dev.seedgen import DEMO_TOPICS
-from orchestrator.dev.up import Up, UpOptions
+from orchestrator.dev.up import Up, UpOptions, walk_through
 
 OWN_PIPELINE = '''
 [pipelines.clicks]
@@ -85,6 +88,29 @@ def test_with_every_topic_filled_airflow_reads_the_pipelines_file_as_given(tmp_p
                         _records({t: 10 for t in ("member_profiles", *DEMO_TOPICS.values())}))
     assert up.offered_settings() is up.k.settings
     assert not (up.home / "pipelines.up.toml").exists()
+
+
+@pytest.mark.parametrize("grace", [300.0, 0.0])
+def test_the_walk_through_says_what_a_rollback_costs_and_where_a_promote_run_ends(grace):
+    up = Up(UpOptions(), Console(file=io.StringIO(), width=400))
+    up.stack = SimpleNamespace(url="http://127.0.0.1:8080", username="admin")
+    spec = SimpleNamespace(grace_period_seconds=grace, alias="member_profiles_std")
+    up.k = SimpleNamespace(pipeline=lambda name: spec, registry=SimpleNamespace(
+        get_alias=lambda alias: SimpleNamespace(version=1),
+        get_version=lambda pipeline, version: SimpleNamespace(rules_version="v1")))
+    up.alias, up.home = "member_profiles_std", Path("/tmp/kappa-home")
+    up.show_ready()
+    said = " ".join(up.c.file.getvalue().split())
+    assert "at once" not in said
+    assert "restarts from its checkpoint, about 30 s here, and the run's note shows its progress" in said
+    assert "promote task ends skipped and the run's note links to kappa_promote" in said
+    if grace:
+        assert "instant while v1 is a standby (the grace period after a promote, 5 min by default)" in said
+        assert re.search(r"ends its run at the flip: v2 serves, and v1 stays a running standby .*"
+                         r"then kappa_monitor stops it", said)
+    else:
+        assert "v1 is stopped at the flip" in said and "instant" not in said
+    assert walk_through("standardize", grace)[-1] in up.c.file.getvalue()
 
 
 def test_the_subset_keeps_the_other_pipelines_tables_as_they_are(tmp_path):
