@@ -71,6 +71,8 @@ class Started:
     producer_error: str | None = None
     job_pids: dict[int, int] = field(default_factory=dict)    # version -> the pid last known
     earlier_pids: dict[int, list[int]] = field(default_factory=dict)  # version -> pids a restart replaced
+    #: the same two, of the other pipelines whose jobs the cleanup stops (`kappa up`: those the UI started)
+    others: dict[str, tuple[dict[int, int], dict[int, list[int]]]] = field(default_factory=dict)
 
 
 class Demo:
@@ -451,14 +453,23 @@ class Demo:
         from orchestrator.dev.demo_stop import stop_version_jobs
 
         st = self.started
-        return stop_version_jobs(self.k, self.pipeline, actor=self.actor, reason=self.end_reason,
-                                 job_pids=st.job_pids, earlier_pids=st.earlier_pids, done=self.pids_done,
-                                 say=self.say)
+        pids = {self.pipeline: (st.job_pids, st.earlier_pids)}
+        pids.update((name, st.others.setdefault(name, ({}, {}))) for name in self.other_pipelines())
+        return [stopped for name, (current, earlier) in pids.items()
+                for stopped in stop_version_jobs(self.k, name, actor=self.actor, reason=self.end_reason,
+                                                 job_pids=current, earlier_pids=earlier, done=self.pids_done,
+                                                 say=self.say)]
+
+    def other_pipelines(self) -> list[str]:
+        """Pipelines besides the demo's whose jobs the cleanup stops: none, the demo starts no other."""
+        return []
 
     def earlier_jobs(self) -> list[tuple[str, int]]:
         """(what, pid) of the jobs a restart replaced, for the check that nothing is left."""
-        return [(f"{self.pipeline} v{v} earlier job", pid) for v, pids in sorted(self.started.earlier_pids.items())
-                for pid in pids]
+        st = self.started
+        pids = {self.pipeline: st.earlier_pids, **{name: earlier for name, (_, earlier) in st.others.items()}}
+        return [(f"{name} v{v} earlier job", pid) for name, earlier in pids.items()
+                for v, old in sorted(earlier.items()) for pid in old]
 
     def stop_others(self) -> Callable[[], list[tuple[str, int]]]:
         """Start stopping what else runs besides the jobs and the broker (nothing in the demo); returns

@@ -127,6 +127,16 @@ class Up(Demo):
         self.say(f"From a terminal: kappa --home {self.home} status --watch   |   kappa --home {self.home} history")
         self.say("[bold]Press Ctrl-C to stop everything kappa up started.[/]")
 
+    def other_pipelines(self) -> list[str]:
+        """Every other pipeline of the registry: the UI may have reprocessed any the form offers."""
+        from orchestrator.core.exceptions import KappaError
+
+        try:
+            return [p.name for p in self.k.registry.list_pipelines() if p.name != self.pipeline]
+        except KappaError as e:
+            self.say(f"[red]could not list the pipelines of the registry ({e}); stopping {self.pipeline}'s jobs only[/]")
+            return []
+
     def stopped_by(self, signum: int) -> None:
         """Record the signal that ends `kappa up`, for the audit entries of the jobs it stops."""
         name = signal.Signals(signum).name

@@ -15,12 +15,15 @@ import psutil
 import pytest
 from rich.console import Console
 
-from control_helpers import allocate, make_spec, wait_for
+from control_helpers import allocate, end_children, make_spec, wait_for
 from orchestrator.dev.demo import Demo, DemoOptions
 from orchestrator.dev.demo_stop import report_stopped
 from orchestrator.dev.up import Up, UpOptions
+from orchestrator.core.kappa import Kappa
+from orchestrator.core.settings import Settings
 from orchestrator.jobctl import inspect_version, start_version
 from orchestrator.jobctl.health import CHILDREN
+from orchestrator.registry import Registry
 
 PIPELINE = "standardize"   # the demo's pipeline, declared here with the fake job
 
@@ -30,9 +33,9 @@ def spec():
     return make_spec(name=PIPELINE, alias="member_profiles_std")
 
 
-def _start(k, v) -> int:
-    pid = start_version(k, PIPELINE, v, actor="airflow:scheduler").pid
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, f"the fake job of v{v} to run")
+def _start(k, v, pipeline=PIPELINE) -> int:
+    pid = start_version(k, pipeline, v, actor="airflow:scheduler").pid
+    wait_for(lambda: inspect_version(k, pipeline, v).health == "running", 15, f"the fake job of v{v} to run")
     return pid
 
 
@@ -97,3 +100,21 @@ def test_kappa_up_stops_the_jobs_as_kappa_up_naming_the_signal(k, fake_jobs):
     assert up.stop_jobs() == [(f"{PIPELINE} v{v} job", pid)]
     stop = k.registry.audit_log(PIPELINE, action="stop")[-1]
     assert (stop.actor, stop.reason) == ("kappa-up", "kappa up stopped (SIGINT, Ctrl-C)")
+
+
+def test_kappa_up_also_stops_the_jobs_of_the_other_pipelines_the_ui_reprocessed(tmp_path, spec, fake_jobs):
+    other = make_spec(name="pageviews_hourly", alias="pageviews_hourly_live")
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    k = Kappa(Settings(home=tmp_path / "home", bootstrap_servers="127.0.0.1:9"), registry=reg,
+              pipelines={spec.name: spec, other.name: other})
+    try:
+        ours, theirs = allocate(k, PIPELINE).version, allocate(k, other.name).version
+        pids = _start(k, ours), _start(k, theirs, other.name)
+        up = _demo(Up, k, UpOptions())
+        assert up.stop_jobs() == [(f"{PIPELINE} v{ours} job", pids[0]), (f"pageviews_hourly v{theirs} job", pids[1])]
+        assert not any(psutil.pid_exists(pid) for pid in pids)
+        assert k.registry.audit_log(other.name, action="stop")[-1].actor == "kappa-up"
+        assert _demo(Demo, k, DemoOptions()).other_pipelines() == []
+    finally:
+        end_children()
+        reg.close()
