@@ -32,6 +32,7 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.core.paths import ALIASES_DIR, alias_pointer_path
 from orchestrator.core.settings import Settings, resolve_settings
 from orchestrator.core.states import VersionState
+from orchestrator.registry.values import STANDBY_KEYS
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -257,13 +258,16 @@ def set_serving_states(k: Kappa, pipeline: str, new_version: int, old_version: i
     rec = reg.get_version(pipeline, new_version)
     try:
         if rec.state in (VersionState.CAUGHT_UP, VersionState.STANDBY):
-            details = {kk: v for kk, v in rec.details.items() if kk != "standby_since"}
+            details = {kk: v for kk, v in rec.details.items() if kk not in STANDBY_KEYS}
             reg.set_state(pipeline, new_version, VersionState.SERVING, expected=rec.state, details=details,
                           served_by=(name, True))
         if old_version is not None and old_version != new_version:
             old = reg.get_version(pipeline, old_version)
             if old.state == VersionState.SERVING:
+                now = time.time()
+                details = {**old.details, "standby_since": now,
+                           "standby_until": now + k.pipeline(pipeline).grace_period_seconds}
                 reg.set_state(pipeline, old_version, VersionState.STANDBY, expected=VersionState.SERVING,
-                              details={**old.details, "standby_since": time.time()}, served_by=(name, False))
+                              details=details, served_by=(name, False))
     except ConflictError:
         pass  # another operation moved it meanwhile; its move stands

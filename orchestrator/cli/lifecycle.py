@@ -103,6 +103,7 @@ def promote_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="check and print exactly what would happen; change nothing")] = False,
     force: Annotated[bool, typer.Option("--force", help="promote although checks failed (not readiness); needs --reason, audited")] = False,
     allow_schema_change: Annotated[bool, typer.Option("--allow-schema-change", help="let a version whose columns were removed or retyped pass the schema check")] = False,
+    grace: Annotated[Optional[float], typer.Option("--grace", min=0, help="seconds the replaced version stays a running standby (default: the pipeline's grace_period_seconds)")] = None,
     actor: Actor = None,
     reason: Reason = None,
     as_json: AsJson = False,
@@ -118,7 +119,7 @@ def promote_cmd(
     k = cli.kappa()
     n = version if version is not None else promote_target(k, pipeline)
     result = promote(k, pipeline, n, actor=actor or default_actor(), reason=reason, dry_run=dry_run, force=force,
-                     allow_schema_change=allow_schema_change)
+                     allow_schema_change=allow_schema_change, grace_seconds=grace)
     if as_json:
         print_json(result)
     else:

@@ -27,7 +27,7 @@ from orchestrator.jobctl import stop_version
 from orchestrator.lifecycle.await_ready import Readiness, readiness, sample_ok
 from orchestrator.lifecycle.reconcile import reconcile
 
-__all__ = ["MonitorReport", "monitor", "standby_since", "standby_expired", "watch_problems"]
+__all__ = ["MonitorReport", "monitor", "standby_since", "standby_until", "standby_expired", "watch_problems"]
 
 #: Reconcile's supervision actions: the version's job is being restarted (or was given up, which
 #: is reported as its own problem), so its readiness this pass says nothing new.
@@ -60,12 +60,36 @@ def standby_since(k: Kappa, pipeline: str, rec: Any) -> float | None:
     return None
 
 
+def _until(k: Kappa, pipeline: str, rec: Any) -> float | None:
+    """The end of `rec`'s grace period: the one its flip stored (the promote's own grace), else
+    (a flip by an older kappa) when it became a standby plus the pipeline's grace period."""
+    until = (rec.details or {}).get("standby_until")
+    if until is not None:
+        return float(until)
+    since = standby_since(k, pipeline, rec)
+    return None if since is None else since + k.pipeline(pipeline).grace_period_seconds
+
+
+def standby_until(k: Kappa, pipeline: str, version: int) -> float | None:
+    """Until when `pipeline` v`version` stays a running standby (unix seconds; None if it is not one).
+
+    Until then a rollback to it is instant; the monitor stops it from then on."""
+    rec = k.registry.get_version(pipeline, version)
+    return _until(k, pipeline, rec) if rec.state == VersionState.STANDBY else None
+
+
+def _grace(k: Kappa, pipeline: str, rec: Any) -> float:
+    """The grace period `rec` was given as a standby (for the stop's reason)."""
+    since, until = standby_since(k, pipeline, rec), _until(k, pipeline, rec)
+    return k.pipeline(pipeline).grace_period_seconds if since is None or until is None else until - since
+
+
 def standby_expired(k: Kappa, pipeline: str, rec: Any, now: float | None = None) -> float | None:
     """Seconds past the grace period of a standby version (None while within it)."""
-    since = standby_since(k, pipeline, rec)
-    if since is None:
+    until = _until(k, pipeline, rec)
+    if until is None:
         return None
-    over = (time.time() if now is None else now) - since - k.pipeline(pipeline).grace_period_seconds
+    over = (time.time() if now is None else now) - until
     return over if over >= 0 else None
 
 
@@ -150,7 +174,7 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
                         # a compare-and-swap from standby, before the job is signalled: a rollback
                         # that made it serve again meanwhile wins, and this stop is skipped
                         res = stop_version(k, name, rec.version, actor=actor, expected_state=VersionState.STANDBY,
-                                           reason=f"standby grace period of {spec.grace_period_seconds:.0f} s is over")
+                                           reason=f"standby grace period of {_grace(k, name, rec):.0f} s is over")
                         report.stopped.append(res.model_dump(mode="json"))
                     except ConflictError as e:
                         log.info("standby %s v%s not stopped: %s", name, rec.version, e)

@@ -7,8 +7,9 @@ version, then one compare-and-swap on the registry moves the alias ("from vN to 
 still points at vN"), then the pointer file readers follow is published, then who/when/why is
 recorded. Of two concurrent promotes exactly one wins the swap; the other gets ConflictError.
 
-The previous version stays running as standby for the pipeline's grace period (instant
-rollback); `monitor` stops it afterwards, keeping its table and checkpoint.
+The previous version stays running as standby for the grace period (instant rollback): the
+promote's own `grace_seconds`, else the pipeline's. Its end is stored with the flip
+(`standby_until`), so `monitor` stops it then, keeping its table and checkpoint, whoever promoted.
 
 Resumable: a crash between the swap and the publish leaves the registry ahead of the pointer
 (`published_version != version`); running promote again (or rollback, or reconcile) publishes
@@ -21,6 +22,7 @@ the readiness check. `flip` (compare-and-swap, publish, states, audit) is shared
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -103,12 +105,14 @@ def finish_interrupted_flip(k: Kappa, alias: str, *, actor: str = "kappa") -> di
 
 def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: int, actor: str,
          reason: str | None, action: str, details: dict[str, Any] | None = None,
-         watch: dict[str, Any] | None = None) -> dict[str, Any]:
+         watch: dict[str, Any] | None = None, grace_seconds: float | None = None) -> dict[str, Any]:
     """Compare-and-swap the alias, publish the pointer, set serving/standby, audit. Returns the pointer.
 
-    `watch` is stored with the flip, in its transaction (`orchestrator.registry.watches`)."""
+    `watch` is stored with the flip, in its transaction (`orchestrator.registry.watches`), and so is
+    the end of the replaced version's standby: after `grace_seconds` (None: the pipeline's grace period)."""
     spec = k.pipeline(pipeline)
     reg = k.registry
+    grace = spec.grace_period_seconds if grace_seconds is None else grace_seconds
     # The target's job must be healthy at flip time, not only when the checks ran: a job that
     # died since is recorded as failed (which the flip's own transaction then refuses).
     st = inspect_version(k, pipeline, new_version)
@@ -125,7 +129,8 @@ def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: 
     t0 = time.perf_counter()
     try:
         reg.flip_alias(spec.alias, pipeline, expected_version=expected_version, new_version=new_version,
-                       actor=actor, reason=reason, serve=True, action=action, watch=watch)
+                       actor=actor, reason=reason, serve=True, action=action, watch=watch,
+                       standby_grace_seconds=grace)
     except NotReadyError as e:
         reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason,
                   outcome="refused", details={"expected_version": expected_version, "error": str(e)})
@@ -176,20 +181,27 @@ def _checks(k: Kappa, pipeline: str, version: int, serving: int | None, *, recor
     return checks, r, report
 
 
-def _new_watch(k: Kappa, pipeline: str, standby: int | None, now: float, checks: list[CheckResult]) -> dict | None:
-    """The watch a promote stores with its flip: over the grace period, while `standby` is standby."""
+def _new_watch(k: Kappa, pipeline: str, standby: int | None, now: float, grace: float,
+               checks: list[CheckResult]) -> dict | None:
+    """The watch a promote stores with its flip: over the grace period, while `standby` is standby.
+
+    It ends by `now` + `grace`, before the standby's own end (the same grace from the later flip)."""
     spec = k.pipeline(pipeline)
     if not spec.auto_rollback or standby is None:
         return None
-    return {"state": "watching", "standby": standby, "started_at": now, "until": now + spec.grace_period_seconds,
+    return {"state": "watching", "standby": standby, "started_at": now, "until": now + grace,
             "samples": 0, "lag_over": 0, "last": None, "cause": None,
             "watched_checks": [c.name for c in spec.checks if c.watch],
             "reject_rate_at_promote": next((c.value for c in checks if c.name == "reject_rate"), None)}
 
 
 def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, reason: str | None = None,
-            dry_run: bool = False, force: bool = False, allow_schema_change: bool = False) -> PromoteResult:
+            dry_run: bool = False, force: bool = False, allow_schema_change: bool = False,
+            grace_seconds: float | None = None) -> PromoteResult:
     """Check, report, flip (CAS), publish, record. `dry_run` says exactly what would happen.
+
+    The version replaced stays a running standby for `grace_seconds` (None: the pipeline's
+    `grace_period_seconds`; 0: the monitor stops it at its next pass), stored with the flip.
 
     `version` None promotes `promote_target(k, pipeline)`. `force` (with a reason, audited) promotes
     although checks failed (not `ready` nor `report`); `allow_schema_change` lets a version whose
@@ -200,6 +212,10 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
     if force and not (reason or "").strip():
         raise ConfigError(f"promote of {pipeline} with --force needs a reason (--reason \"...\"): it is recorded "
                           f"in the audit log with the checks it overrode")
+    grace = spec.grace_period_seconds if grace_seconds is None else float(grace_seconds)
+    if not (math.isfinite(grace) and grace >= 0):
+        raise ConfigError(f"promote of {pipeline}: the standby grace period must be 0 or more seconds, not "
+                          f"{grace_seconds!r} (--grace; empty for the pipeline's {spec.grace_period_seconds:.0f} s)")
     reg = k.registry
     alias = spec.alias
     if version is None:
@@ -247,11 +263,11 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
         f"set {pipeline} v{version} to serving",
     ]
     if current is not None:
-        actions.append(f"keep v{current} running as standby for {spec.grace_period_seconds:.0f} s, then stop "
+        actions.append(f"keep v{current} running as standby for {grace:.0f} s, then stop "
                        f"its job (table and checkpoint kept)")
-    watch = _new_watch(k, pipeline, current, now, checks)
+    watch = _new_watch(k, pipeline, current, now, grace, checks)
     if watch is not None:
-        actions.append(f"watch v{version} for {spec.grace_period_seconds:.0f} s (auto_rollback): roll back to "
+        actions.append(f"watch v{version} for {grace:.0f} s (auto_rollback): roll back to "
                        f"v{current} if it degrades")
     if forced:
         actions.append(f"override the failed check(s) {', '.join(forced)} (--force), recorded with the reason")
@@ -270,12 +286,12 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
                   details={"error": error, "checks": audited_checks, "samples": r.samples})
         raise NotReadyError(error, failed_checks=[c.name for c in failed])
     pointer = flip(k, pipeline, expected_version=current, new_version=version, actor=actor, reason=reason,
-                   action="promote", watch=watch,
+                   action="promote", watch=watch, grace_seconds=grace,
                    details={"checks": audited_checks, "samples": r.samples, "forced": forced,
                             "report": report.model_dump(mode="json", exclude={"top_changes"}) if report else {}})
     msg = f"promoted {pipeline} v{version}: alias {alias!r} moved from {from_txt} to v{version}"
     if current is not None:
-        msg += f"; v{current} is standby for {spec.grace_period_seconds:.0f} s"
+        msg += f"; v{current} is standby for {grace:.0f} s"
         if watch is not None:
             msg += f", while v{version} is watched (auto_rollback)"
     if forced:

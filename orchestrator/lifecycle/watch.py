@@ -225,8 +225,10 @@ def watch_pass(k: Kappa, pipeline: str, *, actor: str = ACTOR) -> list[dict[str,
         now = time.time()
         standby = int(w["standby"])
         if now >= float(w.get("until", now)):
+            grace = (float(w["until"]) - float(w["started_at"]) if "until" in w and "started_at" in w
+                     else spec.grace_period_seconds)   # the promote's own grace, which the watch lasted
             if _move(k, pipeline, rec.version, w, {**w, "state": "passed", "ended_at": now}, "passed",
-                     f"v{rec.version} healthy through its grace period of {spec.grace_period_seconds:.0f} s",
+                     f"v{rec.version} healthy through its grace period of {grace:.0f} s",
                      {"samples": w.get("samples", 0)}):
                 actions.append({"kind": "passed", "pipeline": pipeline, "version": rec.version})
             continue

@@ -46,7 +46,7 @@ from orchestrator.registry.leases import LeaseOps
 from orchestrator.registry.watches import WatchOps, end_watch_in_flip
 from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord,
                                            PipelineRecord, VersionRecord)
-from orchestrator.registry.values import (SET_STATE_FIELDS, _actor, _by, _check_state, _json, _render,
+from orchestrator.registry.values import (SET_STATE_FIELDS, STANDBY_KEYS, _actor, _by, _check_state, _json, _render,
                                           field_values)
 from orchestrator.registry.schema import (HEAD, alias_history, aliases, apply_migrations, audit_log,
                                           pipelines, schema_version, versions)
@@ -390,13 +390,15 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
 
     def flip_alias(self, alias: str, pipeline: str, *, expected_version: int | None, new_version: int,
                    actor: str, reason: str | None, audit: bool = True, serve: bool = False,
-                   action: str | None = None, watch: dict[str, Any] | None = None) -> AliasRecord:
+                   action: str | None = None, watch: dict[str, Any] | None = None,
+                   standby_grace_seconds: float | None = None) -> AliasRecord:
         """Compare-and-swap `alias` from `expected_version` to `new_version` of `pipeline`.
 
         With `serve` (what promote and rollback use), the same transaction also checks that the
         target is healthy now (caught_up, standby or serving, no one holding its lease; else
         NotReadyError) and moves the states: the target to serving, the version it replaced from
-        serving to standby (its grace period starts). So the alias and the states never disagree,
+        serving to standby (its grace period starts: `standby_since`, and `standby_until` after
+        `standby_grace_seconds`, if given). So the alias and the states never disagree,
         whatever happens to the process after the commit. `action` (promote/rollback) is recorded
         in the audit entry, so that a later verb knows which verb made an unpublished flip. `watch`
         is stored as the target's watch (`orchestrator.registry.watches`); the watch of the version
@@ -453,8 +455,8 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
                     raise self._alias_moved(alias, pipeline, expected_version, conn.execute(
                         sa.select(aliases).where(aliases.c.alias == alias)).first())
                 if serve:
-                    self._serving_states(conn, pipeline, new_version,
-                                         None if noop else expected_version, now, watch=watch, action=action)
+                    self._serving_states(conn, pipeline, new_version, None if noop else expected_version, now,
+                                         watch=watch, action=action, grace=standby_grace_seconds)
                 if not noop:
                     conn.execute(alias_history.insert().values(
                         alias=alias, pipeline=pipeline, from_version=expected_version, to_version=new_version,
@@ -485,17 +487,20 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
 
     @staticmethod
     def _serving_states(conn: Connection, pipeline: str, new: int, old: int | None, now: float, *,
-                        watch: dict[str, Any] | None = None, action: str | None = None) -> None:
+                        watch: dict[str, Any] | None = None, action: str | None = None,
+                        grace: float | None = None) -> None:
         """In the flip's transaction: the target serves (with its watch, if any); the version it
-        replaced is standby from now, and its watch, if one was on, ends."""
+        replaced is standby from now (until now + `grace`, if given), and its watch, if one was on, ends."""
         def update(n: int, state: str, expect: tuple[str, ...], standby_since: float | None) -> None:
             row = conn.execute(sa.select(versions.c.details, versions.c.state).where(
                 versions.c.pipeline == pipeline, versions.c.version == n)).first()
             if row is None or row.state not in expect:
                 return
-            details = {kk: v for kk, v in (row.details or {}).items() if kk != "standby_since"}
+            details = {kk: v for kk, v in (row.details or {}).items() if kk not in STANDBY_KEYS}
             if standby_since is not None:
                 details["standby_since"] = standby_since
+                if grace is not None:
+                    details["standby_until"] = standby_since + grace
                 details = end_watch_in_flip(details, action=action, to_version=new, now=now)
             elif watch is not None:
                 details["watch"] = _json(watch, "watch")

@@ -14,6 +14,9 @@ from orchestrator.core.states import VersionState
 SET_STATE_FIELDS = ("pid", "run_dir", "rejects_path", "error", "started_at", "stopped_at", "caught_up_at",
                     "details")
 _TIME_FIELDS = ("started_at", "stopped_at", "caught_up_at")
+#: The keys of a version's details that hold while it is a standby (dropped when it serves again):
+#: when it became one, and when its grace period ends (written when the flip knew the grace).
+STANDBY_KEYS = ("standby_since", "standby_until")
 
 
 def field_values(fields: dict[str, Any]) -> dict[str, Any]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from control_helpers import ALIAS, PIPELINE, Clock, allocate, fake_running, make_spec, wait_for
+from control_helpers import (ALIAS, PIPELINE, Clock, allocate, fake_running, make_spec, profiles, ready_version,
+                             wait_for, write_table)
 from orchestrator import serving
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.exceptions import LifecycleError, NotReadyError
 from orchestrator.jobctl import inspect_version, start_version
 from orchestrator.lifecycle import monitor as monitor_mod
 from orchestrator.lifecycle.monitor import monitor
+from orchestrator.lifecycle.promote import promote
 from orchestrator.serving import publish_current, set_serving_states
 
 
@@ -49,6 +51,7 @@ def test_monitor_keeps_a_standby_within_its_grace_period(k, fake_log):
 
 
 GRACE = 300.0
+ROWS = [("m1", "swe", "SWE", "Ada", 1), ("m2", "pm", "PM", "Grace", 2)]
 
 
 @pytest.mark.parametrize("since_from", ["standby_since", "alias_history"])
@@ -71,7 +74,8 @@ def test_the_standby_grace_period_boundary_in_seconds(k, fake_log, fake_jobs, mo
     set_serving_states(kk, PIPELINE, v2, v1)      # v1 is standby from clock.now on
     publish_current(kk, ALIAS)
     rec = kk.registry.get_version(PIPELINE, v1)
-    assert (rec.state, rec.details["standby_since"]) == ("standby", clock.now)
+    assert (rec.state, rec.details["standby_since"], rec.details["standby_until"]) == ("standby", clock.now,
+                                                                                       clock.now + GRACE)
     began = clock.now
     if since_from == "alias_history":              # versions from before standby_since was recorded
         kk.registry.set_state(PIPELINE, v1, "standby", details={})
@@ -89,6 +93,40 @@ def test_the_standby_grace_period_boundary_in_seconds(k, fake_log, fake_jobs, mo
         assert kk.registry.get_version(PIPELINE, v1).state == "standby"
         assert inspect_version(kk, PIPELINE, v1).health == "running"
         assert kk.registry.audit_log(PIPELINE, action="stop") == []
+
+
+@pytest.mark.parametrize("grace_seconds, grace", [(5, 5.0), (None, GRACE)])
+@pytest.mark.parametrize("before", [True, False])
+def test_the_promotes_own_grace_period_is_the_one_the_monitor_keeps(k, fake_log, fake_jobs, monkeypatch,
+                                                                     grace_seconds, grace, before):
+    """`promote(grace_seconds=...)` (kappa_promote's form, `kappa promote --grace`) is stored with the flip,
+    so the monitor stops the standby after that grace, not the pipeline's; None keeps the pipeline's."""
+    kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: make_spec(grace_period_seconds=GRACE)})
+    v1 = allocate(kk).version
+    pid = start_version(kk, PIPELINE, v1, actor="t").pid
+    wait_for(lambda: inspect_version(kk, PIPELINE, v1).health == "running", 15, "the fake job of v1 to run")
+    write_table(kk.paths(PIPELINE, v1).table, profiles(ROWS))
+    kk.registry.set_state(PIPELINE, v1, "caught_up")
+    kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v1, actor="t", reason="r", serve=True)
+    v2 = ready_version(kk, fake_log, ROWS)
+    res = promote(kk, PIPELINE, v2, actor="ana", reason="new rules", grace_seconds=grace_seconds)
+    assert res.message.endswith(f"; v{v1} is standby for {grace:.0f} s")
+    details = kk.registry.get_version(PIPELINE, v1).details
+    since = details["standby_since"]
+    assert details["standby_until"] == since + grace
+    assert monitor_mod.standby_until(kk, PIPELINE, v1) == since + grace
+    assert monitor_mod.standby_until(kk, PIPELINE, v2) is None          # it serves
+    Clock(since + grace - (1 if before else 0)).install(monkeypatch, monitor_mod)
+    report = monitor(kk, actor="cron")
+    assert report.errors == [] and report.problems == []
+    if before:
+        assert report.stopped == [] and kk.registry.get_version(PIPELINE, v1).state == "standby"
+        assert kk.registry.audit_log(PIPELINE, action="stop") == []
+    else:
+        assert [(s["version"], s["pid"]) for s in report.stopped] == [(v1, pid)]
+        (stop,) = kk.registry.audit_log(PIPELINE, action="stop")
+        assert stop.reason == f"standby grace period of {grace:.0f} s is over"
+        assert monitor_mod.standby_until(kk, PIPELINE, v1) is None      # stopped: no longer a standby
 
 
 @pytest.mark.parametrize("lag, alert", [(500, False), (501, True)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 import threading
 
@@ -11,7 +12,7 @@ from orchestrator.core import crashpoints
 
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, profiles, ready_version, write_table
 from orchestrator.lifecycle import promote as promote_mod
-from orchestrator.core.exceptions import ConflictError, LifecycleError, NotFoundError, NotReadyError
+from orchestrator.core.exceptions import ConfigError, ConflictError, LifecycleError, NotFoundError, NotReadyError
 from orchestrator.lifecycle.promote import promote, promote_target
 from orchestrator.lifecycle.reconcile import reconcile
 from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback, rollback
@@ -431,3 +432,74 @@ def test_promote_of_a_version_whose_folder_a_retire_deletes_while_the_report_is_
         promote(k, PIPELINE, v1, actor="alice", reason="first")
     assert not folder.exists()
     assert k.registry.get_alias(ALIAS) is None
+
+
+def test_a_promotes_own_grace_period_is_said_and_stored_with_its_flip_and_its_watch(k, fake_log, monkeypatch):
+    """`grace_seconds` (the kappa_promote form's override): the texts, the watch and the standby's end
+    all use it, from the same flip; the pipeline's grace period (60 s) is not used."""
+    from control_helpers import Clock, make_spec
+    from orchestrator.core.kappa import Kappa
+    from orchestrator.lifecycle import watch as watch_mod
+    kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: make_spec(auto_rollback=True)})
+    v1 = ready_version(kk, fake_log, ROWS_V1)
+    promote(kk, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(kk, fake_log, ROWS_V2)
+    dry = promote(kk, PIPELINE, v2, actor="bob", reason="new rules", dry_run=True, grace_seconds=5)
+    assert [a for a in dry.actions if "5 s" in a] == [
+        f"keep v{v1} running as standby for 5 s, then stop its job (table and checkpoint kept)",
+        f"watch v{v2} for 5 s (auto_rollback): roll back to v{v1} if it degrades"]
+    res = promote(kk, PIPELINE, v2, actor="bob", reason="new rules", grace_seconds=5)
+    assert res.message.endswith(f"; v{v1} is standby for 5 s, while v{v2} is watched (auto_rollback)")
+    standby = kk.registry.get_version(PIPELINE, v1).details
+    w = kk.registry.get_version(PIPELINE, v2).details["watch"]
+    assert standby["standby_until"] == standby["standby_since"] + 5
+    assert w["until"] == w["started_at"] + 5 <= standby["standby_until"]   # the watch ends first
+    Clock(w["until"]).install(monkeypatch, watch_mod)
+    assert [a["kind"] for a in watch_mod.watch_pass(kk, PIPELINE)] == ["passed"]
+    (passed,) = kk.registry.audit_log(PIPELINE, action="watch")
+    assert passed.reason == f"v{v2} healthy through its grace period of 5 s"
+
+
+@pytest.mark.parametrize("grace", [-1, float("nan"), float("inf")])
+def test_a_grace_period_below_zero_or_not_finite_is_refused_and_nothing_changes(k, fake_log, grace):
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    with pytest.raises(ConfigError, match=rf"promote of {PIPELINE}: the standby grace period must be 0 or more "
+                                          rf"seconds, not {grace!r} \(--grace; empty for the pipeline's 60 s\)"):
+        promote(k, PIPELINE, v1, actor="alice", reason="first", grace_seconds=grace)
+    assert k.registry.get_alias(ALIAS) is None and k.registry.audit_log(PIPELINE, action="promote") == []
+
+
+def test_the_version_a_rollback_leaves_is_a_standby_for_the_pipelines_grace_period(k, fake_log):
+    """A rollback knows no promote's grace: the version it flips away from stays a standby for the
+    pipeline's (60 s); the one it serves again no longer carries its standby times."""
+    from orchestrator.lifecycle.monitor import standby_until
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    promote(k, PIPELINE, v2, actor="alice", reason="second", grace_seconds=5)
+    assert standby_until(k, PIPELINE, v1) == k.registry.get_version(PIPELINE, v1).details["standby_since"] + 5
+    rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.01)
+    back, left = k.registry.get_version(PIPELINE, v1), k.registry.get_version(PIPELINE, v2)
+    assert back.state == "serving" and not {"standby_since", "standby_until"} & set(back.details)
+    assert left.state == "standby" and left.details["standby_until"] == left.details["standby_since"] + 60
+    assert (standby_until(k, PIPELINE, v1), standby_until(k, PIPELINE, v2)) == (None, left.details["standby_until"])
+
+
+def test_kappa_promote_grace_is_the_promotes_own_grace_period(k, fake_log, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+    from orchestrator.cli import app
+    v1 = ready_version(k, fake_log, ROWS_V1)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = ready_version(k, fake_log, ROWS_V2)
+    pipelines = tmp_path / "pipelines.toml"
+    pipelines.write_text(f'[pipelines.{PIPELINE}]\njob = "standardize"\ntopics = ["orders"]\nkey = "member_id"\n'
+                         f'alias = "{ALIAS}"\ncatchup_threshold = 0\ncatchup_samples = 3\n'
+                         f'grace_period_seconds = 60\nkey_count_tolerance = 0.1\nmax_reject_rate = 0.05\n')
+    base = ["--home", str(k.settings.home), "--registry-url", k.registry.url, "--pipelines-file", str(pipelines),
+            "--bootstrap-servers", "127.0.0.1:9", "promote", PIPELINE, str(v2), "--reason", "r", "--actor", "bob"]
+    out = CliRunner().invoke(app, [*base, "--grace", "5", "--dry-run", "--json"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert f"keep v{v1} running as standby for 5 s, then stop its job (table and checkpoint kept)" in \
+        json.loads(out.stdout)["actions"]
+    out = CliRunner().invoke(app, [*base, "--grace", "-1"])
+    assert out.exit_code == 2 and k.registry.get_alias(ALIAS).version == v1
