@@ -378,6 +378,7 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
     """
     from orchestrator.airflow import notes
     from orchestrator.airflow.assets import announce_flip
+    from orchestrator.lifecycle.monitor import standby_until
     from orchestrator.lifecycle.promote import promote as promote_verb
 
     with _kappa() as k:
@@ -395,9 +396,9 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
                                          version=res.version, previous_version=res.previous_version,
                                          flipped=res.flipped, run_tag=run_tag(dag_id, run_id), actor=res.actor or "",
                                          reason=res.reason, at=res.at)
-    prev = d.get("previous_version")
-    body = [notes.standby_md(pipeline, prev, float(res.at or time.time()) + d["grace_seconds"], d["grace_seconds"])] \
-        if prev is not None and prev != res.version else []
+        prev = d.get("previous_version")
+        until = standby_until(k, pipeline, prev) if prev is not None and prev != res.version else None
+    body = [notes.standby_md(pipeline, prev, until, d["grace_seconds"])] if until is not None else []
     notes.set_run_note(f"promoted {pipeline} v{res.version}: alias {res.alias} serves it"
                        + (f" (was v{prev})" if prev is not None and prev != res.version else ""),
                        [*body, "", *notes.report_md(report)] if report else body)
@@ -409,32 +410,33 @@ def stop_previous(pipeline: str, promoted: dict[str, Any] | None, *, user: str |
                   dag_id: str) -> dict[str, Any]:
     """Stop the version the promote replaced if its standby grace period is already over (grace 0).
 
-    Otherwise it stays a running standby (an instant rollback with kappa_rollback) and `kappa_monitor`
-    stops it when the grace period ends: the task ends *skipped* inside Airflow, saying until when,
-    so that the promote's run ends at the flip. Leaves alone a version that serves again (a rollback
-    happened meanwhile) or is no longer a standby.
+    Otherwise it stays a running standby (an instant rollback with kappa_rollback) until the time its
+    flip recorded (`lifecycle.monitor.standby_until`), and `kappa_monitor` stops it then: the task ends
+    *skipped* inside Airflow, saying until when, so that the promote's run ends at the flip. Leaves
+    alone a version that serves again (a rollback happened meanwhile) or is no longer a standby.
     """
     from orchestrator.airflow import notes
     from orchestrator.jobctl import stop_version
+    from orchestrator.lifecycle.monitor import standby_until
 
     previous = (promoted or {}).get("previous_version")
     version = (promoted or {}).get("version")
     if not promoted or previous is None or previous == version:
         log.info("no previous version to stop")
         return {"stopped": None}
-    grace = float(promoted.get("grace_seconds") or 0.0)
-    until = float(promoted.get("at") or 0.0) + grace
-    if until > time.time():
-        _skip(notes.standby_md(pipeline, previous, until, grace))
-        return {"stopped": None, "standby_until": until}
     with _kappa() as k:
         spec = k.pipeline(pipeline)
-        rec = k.registry.get_version(pipeline, previous)
+        until = standby_until(k, pipeline, previous)
         alias = k.registry.get_alias(spec.alias)
-        if rec.state != VersionState.STANDBY or (alias is not None and alias.version == previous):
-            msg = f"{pipeline} v{previous} is {rec.state} now, not a standby: leaving it alone"
+        if until is None or (alias is not None and alias.version == previous):
+            msg = f"{pipeline} v{previous} is {k.registry.get_version(pipeline, previous).state} now, not a standby: " \
+                  f"leaving it alone"
             log.info("%s", msg)
             return {"stopped": None, "message": msg}
+        grace = float(promoted.get("grace_seconds") or 0.0)
+        if until > time.time():
+            _skip(notes.standby_md(pipeline, previous, until, grace))
+            return {"stopped": None, "standby_until": until}
         res = stop_version(k, pipeline, previous, actor=actor_for(user),
                            reason=tagged_reason(None, dag_id, run_id,
                                                 f"standby grace period of {grace:.0f} s after promoting v{version} is over"))

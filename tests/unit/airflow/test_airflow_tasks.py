@@ -227,22 +227,27 @@ def test_stop_previous_stops_only_a_standby_whose_grace_period_is_over(kappa_env
 
     from orchestrator.core.kappa import Kappa
 
-    promoted_at = 1_700_000_000.0
-    monkeypatch.setattr(tasks, "time", SimpleNamespace(time=lambda: promoted_at + after))
+    from orchestrator.airflow import notes
+    from orchestrator.lifecycle.monitor import standby_until
+
     monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "kappa_promote")
     with Kappa() as k:
         for _ in range(2):
             k.registry.allocate_version("std_a", rules_version="v1", rules_hash=None, code_ref="test",
                                         paths=lambda n: k.paths("std_a", n), actor="t", reason="r", queue=True)
         k.registry.flip_alias("std_a_served", "std_a", expected_version=None, new_version=1, actor="t", reason="r")
-        k.registry.flip_alias("std_a_served", "std_a", expected_version=1, new_version=2, actor="t", reason="r")
+        k.registry.flip_alias("std_a_served", "std_a", expected_version=1, new_version=2, actor="t", reason="r",
+                              standby_grace_seconds=300)
         k.registry.set_state("std_a", 2, "serving")
         k.registry.set_state("std_a", 1, "standby")
+        until = standby_until(k, "std_a", 1)
+    promoted_at = until - 300
+    monkeypatch.setattr(tasks, "time", SimpleNamespace(time=lambda: promoted_at + after))
     promoted = {"version": 2, "previous_version": 1, "at": promoted_at, "grace_seconds": 300}
     if not done:
         with pytest.raises(AirflowSkipException) as e:
             tasks.stop_previous("std_a", promoted, user="alice", run_id="r7", dag_id="kappa_promote")
-        assert str(e.value).startswith("v1 stays a running standby until 22:18:20 UTC (grace period 300 s): "
+        assert str(e.value).startswith(f"v1 stays a running standby until {notes.utc(until)} (grace period 300 s): "
                                        "kappa_rollback flips back to it at once until then; kappa_monitor stops it")
     else:
         res = tasks.stop_previous("std_a", promoted, user="alice", run_id="r7", dag_id="kappa_promote")
