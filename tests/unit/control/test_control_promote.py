@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 import threading
 
@@ -97,7 +98,6 @@ def test_the_demo_waits_again_when_a_ready_version_falls_behind_before_its_promo
     from orchestrator.dev import demo as demo_mod
     from orchestrator.lifecycle import await_ready
 
-    monkeypatch.setattr(demo_mod, "PIPELINE", PIPELINE)
     v = ready_version(k, fake_log, ROWS_V1)
     k.registry.add_lag_sample(PIPELINE, v, 0, {})       # ready: three samples at lag 0
     fake_log.ends = {tp: end + 5 for tp, end in fake_log.ends.items()}   # live updates arrive before the flip
@@ -111,7 +111,7 @@ def test_the_demo_waits_again_when_a_ready_version_falls_behind_before_its_promo
     monkeypatch.setattr(await_ready, "wait_ready", job_catches_up_then_wait)
     out = io.StringIO()
     d = demo_mod.Demo(demo_mod.DemoOptions(deadline=30, poll=0.01), Console(file=out, width=300))
-    d.k, d.alias = k, ALIAS
+    d.k, d.alias, d.pipeline = k, ALIAS, PIPELINE
     d.promote(v, "demo")
     assert waits == [None]                                # refused once, waited once, then flipped
     assert resolve_alias(ALIAS, k.settings)["version"] == v
@@ -311,9 +311,15 @@ def test_rollback_in_two_halves_as_the_dag_runs_it(k, fake_log):
     v2 = ready_version(k, fake_log, ROWS_V2)
     promote(k, PIPELINE, v2, actor="alice", reason="second")
     plan = prepare_rollback(k, PIPELINE, actor="airflow:alice", reason="bad v2")
-    assert plan.model_dump(mode="json") == {
+    until = k.registry.get_version(PIPELINE, v1).details["standby_until"]
+    assert re.fullmatch(rf"{PIPELINE} v{v1} still runs as a standby: the flip is instant \(until "
+                        r"[0-9: -]+ UTC, when its grace period ends\)", plan.message), plan.message
+    assert plan.model_dump(mode="json", exclude={"message"}) == {
         "pipeline": PIPELINE, "alias": ALIAS, "from_version": v2, "to_version": v1, "restarted": False,
-        "done": False, "message": f"{PIPELINE} v{v1} still runs: the flip needs no restart", "pointer": None}
+        "done": False, "pointer": None,
+        "estimate": {"version": v1, "restart": False, "records_behind": None, "lag_error": None, "stopped_at": None,
+                     "stopped_by": None, "stop_reason": None, "last_restart_seconds": None, "standby_until": until},
+        "restarted_at": None}
     assert k.registry.get_alias(ALIAS).version == v2  # the first half flips nothing
     res = finish_rollback(k, plan, actor="airflow:alice", reason="bad v2", poll_seconds=0.01)
     assert (res.from_version, res.to_version, res.flipped) == (v2, v1, True)
