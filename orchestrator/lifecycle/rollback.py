@@ -9,6 +9,13 @@ Two halves, so that the Airflow DAG can wait in a sensor between them: `prepare_
 the target and restarts its job if needed; `finish_rollback` waits until the target is ready and
 flips. `rollback` runs both (the CLI).
 
+What a rollback costs depends on when it comes: while the target is still a running standby (the
+grace period after a promote) the flip is instant; after that its job was stopped, and the
+rollback restarts it from its checkpoint and waits until it has caught up with what was written
+since. The plan carries that estimate (`RestartEstimate`: records behind, when and by whom it was
+stopped, how long the last such restart took) and says it in its message;
+`restart_progress_line` renders the progress of the wait in one line.
+
 Resumable: if a previous *rollback* flipped the registry but died before publishing, running
 rollback again publishes that flip and stops there; it never flips back a second time. If the
 unpublished flip was a *promote*, it is published and then rolled back, as asked (the CLI and
@@ -23,7 +30,9 @@ stop that does not end in time refuses the rollback, and the current version kee
 
 from __future__ import annotations
 
+import re
 import time
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
@@ -37,21 +46,48 @@ from orchestrator.jobctl import inspect_version, restart_version, start_version,
 from orchestrator.jobctl.stop import STOP_WAIT_SECONDS, stop_under_way, wait_stop_finished
 from orchestrator.lifecycle.await_ready import POLL_SECONDS, Readiness, wait_ready
 from orchestrator.lifecycle.promote import finish_interrupted_flip, flip
+from orchestrator.observe import lag as lag_mod
+from orchestrator.observe.lag import fmt_seconds
 from orchestrator.serving import publish_current
 
-__all__ = ["RollbackPlan", "RollbackResult", "ROLLBACK_DEADLINE_SECONDS", "prepare_rollback", "finish_rollback",
-           "rollback"]
+__all__ = ["RollbackPlan", "RollbackResult", "RestartEstimate", "ROLLBACK_DEADLINE_SECONDS", "prepare_rollback",
+           "finish_rollback", "rollback", "restart_estimate", "restart_progress_line"]
 
 #: How long a restarted rollback target may take to catch up again (from its own checkpoint, so
 #: only the records since it stopped) before the rollback fails and the current version keeps serving.
 ROLLBACK_DEADLINE_SECONDS = 1800.0
 
 
+class RestartEstimate(BaseModel):
+    """What a rollback to `version` costs, known before it starts.
+
+    `restart` False: its job runs, the flip is instant (for a standby until `standby_until`, the end of
+    its grace period as its flip stored it; None: not recorded). True: it is restarted from its
+    checkpoint, `records_behind` records (the log end minus its checkpoint; None: unknown, see
+    `lag_error`) to catch up. `stopped_at`/`stopped_by`/`stop_reason`: its last stop (None if it was
+    started since, or never stopped). `last_restart_seconds`: how long the last rollback of the
+    pipeline that restarted its target took, from the restart to the flip (None: none yet).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int
+    restart: bool
+    records_behind: int | None = None
+    lag_error: str | None = None
+    stopped_at: float | None = None
+    stopped_by: str | None = None
+    stop_reason: str | None = None
+    last_restart_seconds: float | None = None
+    standby_until: float | None = None
+
+
 class RollbackPlan(BaseModel):
     """The first half of a rollback: the target picked and, if its job was stopped, restarted.
 
     `done` means nothing is left to flip: the target serves already, or an interrupted flip was
-    just published (`pointer` is the pointer published then).
+    just published (`pointer` is the pointer published then). `estimate`: what the flip costs
+    (None when nothing is left to flip); `restarted_at`: when the target's job was started.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -64,6 +100,8 @@ class RollbackPlan(BaseModel):
     done: bool
     message: str
     pointer: dict[str, Any] | None = None
+    estimate: RestartEstimate | None = None
+    restarted_at: float | None = None
 
 
 class RollbackResult(BaseModel):
@@ -91,6 +129,120 @@ def _unpublished_flip_action(k: Kappa, alias: str) -> str | None:
         if d.get("alias") == alias and entry.outcome == "ok":
             return d.get("action")
     return None
+
+
+def _records_behind(k: Kappa, pipeline: str, version: int) -> tuple[int | None, str | None]:
+    """The records a stopped version has to catch up: the log end minus its checkpoint (the whole log
+    when it has committed nothing), and why it is unknown when it is."""
+    try:
+        ckpt, _ = lag_mod.checkpoint_next_offsets(k.paths(pipeline, version).checkpoint)
+        logs = lag_mod.log_offsets(k, k.pipeline(pipeline).topics)
+    except KappaError as e:
+        return None, str(e)
+    except Exception as e:  # noqa: BLE001 - a checkpoint being written or corrupt: the estimate says so
+        return None, f"cannot read its checkpoint: {e}"
+    reading = lag_mod.lag_from_offsets(pipeline, version, logs, ckpt)
+    return reading.total, reading.error
+
+
+def _last_restart_seconds(k: Kappa, pipeline: str) -> float | None:
+    """From the newest flip of a rollback that restarted its target: the restart to the flip (the wait
+    until ready, for a flip recorded before kappa stored that)."""
+    for e in reversed(k.registry.audit_log(pipeline, limit=200, action="rollback")):
+        d = e.details or {}
+        if e.outcome == "ok" and d.get("restarted") and "to_version" in d:
+            seconds = d.get("restart_seconds", d.get("waited_seconds"))
+            if seconds is not None:
+                return float(seconds)
+    return None
+
+
+def restart_estimate(k: Kappa, pipeline: str, version: int, *, restart: bool = True) -> RestartEstimate:
+    """What a rollback to `version` costs (`RestartEstimate`); `restart` False: its job runs, the flip is
+    instant (nothing is measured then). Reads the Kafka log's end offsets for a restart."""
+    last = _last_restart_seconds(k, pipeline)
+    if not restart:
+        rec = k.registry.get_version(pipeline, version)
+        until = (rec.details or {}).get("standby_until") if rec.state == VersionState.STANDBY else None
+        return RestartEstimate(version=version, restart=False, last_restart_seconds=last,
+                               standby_until=None if until is None else float(until))
+    behind, error = _records_behind(k, pipeline, version)
+    stop = None
+    for e in reversed(k.registry.audit_log(pipeline, limit=100, version=version)):
+        if e.action == "start" and e.outcome == "ok":
+            break  # started since its last stop: that stop does not explain why it is down now
+        if e.action == "stop" and e.outcome == "ok":
+            stop = e
+            break
+    return RestartEstimate(version=version, restart=True, records_behind=behind, lag_error=error,
+                           last_restart_seconds=last, stopped_at=stop.at if stop else None,
+                           stopped_by=stop.actor if stop else None, stop_reason=stop.reason if stop else None)
+
+
+def _clock(at: float, now: float | None = None) -> str:
+    """'12:05:01 UTC' for today (UTC), else '2025-05-01 12:05:01 UTC'."""
+    t = datetime.fromtimestamp(at, timezone.utc)
+    today = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).date()
+    return t.strftime("%H:%M:%S UTC" if t.date() == today else "%Y-%m-%d %H:%M:%S UTC")
+
+
+def _short_reason(reason: str | None) -> str | None:
+    """A stop's reason for a one-line message: the Airflow run tag dropped, a grace period named."""
+    text = re.sub(r"\s*\[airflow [^\]]*\]\s*$", "", reason or "").strip()
+    if "grace period" in text and text.endswith("is over"):
+        return "grace period over"
+    return text[:77] + "..." if len(text) > 80 else text or None
+
+
+def _restart_message(pipeline: str, target: int, current: int | None, est: RestartEstimate, *,
+                     down: str, waited: float | None) -> str:
+    notes = [n for n in (_short_reason(est.stop_reason),
+                         None if waited is None else f"this rollback waited {waited:.1f} s for that stop to end") if n]
+    if est.stopped_at is not None:
+        head = (f"{pipeline} v{target} was stopped at {_clock(est.stopped_at)} by {est.stopped_by}"
+                + (f" ({'; '.join(notes)})" if notes else ""))
+    else:
+        head = f"{pipeline} v{target} {down}"
+    behind = (f"{est.records_behind:,} records to catch up" if est.records_behind is not None else
+              "records to catch up unknown" + (f" ({est.lag_error})" if est.lag_error else ""))
+    last = "" if est.last_restart_seconds is None else \
+        f"; the last such restart took {fmt_seconds(est.last_restart_seconds)}"
+    return (f"{head}: restarting it from its checkpoint, {behind}{last}. "
+            f"{'Nothing' if current is None else f'v{current}'} serves until the flip.")
+
+
+def _instant_message(pipeline: str, est: RestartEstimate) -> str:
+    until = est.standby_until
+    if until is None:
+        return f"{pipeline} v{est.version} still runs: the flip is instant"
+    when = (f"until {_clock(until)}, when its grace period ends" if until > time.time() else
+            f"its grace period ended at {_clock(until)}: the monitor stops it at its next pass")
+    return f"{pipeline} v{est.version} still runs as a standby: the flip is instant ({when})"
+
+
+def restart_progress_line(version: int, lag: int | None, *, eta_seconds: float | None = None,
+                          rate: float | None = None, job_health: str | None = None,
+                          now: float | None = None) -> str:
+    """One line on the catch-up of a restarted rollback target, for a run note or a log.
+
+    `lag`: records behind (None: unknown yet); `rate`: records per second worked off; `eta_seconds`:
+    until caught up; `job_health`: the job's health (anything but 'running' says it is still
+    starting); `now`: the clock the ETA is added to (default: now). From a `Readiness` r:
+    `restart_progress_line(v, r.total_lag, eta_seconds=r.eta_seconds, job_health=r.job_health, now=r.at)`.
+    'restarting v1: job starting...', 'restarting v1: lag 312 records (40 records/s), ETA 8 s (12:06:40 UTC)'.
+    """
+    head = f"restarting v{version}: "
+    if job_health is not None and job_health != "running":
+        return f"{head}job {job_health}..."
+    if lag is None:
+        return f"{head}job running, lag not known yet"
+    line = f"{head}lag {lag:,} record{'' if lag == 1 else 's'}"
+    if rate is not None and rate > 0:
+        line += f" ({rate:,.0f} records/s)"
+    if eta_seconds is not None:
+        at = (time.time() if now is None else now) + eta_seconds
+        line += f", ETA {fmt_seconds(eta_seconds)} ({_clock(at, now)})"
+    return line
 
 
 def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str,
@@ -128,14 +280,14 @@ def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, 
                              f"deleted); pick another version or deploy a new one")
     st = inspect_version(k, pipeline, target)
     if st.alive and not st.failed and target_state in FLIP_TARGETS:
+        est = restart_estimate(k, pipeline, target, restart=False)
         return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
-                            restarted=False, done=False,
-                            message=f"{pipeline} v{target} still runs: the flip needs no restart")
+                            restarted=False, done=False, estimate=est, message=_instant_message(pipeline, est))
     checkpoint = k.paths(pipeline, target).checkpoint
     if not uris.exists(checkpoint):
         raise LifecycleError(f"cannot roll back to {pipeline} v{target}: its checkpoint {checkpoint} is "
                              f"missing, and a rollback never re-reads from offset zero; deploy a new version")
-    waited = ""
+    waited = None
     stop = stop_under_way(k, pipeline, target) if st.alive else None
     if stop is not None:
         crashpoint("rollback.awaiting_stop")
@@ -143,13 +295,17 @@ def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, 
         if not stop.finished:
             raise LifecycleError(f"cannot roll back alias {alias!r} to {pipeline} v{target} now: v{target} is still "
                                  f"being stopped by {stop.by}; retry the rollback (v{current} keeps serving)")
-        waited = f"v{target} was being stopped by {stop.by}: waited {stop.waited:.1f} s for that stop to end; "
+        waited = stop.waited
         st = inspect_version(k, pipeline, target)
+    est = restart_estimate(k, pipeline, target)
+    down = f"has a failing job ({st.error or st.health})" if st.alive else f"is not running (it is {target_state})"
+    message = _restart_message(pipeline, target, current, est, down=down, waited=waited)
     why = f"rollback of alias {alias!r} to v{target}" + (f": {reason}" if reason else "")
-    res = (restart_version if st.alive else start_version)(k, pipeline, target, actor=actor, reason=why)
+    restarted_at = time.time()
+    (restart_version if st.alive else start_version)(k, pipeline, target, actor=actor, reason=why)
     crashpoint("rollback.restarted")
     return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target, restarted=True,
-                        done=False, message=f"{waited}restarted {pipeline} v{target} from its checkpoint: {res.message}")
+                        done=False, message=message, estimate=est, restarted_at=restarted_at)
 
 
 def _stop_restarted(k: Kappa, plan: RollbackPlan, *, actor: str, why: str) -> None:
@@ -195,15 +351,18 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
                               flipped=False, restarted=plan.restarted, waited_seconds=waited, readiness=r,
                               pointer=publish_current(k, alias), actor=actor, reason=reason, at=now,
                               message=f"alias {alias!r} already serves v{target} (rolled back before); published")
+    restart = None if plan.restarted_at is None else max(0.0, time.time() - plan.restarted_at)
     try:
         pointer = flip(k, pipeline, expected_version=current, new_version=target, actor=actor, reason=reason,
                        action="rollback", details={"restarted": plan.restarted, "samples": r.samples,
-                                                   "waited_seconds": round(waited, 3)})
+                                                   "waited_seconds": round(waited, 3),
+                                                   **({} if restart is None else {"restart_seconds": round(restart, 3)})})
     except KappaError:
         _stop_restarted(k, plan, actor=actor, why="the flip was refused")
         raise
     msg = (f"rolled back alias {alias!r} from v{current} to v{target}"
-           + (" (restarted from its checkpoint, then waited until ready)" if plan.restarted else ""))
+           + (f" (restarted from its checkpoint, caught up in {fmt_seconds(restart if restart is not None else waited)})"
+              if plan.restarted else ""))
     return RollbackResult(pipeline=pipeline, alias=alias, from_version=current, to_version=target, flipped=True,
                           restarted=plan.restarted, waited_seconds=waited, message=msg, readiness=r,
                           pointer=pointer, actor=actor, reason=reason, at=now)

@@ -1,0 +1,142 @@
+"""What a rollback costs, said before it starts (issue 22, item 5).
+
+While the target is a running standby the flip is instant; after its grace period its job was
+stopped, and the rollback restarts it from its checkpoint: the plan's estimate counts the records it
+has to catch up (the fake log's end minus its checkpoint), names when and by whom it was stopped and
+how long the last such restart took, and its message says so. The jobs are fake job processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from control_helpers import ALIAS, PIPELINE, TOPIC, allocate, profiles, wait_for, write_table
+from orchestrator.jobctl import inspect_version, start_version, stop_version
+from orchestrator.lifecycle.promote import promote
+from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback, restart_progress_line, rollback
+
+ROWS = [("m1", "swe", "SWE", "Ada", 1), ("m2", "pm", "PM", "Grace", 2)]
+NOON = 1_750_000_000.0          # 2025-06-15 15:06:40 UTC
+
+
+def _running(k, fake_log) -> int:
+    v = allocate(k).version
+    start_version(k, PIPELINE, v, actor="t")
+    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, f"the fake job of v{v} to run")
+    k.registry.set_state(PIPELINE, v, "caught_up", expected="starting")
+    fake_log.read_all()
+    write_table(k.paths(PIPELINE, v).table, profiles(ROWS))
+    for _ in range(3):
+        k.registry.add_lag_sample(PIPELINE, v, 0, {})
+    return v
+
+
+@pytest.fixture
+def pair(k, fake_log, fake_jobs):
+    """v2 serves, v1 is a running standby with a checkpoint."""
+    v1 = _running(k, fake_log)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = _running(k, fake_log)
+    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    Path(k.paths(PIPELINE, v1).checkpoint).mkdir(parents=True, exist_ok=True)
+    return v1, v2
+
+
+def _stop_standby(k, fake_log, v1: int) -> None:
+    """The grace period is over: v1 is stopped, and the log grows by 1,240 records since its checkpoint."""
+    stop_version(k, PIPELINE, v1, actor="kappa-monitor", expected_state="standby",
+                 reason="standby grace period of 300 s is over [airflow kappa_monitor run scheduled__1]")
+    fake_log.ends = {(TOPIC, 0): fake_log.ends[(TOPIC, 0)] + 1000, (TOPIC, 1): fake_log.ends[(TOPIC, 1)] + 240}
+
+
+def test_a_rollback_to_a_running_standby_says_the_flip_is_instant(k, fake_log, pair):
+    v1, v2 = pair
+    plan = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad")
+    until = k.registry.get_version(PIPELINE, v1).details["standby_until"]
+    assert plan.message.startswith(f"{PIPELINE} v{v1} still runs as a standby: the flip is instant (until ")
+    assert plan.message.endswith(" UTC, when its grace period ends)")
+    assert not plan.restarted and plan.estimate.restart is False and plan.estimate.records_behind is None
+    assert plan.estimate.standby_until == until
+    assert plan.restarted_at is None
+
+
+def test_a_standby_past_its_grace_period_not_stopped_yet_says_so(k, fake_log, fake_jobs):
+    v1 = _running(k, fake_log)
+    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    v2 = _running(k, fake_log)
+    promote(k, PIPELINE, v2, actor="alice", reason="second", grace_seconds=0)
+    plan = prepare_rollback(k, PIPELINE, actor="bob")
+    assert re.fullmatch(rf"{PIPELINE} v{v1} still runs as a standby: the flip is instant \(its grace period ended at "
+                        r"[0-9: -]+ UTC: the monitor stops it at its next pass\)", plan.message), plan.message
+
+
+def test_a_rollback_to_a_stopped_version_says_it_restarts_it_and_how_far_behind_it_is(k, fake_log, pair):
+    v1, v2 = pair
+    _stop_standby(k, fake_log, v1)
+    stop = k.registry.audit_log(PIPELINE, action="stop", version=v1)[-1]
+    plan = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad")
+    est = plan.estimate
+    assert plan.restarted and est.restart
+    assert est.records_behind == 1240 == sum(fake_log.ends.values()) - sum(fake_log.checkpoint.values())
+    assert (est.stopped_at, est.stopped_by, est.last_restart_seconds) == (stop.at, "kappa-monitor", None)
+    assert re.fullmatch(rf"{PIPELINE} v{v1} was stopped at \d\d:\d\d:\d\d UTC by kappa-monitor \(grace period over\): "
+                        rf"restarting it from its checkpoint, 1,240 records to catch up\. v{v2} serves until the "
+                        rf"flip\.", plan.message), plan.message
+    assert k.registry.get_alias(ALIAS).version == v2          # the first half flips nothing
+    fake_log.read_all()                                        # it catches up
+    res = finish_rollback(k, plan, actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=15)
+    assert res.flipped and res.restarted
+    assert re.fullmatch(rf"rolled back alias '{ALIAS}' from v{v2} to v{v1} \(restarted from its checkpoint, caught up "
+                        rf"in \d+ s\)", res.message), res.message
+    flip = k.registry.audit_log(PIPELINE, action="rollback")[-1]
+    assert flip.details["restart_seconds"] >= flip.details["waited_seconds"] > 0
+
+    # forward to v2 again (v1 runs: instant), v1's grace period ends, and a second rollback knows the first's cost
+    assert rollback(k, PIPELINE, v2, actor="bob", reason="fixed", poll_seconds=0.01).flipped
+    _stop_standby(k, fake_log, v1)
+    again = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad again")
+    assert again.estimate.last_restart_seconds == flip.details["restart_seconds"]
+    assert again.estimate.records_behind == 1240
+    assert f"; the last such restart took {round(flip.details['restart_seconds'])} s. v{v2} serves until the flip." \
+        in again.message
+
+
+def test_an_unknown_lag_is_said_to_be_unknown_not_zero(k, fake_log, pair):
+    v1, v2 = pair
+    _stop_standby(k, fake_log, v1)
+    fake_log.down = True
+    plan = prepare_rollback(k, PIPELINE, actor="bob")
+    assert plan.estimate.records_behind is None and "cannot read log end offsets" in plan.estimate.lag_error
+    assert "restarting it from its checkpoint, records to catch up unknown (cannot read log end offsets" in plan.message
+
+
+def test_a_version_started_since_its_last_stop_is_not_said_to_be_stopped(k, fake_log, pair):
+    """v1 stopped, started again, then its job died: the old stop does not explain why it is down."""
+    v1, v2 = pair
+    _stop_standby(k, fake_log, v1)
+    pid = start_version(k, PIPELINE, v1, actor="alice").pid
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not inspect_version(k, PIPELINE, v1).alive, 15, f"the job of v{v1} to die")
+    plan = prepare_rollback(k, PIPELINE, actor="bob")
+    assert plan.estimate.stopped_at is None
+    assert plan.message.startswith(f"{PIPELINE} v{v1} is not running (it is starting): restarting it from its "
+                                   f"checkpoint, ")
+
+
+@pytest.mark.parametrize("args, kw, line", [
+    ((1, None), {"job_health": "starting"}, "restarting v1: job starting..."),
+    ((1, None), {"job_health": "running"}, "restarting v1: job running, lag not known yet"),
+    ((1, 1240), {}, "restarting v1: lag 1,240 records"),
+    ((1, 1), {}, "restarting v1: lag 1 record"),
+    ((1, 312), {"rate": 40.2, "eta_seconds": 8.0, "now": NOON},
+     "restarting v1: lag 312 records (40 records/s), ETA 8 s (15:06:48 UTC)"),
+    ((3, 90_000), {"eta_seconds": 450.0, "job_health": "running", "now": NOON},
+     "restarting v3: lag 90,000 records, ETA 7.5 min (15:14:10 UTC)"),
+])
+def test_the_progress_line(args, kw, line):
+    assert restart_progress_line(*args, **kw) == line
