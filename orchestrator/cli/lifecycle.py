@@ -146,12 +146,27 @@ def rollback_cmd(
     reason: Reason = None,
     as_json: AsJson = False,
 ) -> None:
-    """Flip the alias back to the previous (or a named) version, restarting its job if needed."""
-    from orchestrator.lifecycle.rollback import rollback
+    """Flip the alias back to the previous (or a named) version, restarting its job if needed.
+
+    First says what it costs: an instant flip to a running standby, or a restart from the checkpoint
+    (records to catch up, the last such restart's duration), then draws the catch-up until the flip."""
+    from orchestrator.lifecycle.await_ready import POLL_SECONDS
+    from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback
+    from orchestrator.observe.progress import LagProgress
 
     cli = cli_of(ctx)
-    result = rollback(cli.kappa(), pipeline, to, actor=actor or default_actor(), reason=reason,
-                      **_given(deadline_seconds=deadline))
+    k = cli.kappa()
+    who = actor or default_actor()
+    plan = prepare_rollback(k, pipeline, to, actor=who, reason=reason)
+    console = cli.err if as_json else cli.out
+    if not plan.done:
+        console.print(plan.message, markup=False)
+    wait = _given(deadline_seconds=deadline)
+    if plan.restarted:
+        with LagProgress(console, line_every=max(POLL_SECONDS, 2.0)) as bars:
+            result = finish_rollback(k, plan, actor=who, reason=reason, on_sample=bars.update, **wait)
+    else:
+        result = finish_rollback(k, plan, actor=who, reason=reason, **wait)
     _show(cli, result, as_json)
 
 
