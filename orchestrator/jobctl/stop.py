@@ -161,6 +161,7 @@ def finish_stop(k, req: StopRequest, *, graceful_timeout: float = GRACEFUL_TIMEO
         # the JVM and Python workers share the job's process group: leave none behind
         end_group(st.pid, term_timeout)
         CHILDREN.pop(st.pid, None)
+    ended_at = time.time()  # the audit entry may come later (a slow registry): when the job had ended
     paths.stop_file.unlink(missing_ok=True)
     seconds = time.monotonic() - t0
     after = read_status(k, pipeline, version) or {}
@@ -170,7 +171,8 @@ def finish_stop(k, req: StopRequest, *, graceful_timeout: float = GRACEFUL_TIMEO
            f"in {seconds:.1f} s; its table and checkpoint are kept")
     reg.audit("stop", actor=actor, pipeline=pipeline, version=version, reason=reason,
               outcome="ok" if how != "not-running" else "noop",
-              details={"how": how, "pid": st.pid, "seconds": round(seconds, 3), "job_state": job_state})
+              details={"how": how, "pid": st.pid, "seconds": round(seconds, 3), "job_state": job_state,
+                       "ended_at": ended_at})
     return StopResult(pipeline=pipeline, version=version, stopped=how != "not-running", how=how, pid=st.pid,
                       seconds=seconds, message=msg, final_state=job_state)
 

@@ -222,6 +222,9 @@ def test_case3_rollback_during_a_standby_stop_waits_for_it(k, fake_log, fake_job
     entries = [(e.action, e.actor) for e in k.registry.audit_log(PIPELINE, limit=None, version=v1)]
     assert ("stop", "bob") not in entries
     assert entries.index(("stop", "cron")) < entries.index(("start", "bob")), entries
+    stop = next(e for e in k.registry.audit_log(PIPELINE, limit=None, version=v1, action="stop") if e.actor == "cron")
+    start = k.registry.audit_log(PIPELINE, version=v1, action="start")[-1]
+    assert stop.details["ended_at"] <= stop.at and stop.details["ended_at"] <= start.at  # when the job had ended
     assert re.search(rf"^{PIPELINE} v{v1} was stopped at [0-9:]+ UTC by cron \(grace period over; this "
                      r"rollback waited [0-9.]+ s for that stop to end\): restarting it from its checkpoint", plan.message), \
         plan.message
