@@ -211,7 +211,7 @@ def start_reprocess(pipeline: str, rules_version: str | None = None, threshold: 
 
 @refusals_are_final
 def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | None,
-               burst_seconds: float = 2.0) -> PokeResult:
+               burst_seconds: float = 2.0, on_sample: Callable[[Readiness], None] | None = None) -> PokeResult:
     """One sensor poke: sample lag, log it with the ETA, and say whether the version is ready.
 
     The sensor form of `lifecycle.await_ready.wait_ready`. When the job runs and its lag is at or
@@ -229,6 +229,8 @@ def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | N
             r = readiness(k, pipeline, version, record=True, actor=actor)
             samples += 1
             log.info("%s", _lag_line(r))
+            if on_sample is not None:
+                on_sample(r)
             if r.ready:
                 return {"is_done": True, "xcom_value": r.model_dump(mode="json")}
             if r.state == "failing":
@@ -453,22 +455,36 @@ def _rollback_reason(reason: str | None, user: str | None, dag_id: str, run_id: 
 @refusals_are_final
 def prepare_rollback(pipeline: str, to_version: int | None = None, reason: str | None = None, *,
                      user: str | None, run_id: str, dag_id: str = "kappa_rollback") -> dict[str, Any]:
-    """The verb's first half: pick the target, restart its job from its checkpoint if it was stopped."""
+    """The verb's first half: pick the target, restart its job from its checkpoint if it was stopped.
+    The run's note says what the rollback costs: an instant flip, or a restart (records to catch up)."""
+    from orchestrator.airflow import notes
     from orchestrator.lifecycle.rollback import prepare_rollback as prepare_verb
 
     with _kappa() as k:
         plan = prepare_verb(k, pipeline, to_version, actor=actor_for(user),
                             reason=_rollback_reason(reason, user, dag_id, run_id))
     log.info("%s", plan.message)
+    head, _, rest = plan.message.partition("\n")
+    notes.set_run_note(head, [rest] if rest else [])
     return plan.model_dump(mode="json")
 
 
 @refusals_are_final
 def poke_rollback_ready(prepared: dict[str, Any], *, deadline_at: float, user: str | None) -> PokeResult:
-    """Sensor poke of the rollback: is the target ready for the flip? (At once when nothing is to flip.)"""
+    """Sensor poke of the rollback: is the target ready for the flip? (At once when nothing is to flip.)
+    A restarted target's catch-up (lag, ETA) heads the run's note at every poke."""
+    from orchestrator.airflow import notes
+    from orchestrator.lifecycle.rollback import restart_progress_line
+
     if prepared["done"]:
         return {"is_done": True, "xcom_value": None}
-    return poke_ready(prepared["pipeline"], prepared["to_version"], deadline_at=deadline_at, user=user)
+    n = prepared["to_version"]
+
+    def progress(r: Readiness) -> None:
+        if prepared.get("restarted"):
+            line = restart_progress_line(n, r.total_lag, eta_seconds=r.eta_seconds, job_health=r.job_health, now=r.at)
+            notes.set_run_note(f"rolling back {prepared['pipeline']} to v{n}, {line}", [prepared["message"]])
+    return poke_ready(prepared["pipeline"], n, deadline_at=deadline_at, user=user, on_sample=progress)
 
 
 @refusals_are_final
@@ -481,6 +497,7 @@ def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at
     A retry after the flip finds the alias serving the target and only publishes. A flip adds the
     alias's asset event to `outlet_events`, as `promote` does (XCom `asset_event`).
     """
+    from orchestrator.airflow import notes
     from orchestrator.airflow.assets import announce_flip
     from orchestrator.lifecycle.rollback import RollbackPlan, finish_rollback
 
@@ -492,4 +509,5 @@ def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at
         event = announce_flip(k, outlet_events, action="rollback", pipeline=res.pipeline, alias=res.alias,
                               version=res.to_version, previous_version=res.from_version, flipped=res.flipped,
                               run_tag=run_tag(dag_id, run_id), actor=res.actor or "", reason=res.reason, at=res.at)
+    notes.set_run_note(f"rolled back {res.pipeline} to v{res.to_version}: {res.message}", [prepared["message"]])
     return {**res.model_dump(mode="json"), "asset_event": event}

@@ -261,3 +261,26 @@ def test_stop_previous_stops_only_a_standby_whose_grace_period_is_over(kappa_env
         assert state == "stopped"
         assert stops == [("airflow:alice", "standby grace period of 300 s after promoting v2 is over "
                                             "[airflow kappa_promote run r7]")]
+
+
+def test_a_restarting_rollback_heads_its_note_with_lag_and_eta_at_every_poke(kappa_env, monkeypatch):
+    """Issue 22, item 5: the rollback's wait showed progress only in the sensor's log."""
+    from types import SimpleNamespace
+
+    from orchestrator.airflow import notes
+
+    set_notes = []
+    monkeypatch.setattr(notes, "set_run_note", lambda head, body=(), **kw: set_notes.append((head, list(body))))
+
+    def one_poke(pipeline, version, *, deadline_at, user, on_sample):
+        on_sample(SimpleNamespace(total_lag=None, eta_seconds=None, job_health="starting", at=1_700_000_000.0))
+        on_sample(SimpleNamespace(total_lag=312, eta_seconds=8.0, job_health="running", at=1_700_000_000.0))
+        return {"is_done": False, "xcom_value": None}
+    monkeypatch.setattr(tasks, "poke_ready", one_poke)
+    message = "std_a v1 was stopped at 22:13:20 UTC by cron: restarting it from its checkpoint, 312 records to catch up"
+    prepared = {"pipeline": "std_a", "to_version": 1, "done": False, "restarted": True, "message": message}
+    assert tasks.poke_rollback_ready(prepared, deadline_at=0, user="bob") == {"is_done": False, "xcom_value": None}
+    assert [h for h, _ in set_notes] == ["rolling back std_a to v1, restarting v1: job starting...",
+                                         f"rolling back std_a to v1, restarting v1: lag 312 records, ETA 8 s "
+                                         f"({notes.utc(1_700_000_008.0)[:-4]} UTC)"]
+    assert all(body == [message] for _, body in set_notes)
