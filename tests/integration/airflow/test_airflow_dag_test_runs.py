@@ -116,10 +116,11 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     dr, states = run_dag("kappa_rollback", {"pipeline": PIPELINE, "reason": "v2 titles look wrong"})
     assert dr.state == "success", states
     prepared = xcom(dr, "prepare")
-    assert {key: v for key, v in prepared.items() if key != "message"} == {
+    assert {key: v for key, v in prepared.items() if key not in ("message", "estimate", "restarted_at")} == {
         "pipeline": PIPELINE, "alias": alias, "from_version": 2, "to_version": 1, "restarted": True, "done": False,
         "pointer": None}
-    assert prepared["message"].startswith(f"restarted {PIPELINE} v1 from its checkpoint: ")
+    assert "restarting it from its checkpoint" in prepared["message"], prepared["message"]
+    assert prepared["estimate"]["restart"] is True and prepared["estimate"]["stopped_by"] == "airflow:dag_test"
     with bed.kappa() as k:
         assert k.registry.get_alias(alias).version == 1
         assert k.registry.get_version(PIPELINE, 1).state == "serving"

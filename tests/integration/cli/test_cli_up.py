@@ -1,8 +1,9 @@
 """`kappa up` end to end, as a new user meets it: one command, then the Airflow UI in headless Debian
 Chromium. The command brings up the embedded broker with the profile changelog and live updates,
 v1 serving and Airflow, and prints the URL and login. In the UI: trigger kappa_reprocess with the
-v2 rules (both dropdowns of the form chosen), see v2 promoted by the run, roll back with kappa_rollback. Then Ctrl-C (SIGINT): everything it
-started (Airflow's components, the jobs, the broker) is stopped, by PID, and it says so.
+v2 rules and auto-promote off, promote with kappa_promote, let kappa_monitor stop the standby, roll back
+with kappa_rollback (a restart from the checkpoint). Then Ctrl-C (SIGINT): everything it started
+(Airflow's components, the jobs, the broker) is stopped, by PID, and it says so truly.
 """
 
 from __future__ import annotations
@@ -67,10 +68,12 @@ def choose(page, label: str, option_text: str) -> None:
     page.get_by_role("option", name=option_text, exact=True).click()
 
 
-def trigger_from_the_form(page, url: str, dag_id: str, reason: str, rules_label: str | None = None,
+def trigger_from_the_form(page, url: str, dag_id: str | None, reason: str, rules_label: str | None = None,
                           screenshot: Path | None = None) -> None:
-    page.goto(f"{url}/dags/{dag_id}")
-    page.get_by_label("Trigger Dag").first.click()
+    """Fill and submit a DAG's trigger form (dag_id None: the form is open already)."""
+    if dag_id is not None:
+        page.goto(f"{url}/dags/{dag_id}")
+        page.get_by_label("Trigger Dag").first.click()
     choose(page, "Pipeline", "standardize")
     if rules_label:
         choose(page, "Rules version", rules_label)
@@ -106,15 +109,56 @@ def version_record(home: Path, version: int):
         reg.close()
 
 
-def test_kappa_up_then_reprocess_and_roll_back_in_the_ui(tmp_path, artifacts_dir):
+def kappa_of(home: Path, bootstrap: str):
+    """kappa for the home `kappa up` made (its registry, tables and broker), in this process."""
+    from orchestrator.core.kappa import Kappa
+    from orchestrator.core.settings import resolve_settings
+
+    return Kappa(resolve_settings(None, env={}, home=str(home), bootstrap_servers=bootstrap))
+
+
+def status_of(home: Path, bootstrap: str, version: int) -> dict:
+    from orchestrator.cli.status import status_data
+
+    with kappa_of(home, bootstrap) as k:
+        (p,) = status_data(k, ["standardize"])
+    return next(v for v in p["versions"] if v["version"] == version)
+
+
+def note_of(client, dag_id: str, run_id: str) -> str:
+    return client.get_run(dag_id, run_id).get("note") or ""
+
+
+def wait_run(client, dag_id: str, timeout: float = RUN_TIMEOUT) -> dict:
+    """The DAG's one run, once it has ended (it must end success)."""
+    def ended():
+        runs = client.list_runs(dag_id)["dag_runs"]
+        return runs[0] if runs and runs[0]["state"] in ("success", "failed") else None
+    run = wait_until(ended, f"the {dag_id} run to end", timeout, poll=2)
+    assert run["state"] == "success", run
+    return run
+
+
+def task_states(client, dag_id: str, run_id: str) -> dict[str, str]:
+    return {t["task_id"]: t["state"] for t in client.task_instances(dag_id, run_id)}
+
+
+def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artifacts_dir):
+    """Issue 22's walk: what the screens say at each step is true (the skipped promote and its pasteable
+    next step, the readable report, the promote run ending at the flip, the statuses while the standby
+    stops, the rollback's restart with progress, the rejects, the audit order, a true shutdown report)."""
     if shutil.which(CHROMIUM) is None:
         pytest.fail(f"Debian's chromium is expected at {CHROMIUM}: apt-get install -y chromium")
+    import json
+
     from playwright.sync_api import sync_playwright
 
     from orchestrator.airflow.client import AirflowClient
+    from orchestrator.core.pipelines import load_pipelines
 
     home = tmp_path / "up"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KAPPA_", "AIRFLOW"))}
+    env["KAPPA_AIRFLOW_POKE_SECONDS"] = "10"   # the floor: the sensors' waits are the walk's length
     proc = subprocess.Popen([*KAPPA, "up", "--home", str(home), "--records", "3000", "--keys", "500", "--rate", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -124,6 +168,7 @@ def test_kappa_up_then_reprocess_and_roll_back_in_the_ui(tmp_path, artifacts_dir
         url = m.group(1)
         out.wait_for(r"Press Ctrl-C to stop everything kappa up started\.", 60)  # printed after the URL
         assert "serving: alias member_profiles_std -> standardize v1 (rules v1)" in out.text()
+        bootstrap = out.wait_for(r"embedded broker \(.*\): (127\.0\.0\.1:\d+),", 5).group(1)
         client = AirflowClient(url, "admin", "admin")
         with sync_playwright() as p:
             context = p.chromium.launch_persistent_context(
@@ -137,22 +182,102 @@ def test_kappa_up_then_reprocess_and_roll_back_in_the_ui(tmp_path, artifacts_dir
                 page.keyboard.press("Enter")
                 page.wait_for_url(lambda u: "/auth/login" not in u, timeout=60_000)
 
-                trigger_from_the_form(page, url, "kappa_reprocess", "new title rules, from kappa up", "v2 (titles)",
+                # 1. the reprocess form: every pipeline offered has data; auto-promote off, its help says both ways
+                page.goto(f"{url}/dags/kappa_reprocess")
+                page.get_by_label("Trigger Dag").first.click()
+                page.get_by_role("combobox", name="Pipeline").click()
+                offered = [o.inner_text().strip() for o in page.get_by_role("option").all()]
+                page.keyboard.press("Escape")
+                assert sorted(offered) == sorted(load_pipelines()), offered
+                with kappa_of(home, bootstrap) as k:
+                    from orchestrator.dev.up_data import pipelines_without_data
+                    assert pipelines_without_data(k) == {}
+                page.get_by_text(re.compile(r"^On: the run promotes")).wait_for()
+                page.get_by_text(re.compile(r"Off: the run ends with the version ready")).wait_for()
+                switch = page.locator("input[name=element_auto_promote]")
+                assert switch.is_checked()
+                page.locator("[id=element_auto_promote]").first.click()
+                if switch.is_checked():
+                    switch.click(force=True)
+                assert not switch.is_checked()
+                trigger_from_the_form(page, url, None, "new title rules, from kappa up", "v2 (titles)",
                                       screenshot=artifacts_dir / "kappa_up_reprocess_form.png")
-                wait_until(lambda: served_version(home) == 2, "the reprocess run to promote v2", RUN_TIMEOUT, poll=3)
-                (run,) = client.list_runs("kappa_reprocess")["dag_runs"]
-                assert run["conf"]["rules_version"] == "v2" and run["conf"]["pipeline"] == "standardize"
-                v2 = version_record(home, 2)
-                assert v2.actor == "airflow:admin" and run["dag_run_id"] in v2.reason, (v2.actor, v2.reason)
-                page.goto(client.ui_run_url("kappa_reprocess", run["dag_run_id"]))
-                page.get_by_text("success").first.wait_for(timeout=120_000)
-                page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_run.png"), full_page=True)
 
+                # 2. the run succeeds with v2 ready and NOT promoted: promote skipped, the note says what next
+                run = wait_run(client, "kappa_reprocess")
+                rid = run["dag_run_id"]
+                assert run["conf"]["rules_version"] == "v2" and run["conf"]["auto_promote"] is False
+                states = task_states(client, "kappa_reprocess", rid)
+                assert (states["promote"], states["stop_previous"]) == ("skipped", "skipped"), states
+                assert served_version(home) == 1
+                note = note_of(client, "kappa_reprocess", rid)
+                assert note.startswith("**kappa:** standardize v2 is ready and NOT promoted"), note
+                assert json.loads(note.split("```json\n", 1)[1].split("\n```", 1)[0]) == {
+                    "pipeline": "standardize", "version": 2}
+                assert f"]({url}/dags/kappa_promote)" in note
+                assert "**Validation report of v2**" in note and "| rows | v1 | v2 |" in note, note
+                page.goto(client.ui_run_url("kappa_reprocess", rid))
+                page.get_by_text(re.compile("standardize v2 is ready and NOT promoted")).first.wait_for(timeout=60_000)
+                page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_run.png"), full_page=True)
+                rejects_before = status_of(home, bootstrap, 1)["rejects"]
+                assert rejects_before > 0
+
+                # 3. kappa_promote (the note's link), grace 20 s: the run ends at the flip, stop_previous skipped
+                page.goto(f"{url}/dags/kappa_promote")
+                page.get_by_label("Trigger Dag").first.click()
+                page.fill("#element_grace_period_seconds", "20")
+                trigger_from_the_form(page, url, None, "reviewed the v2 report, from kappa up")
+                run = wait_run(client, "kappa_promote")
+                assert served_version(home) == 2
+                with kappa_of(home, bootstrap) as k:
+                    flipped_at = k.registry.get_alias("member_profiles_std").updated_at
+                ended = run["end_date"]
+                from datetime import datetime
+                assert datetime.fromisoformat(ended.replace("Z", "+00:00")).timestamp() - flipped_at < 60, run
+                assert task_states(client, "kappa_promote", run["dag_run_id"])["stop_previous"] == "skipped"
+                note = note_of(client, "kappa_promote", run["dag_run_id"])
+                assert note.startswith("**kappa:** promoted standardize v2"), note
+                assert "v1 stays a running standby until" in note and "kappa_monitor stops it after" in note
+
+                # 4. kappa_monitor stops the standby after its 20 s; meanwhile no "failing" for a requested stop
+                wait_until(lambda: time.time() > flipped_at + 21, "the 20 s grace period", 60, poll=1)
+                client.trigger("kappa_monitor", {})
+                samples = []
+
+                def v1_stopped():
+                    row = status_of(home, bootstrap, 1)
+                    samples.append(row)
+                    return row["state"] == "stopped" and not (row.get("job") or {}).get("pid")
+                wait_until(v1_stopped, "kappa_monitor to stop the standby v1", 180, poll=0.5)
+                assert not [r for r in samples if r.get("readiness") == "failing"], samples
+                assert all(r["readiness"] is None for r in samples if r["state"] == "stopped")
+
+                # 5. kappa_rollback: v1 restarts from its checkpoint; the note shows its progress; rejects kept
                 trigger_from_the_form(page, url, "kappa_rollback", "v2 titles look wrong, from kappa up")
-                wait_until(lambda: served_version(home) == 1, "the rollback run to serve v1 again", RUN_TIMEOUT, poll=3)
-                (rollback,) = client.list_runs("kappa_rollback")["dag_runs"]
-                wait_until(lambda: client.get_run("kappa_rollback", rollback["dag_run_id"])["state"] == "success",
-                           "the rollback run to succeed", 120, poll=2)
+                rb = wait_until(lambda: (client.list_runs("kappa_rollback")["dag_runs"] or [None])[0],
+                                "the rollback run", 60, poll=1)
+                first_lines = set()
+
+                def rolled_back():
+                    first_lines.add(note_of(client, "kappa_rollback", rb["dag_run_id"]).split("\n", 1)[0])
+                    return served_version(home) == 1
+                wait_until(rolled_back, "the rollback run to serve v1 again", RUN_TIMEOUT, poll=1)
+                rb = wait_run(client, "kappa_rollback")
+                # the note's first line said so while v1 restarted (the prepare's cost, then lag and ETA per poke)
+                assert any("restarting" in line for line in first_lines), first_lines
+                note = note_of(client, "kappa_rollback", rb["dag_run_id"])
+                assert note.startswith("**kappa:** rolled back standardize to v1"), note
+                assert "restarting it from its checkpoint" in note, note
+                assert status_of(home, bootstrap, 1)["rejects"] >= rejects_before
+                with kappa_of(home, bootstrap) as k:
+                    v1_log = [(e.action, e.actor) for e in k.registry.audit_log("standardize", version=1)]
+                    restart_pid = k.registry.audit_log("standardize", version=1, action="start")[-1].details["pid"]
+                stop_at = max(i for i, (a, who) in enumerate(v1_log) if a == "stop" and who == "airflow:scheduler")
+                start_at = max(i for i, (a, who) in enumerate(v1_log) if a == "start")
+                assert stop_at < start_at, v1_log
+                page.goto(client.ui_run_url("kappa_rollback", rb["dag_run_id"]))
+                page.get_by_text(re.compile("rolled back standardize to v1")).first.wait_for(timeout=60_000)
+                page.screenshot(path=str(artifacts_dir / "kappa_up_rollback_run.png"), full_page=True)
             finally:
                 context.close()
         stack_pids = [int(p) for p in re.findall(r"(?:api-server|scheduler|dag-processor|triggerer) (\d+)",
@@ -170,10 +295,14 @@ def test_kappa_up_then_reprocess_and_roll_back_in_the_ui(tmp_path, artifacts_dir
         out.thread.join(10)
     text = out.text()
     assert proc.returncode == 0, text[-6000:]
-    assert "nothing left running" in text, text[-4000:]
+    assert "nothing left running" in text and "still running" not in text, text[-4000:]
     stopped = {int(pid) for pid in re.findall(r"^stopped .* \(pid (\d+)\)$", text, re.M)}
     assert set(stack_pids) <= stopped
     assert any(line.startswith("stopped broker (pid") for line in text.splitlines())
     assert any(re.match(r"stopped standardize v2 job", line) for line in text.splitlines())
+    assert f"stopped standardize v1 job (pid {restart_pid})" in text, text[-4000:]
     for pid in stopped:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+    with kappa_of(home, bootstrap) as k:
+        shutdown = [e for e in k.registry.audit_log("standardize", action="stop_requested") if e.actor == "kappa-up"]
+    assert shutdown and all(e.reason.startswith("kappa up stopped") for e in shutdown), shutdown
