@@ -509,5 +509,5 @@ def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at
         event = announce_flip(k, outlet_events, action="rollback", pipeline=res.pipeline, alias=res.alias,
                               version=res.to_version, previous_version=res.from_version, flipped=res.flipped,
                               run_tag=run_tag(dag_id, run_id), actor=res.actor or "", reason=res.reason, at=res.at)
-    notes.set_run_note(f"rolled back {res.pipeline} to v{res.to_version}: {res.message}", [prepared["message"]])
+    notes.set_run_note(res.message, [prepared["message"]])
     return {**res.model_dump(mode="json"), "asset_event": event}

@@ -187,18 +187,18 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 page.get_by_label("Trigger Dag").first.click()
                 page.get_by_role("combobox", name="Pipeline").click()
                 offered = [o.inner_text().strip() for o in page.get_by_role("option").all()]
-                page.keyboard.press("Escape")
+                page.get_by_role("option", name="standardize", exact=True).click()   # (Escape closes the form)
                 assert sorted(offered) == sorted(load_pipelines()), offered
                 with kappa_of(home, bootstrap) as k:
                     from orchestrator.dev.up_data import pipelines_without_data
                     assert pipelines_without_data(k) == {}
-                page.get_by_text(re.compile(r"^On: the run promotes")).wait_for()
-                page.get_by_text(re.compile(r"Off: the run ends with the version ready")).wait_for()
+                form_text = page.locator("body").inner_text()
+                page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_form_top.png"), full_page=True)
+                assert "On: the run promotes" in form_text and "Off: the run ends with the version ready" in form_text, \
+                    form_text[-3000:]
                 switch = page.locator("input[name=element_auto_promote]")
                 assert switch.is_checked()
-                page.locator("[id=element_auto_promote]").first.click()
-                if switch.is_checked():
-                    switch.click(force=True)
+                page.locator("label:has(input[name=element_auto_promote])").click()   # the switch's root
                 assert not switch.is_checked()
                 trigger_from_the_form(page, url, None, "new title rules, from kappa up", "v2 (titles)",
                                       screenshot=artifacts_dir / "kappa_up_reprocess_form.png")
@@ -219,13 +219,29 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 page.goto(client.ui_run_url("kappa_reprocess", rid))
                 page.get_by_text(re.compile("standardize v2 is ready and NOT promoted")).first.wait_for(timeout=60_000)
                 page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_run.png"), full_page=True)
+                page.get_by_role("button", name="Edit note").click()     # opens the run's whole note, rendered
+                dialog = page.get_by_role("dialog")
+                dialog.get_by_text("Validation report of v2").wait_for(timeout=30_000)
+                page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_note.png"), full_page=True)
+                assert dialog.locator("table").count() >= 1      # the top changes, rendered as tables
+                assert dialog.get_by_role("link", name="open kappa_promote").get_attribute("href") == \
+                    f"{url}/dags/kappa_promote"
+                page.keyboard.press("Escape")
                 rejects_before = status_of(home, bootstrap, 1)["rejects"]
                 assert rejects_before > 0
 
                 # 3. kappa_promote (the note's link), grace 20 s: the run ends at the flip, stop_previous skipped
                 page.goto(f"{url}/dags/kappa_promote")
                 page.get_by_label("Trigger Dag").first.click()
-                page.fill("#element_grace_period_seconds", "20")
+                grace = page.locator("input[name=element_grace_period_seconds], #element_grace_period_seconds input, "
+                                     "input#element_grace_period_seconds").first
+                try:
+                    grace.fill("20", timeout=10_000)
+                except Exception:
+                    html = page.content()
+                    i = html.find("grace_period")
+                    (artifacts_dir / "kappa_promote_form.html").write_text(html)
+                    raise AssertionError(html[max(0, i - 1500):i + 1500])
                 trigger_from_the_form(page, url, None, "reviewed the v2 report, from kappa up")
                 run = wait_run(client, "kappa_promote")
                 assert served_version(home) == 2
@@ -266,17 +282,20 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 # the note's first line said so while v1 restarted (the prepare's cost, then lag and ETA per poke)
                 assert any("restarting" in line for line in first_lines), first_lines
                 note = note_of(client, "kappa_rollback", rb["dag_run_id"])
-                assert note.startswith("**kappa:** rolled back standardize to v1"), note
+                assert note.startswith("**kappa:** rolled back alias 'member_profiles_std' from v2 to v1"), note
                 assert "restarting it from its checkpoint" in note, note
                 assert status_of(home, bootstrap, 1)["rejects"] >= rejects_before
                 with kappa_of(home, bootstrap) as k:
                     v1_log = [(e.action, e.actor) for e in k.registry.audit_log("standardize", version=1)]
                     restart_pid = k.registry.audit_log("standardize", version=1, action="start")[-1].details["pid"]
-                stop_at = max(i for i, (a, who) in enumerate(v1_log) if a == "stop" and who == "airflow:scheduler")
-                start_at = max(i for i, (a, who) in enumerate(v1_log) if a == "start")
-                assert stop_at < start_at, v1_log
+                # the monitor's stop of v1 is recorded whole (requested, then done) before the rollback's start
+                start_at = max(i for i, (a, _) in enumerate(v1_log) if a == "start")
+                asked_at = max(i for i, (a, _) in enumerate(v1_log[:start_at]) if a == "stop_requested")
+                assert "stop" in [a for a, _ in v1_log[asked_at:start_at]], v1_log
+                assert "stop" not in [a for a, _ in v1_log[start_at:]], v1_log
                 page.goto(client.ui_run_url("kappa_rollback", rb["dag_run_id"]))
-                page.get_by_text(re.compile("rolled back standardize to v1")).first.wait_for(timeout=60_000)
+                page.get_by_text(re.compile("rolled back alias 'member_profiles_std' from v2 to v1")).first.wait_for(
+                    timeout=60_000)
                 page.screenshot(path=str(artifacts_dir / "kappa_up_rollback_run.png"), full_page=True)
             finally:
                 context.close()
