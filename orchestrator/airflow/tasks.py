@@ -380,7 +380,7 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
     """
     from orchestrator.airflow import notes
     from orchestrator.airflow.assets import announce_flip
-    from orchestrator.lifecycle.monitor import standby_until
+    from orchestrator.lifecycle.standby import standby_until
     from orchestrator.lifecycle.promote import promote as promote_verb
 
     with _kappa() as k:
@@ -413,13 +413,13 @@ def stop_previous(pipeline: str, promoted: dict[str, Any] | None, *, user: str |
     """Stop the version the promote replaced if its standby grace period is already over (grace 0).
 
     Otherwise it stays a running standby (an instant rollback with kappa_rollback) until the time its
-    flip recorded (`lifecycle.monitor.standby_until`), and `kappa_monitor` stops it then: the task ends
+    flip recorded (`lifecycle.standby.standby_until`), and `kappa_monitor` stops it then: the task ends
     *skipped* inside Airflow, saying until when, so that the promote's run ends at the flip. Leaves
     alone a version that serves again (a rollback happened meanwhile) or is no longer a standby.
     """
     from orchestrator.airflow import notes
     from orchestrator.jobctl import stop_version
-    from orchestrator.lifecycle.monitor import standby_until
+    from orchestrator.lifecycle.standby import standby_until
 
     previous = (promoted or {}).get("previous_version")
     version = (promoted or {}).get("version")

@@ -26,6 +26,7 @@ from orchestrator.core.states import RUNNING, VersionState
 from orchestrator.jobctl import stop_version
 from orchestrator.lifecycle.await_ready import Readiness, readiness, sample_ok
 from orchestrator.lifecycle.reconcile import reconcile
+from orchestrator.lifecycle.standby import standby_expired, standby_grace, standby_since, standby_until
 
 __all__ = ["MonitorReport", "monitor", "standby_since", "standby_until", "standby_expired", "watch_problems"]
 
@@ -46,51 +47,6 @@ class MonitorReport(BaseModel):
     watched: list[dict[str, Any]] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
-
-
-def standby_since(k: Kappa, pipeline: str, rec: Any) -> float | None:
-    """When `rec` became a standby: its `standby_since`, else the alias history's flip away from it."""
-    since = (rec.details or {}).get("standby_since")
-    if since is not None:
-        return float(since)
-    spec = k.pipeline(pipeline)
-    for h in reversed(k.registry.alias_history(spec.alias)):
-        if h.from_version == rec.version:
-            return h.at
-    return None
-
-
-def _until(k: Kappa, pipeline: str, rec: Any) -> float | None:
-    """The end of `rec`'s grace period: the one its flip stored (the promote's own grace), else
-    (a flip by an older kappa) when it became a standby plus the pipeline's grace period."""
-    until = (rec.details or {}).get("standby_until")
-    if until is not None:
-        return float(until)
-    since = standby_since(k, pipeline, rec)
-    return None if since is None else since + k.pipeline(pipeline).grace_period_seconds
-
-
-def standby_until(k: Kappa, pipeline: str, version: int) -> float | None:
-    """Until when `pipeline` v`version` stays a running standby (unix seconds; None if it is not one).
-
-    Until then a rollback to it is instant; the monitor stops it from then on."""
-    rec = k.registry.get_version(pipeline, version)
-    return _until(k, pipeline, rec) if rec.state == VersionState.STANDBY else None
-
-
-def _grace(k: Kappa, pipeline: str, rec: Any) -> float:
-    """The grace period `rec` was given as a standby (for the stop's reason)."""
-    since, until = standby_since(k, pipeline, rec), _until(k, pipeline, rec)
-    return k.pipeline(pipeline).grace_period_seconds if since is None or until is None else until - since
-
-
-def standby_expired(k: Kappa, pipeline: str, rec: Any, now: float | None = None) -> float | None:
-    """Seconds past the grace period of a standby version (None while within it)."""
-    until = _until(k, pipeline, rec)
-    if until is None:
-        return None
-    over = (time.time() if now is None else now) - until
-    return over if over >= 0 else None
 
 
 def _serving_problem(k: Kappa, spec: PipelineSpec, r: Readiness, lag_threshold: int | None) -> str | None:
@@ -174,7 +130,7 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
                         # a compare-and-swap from standby, before the job is signalled: a rollback
                         # that made it serve again meanwhile wins, and this stop is skipped
                         res = stop_version(k, name, rec.version, actor=actor, expected_state=VersionState.STANDBY,
-                                           reason=f"standby grace period of {_grace(k, name, rec):.0f} s is over")
+                                           reason=f"standby grace period of {standby_grace(k, name, rec):.0f} s is over")
                         report.stopped.append(res.model_dump(mode="json"))
                     except ConflictError as e:
                         log.info("standby %s v%s not stopped: %s", name, rec.version, e)

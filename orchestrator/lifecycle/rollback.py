@@ -46,6 +46,7 @@ from orchestrator.jobctl import inspect_version, restart_version, start_version,
 from orchestrator.jobctl.stop import STOP_WAIT_SECONDS, stop_under_way, wait_stop_finished
 from orchestrator.lifecycle.await_ready import POLL_SECONDS, Readiness, wait_ready
 from orchestrator.lifecycle.promote import finish_interrupted_flip, flip
+from orchestrator.lifecycle.standby import standby_until
 from orchestrator.observe import lag as lag_mod
 from orchestrator.observe.lag import fmt_seconds
 from orchestrator.serving import publish_current
@@ -62,7 +63,7 @@ class RestartEstimate(BaseModel):
     """What a rollback to `version` costs, known before it starts.
 
     `restart` False: its job runs, the flip is instant (for a standby until `standby_until`, the end of
-    its grace period as its flip stored it; None: not recorded). True: it is restarted from its
+    its grace period, `lifecycle.standby.standby_until`; None: not a standby). True: it is restarted from its
     checkpoint, `records_behind` records (the log end minus its checkpoint; None: unknown, see
     `lag_error`) to catch up. `stopped_at`/`stopped_by`/`stop_reason`: its last stop (None if it was
     started since, or never stopped). `last_restart_seconds`: how long the last rollback of the
@@ -162,10 +163,8 @@ def restart_estimate(k: Kappa, pipeline: str, version: int, *, restart: bool = T
     instant (nothing is measured then). Reads the Kafka log's end offsets for a restart."""
     last = _last_restart_seconds(k, pipeline)
     if not restart:
-        rec = k.registry.get_version(pipeline, version)
-        until = (rec.details or {}).get("standby_until") if rec.state == VersionState.STANDBY else None
         return RestartEstimate(version=version, restart=False, last_restart_seconds=last,
-                               standby_until=None if until is None else float(until))
+                               standby_until=standby_until(k, pipeline, version))
     behind, error = _records_behind(k, pipeline, version)
     stop = None
     for e in reversed(k.registry.audit_log(pipeline, limit=100, version=version)):
