@@ -366,6 +366,14 @@ def check_promote(pipeline: str, version: int | None = None, reason: str | None 
     return res.model_dump(mode="json")
 
 
+def _standby(k: Kappa, pipeline: str, version: int) -> tuple[float, float] | None:
+    """(until when, grace period) of a standby version, as its flip recorded them; None if not a standby."""
+    from orchestrator.lifecycle.standby import standby_grace, standby_until
+
+    until = standby_until(k, pipeline, version)
+    return None if until is None else (until, standby_grace(k, pipeline, k.registry.get_version(pipeline, version)))
+
+
 @refusals_are_final
 def promote(pipeline: str, version: int | None, reason: str | None = None, *, user: str | None, run_id: str,
             dag_id: str = "kappa_promote", outlet_events: Any = None, force: bool = False,
@@ -380,7 +388,6 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
     """
     from orchestrator.airflow import notes
     from orchestrator.airflow.assets import announce_flip
-    from orchestrator.lifecycle.standby import standby_until
     from orchestrator.lifecycle.promote import promote as promote_verb
 
     with _kappa() as k:
@@ -393,14 +400,13 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
         if not res.flipped and res.previous_version == res.version:
             # a retry after the flip: the version it replaced is in the alias history
             d["previous_version"] = k.registry.get_alias(res.alias).previous_version
-        d["grace_seconds"] = k.pipeline(pipeline).grace_period_seconds if grace_seconds is None else float(grace_seconds)
         d["asset_event"] = announce_flip(k, outlet_events, action="promote", pipeline=pipeline, alias=res.alias,
                                          version=res.version, previous_version=res.previous_version,
                                          flipped=res.flipped, run_tag=run_tag(dag_id, run_id), actor=res.actor or "",
                                          reason=res.reason, at=res.at)
         prev = d.get("previous_version")
-        until = standby_until(k, pipeline, prev) if prev is not None and prev != res.version else None
-    body = [notes.standby_md(pipeline, prev, until, d["grace_seconds"])] if until is not None else []
+        standby = _standby(k, pipeline, prev) if prev is not None and prev != res.version else None
+    body = [notes.standby_md(pipeline, prev, *standby)] if standby is not None else []
     notes.set_run_note(f"promoted {pipeline} v{res.version}: alias {res.alias} serves it"
                        + (f" (was v{prev})" if prev is not None and prev != res.version else ""),
                        [*body, "", *notes.report_md(report)] if report else body)
@@ -419,7 +425,6 @@ def stop_previous(pipeline: str, promoted: dict[str, Any] | None, *, user: str |
     """
     from orchestrator.airflow import notes
     from orchestrator.jobctl import stop_version
-    from orchestrator.lifecycle.standby import standby_until
 
     previous = (promoted or {}).get("previous_version")
     version = (promoted or {}).get("version")
@@ -427,15 +432,14 @@ def stop_previous(pipeline: str, promoted: dict[str, Any] | None, *, user: str |
         log.info("no previous version to stop")
         return {"stopped": None}
     with _kappa() as k:
-        spec = k.pipeline(pipeline)
-        until = standby_until(k, pipeline, previous)
-        alias = k.registry.get_alias(spec.alias)
-        if until is None or (alias is not None and alias.version == previous):
+        standby = _standby(k, pipeline, previous)
+        alias = k.registry.get_alias(k.pipeline(pipeline).alias)
+        if standby is None or (alias is not None and alias.version == previous):
             msg = f"{pipeline} v{previous} is {k.registry.get_version(pipeline, previous).state} now, not a standby: " \
                   f"leaving it alone"
             log.info("%s", msg)
             return {"stopped": None, "message": msg}
-        grace = float(promoted.get("grace_seconds") or 0.0)
+        until, grace = standby
         if until > time.time():
             _skip(notes.standby_md(pipeline, previous, until, grace))
             return {"stopped": None, "standby_until": until}
