@@ -7,14 +7,14 @@ whatever they hold); null values are tombstones. A record that cannot be used (n
 UTF-8, invalid JSON, not an object, missing name, wrong types, a profile field given twice) is a
 reject with its partition, offset and reason, and leaves the member as it was.
 
-`parse_records` does this in the JVM: ``try_parse_json`` into a variant, the field types from
-``schema_of_variant``, the fields with ``try_variant_get``. A value the JVM path cannot vouch for
-goes to `parse_one`, the exact parser (Python's json), in a pandas UDF over those rows only: JSON
-that the JVM refuses (malformed, duplicate keys, NaN), values with ``\\u`` escapes (lone
-surrogates, escaped keys), control characters, bytes that are not UTF-8, or more than one ``}``
-(where the JVM parser would stop at the first object and ignore what follows it). So the reasons
-are the exact parser's, and a value is valid exactly when Python's json reads it as a profile;
-a realistic changelog sends a few percent of its records that way (the rejects, mostly).
+`parse_records` does this in the JVM, parsing each value once (`jobs.lib.json_values`): the field
+types from ``schema_of_variant``, the fields from one ``try_variant_get``. A value the JVM cannot vouch
+for goes to `parse_one`, the exact parser (Python's json), in an Arrow UDF over those rows only: JSON
+that the JVM refuses (malformed, duplicate keys, lone surrogates, control characters in strings,
+NaN), bytes that are not UTF-8, a ``}`` before the end (where the JVM parser would stop at the first
+object and ignore what follows it), or a profile field of the wrong type. So the reasons are the exact
+parser's, and a value is valid exactly when Python's json reads it as a profile; a realistic
+changelog sends a few tenths of a percent of its records that way (the rejects, mostly).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import json
 from typing import Any
 
 import pyarrow as pa
+
+from jobs.lib.json_values import parse_json_values
 
 __all__ = ["KEY_COLUMNS", "DELETED", "INPUT_COLUMNS", "PROFILE_FIELDS", "OUTPUT_SCHEMA", "OUTPUT_DDL",
            "REJECT_COLUMNS", "parse_one", "key_reason", "parse_records"]
@@ -126,61 +128,42 @@ def key_reason(key: bytes | None) -> str | None:
     return None
 
 
-_SLOW_DDL = ", ".join(f"{f} string" for f in PROFILE_FIELDS) + ", error string"
+_EXACT_DDL = ", ".join(f"{f} string" for f in PROFILE_FIELDS) + ", error string"
 
 
-def _slow_rows(keys, values):
-    """pandas UDF body: `parse_one` over the rows the JVM path sent here (see the module), each row's
-    fields and reason as one JSON object (`_SLOW_DDL`; a struct result breaks on empty batches)."""
-    import pandas as pd
+def _exact(key: bytes | None, value: bytes | None) -> dict:
+    """`key_reason` and `parse_one` for one record, as the fields and ``error`` (`parse_json_values`)."""
+    fields, reason = None, key_reason(key)
+    if reason is None and value is not None:
+        fields, reason = parse_one(value)
+    return {**dict(zip(PROFILE_FIELDS, fields or (None,) * len(PROFILE_FIELDS))), "error": reason}
 
-    out = []
-    for key, value in zip(keys, values):
-        fields, reason = None, key_reason(key)
-        if reason is None and value is not None:
-            fields, reason = parse_one(bytes(value))
-        doc = dict(zip(PROFILE_FIELDS, fields or (None,) * len(PROFILE_FIELDS)))
-        doc["error"] = reason
-        out.append(json.dumps(doc))
-    return pd.Series(out, dtype=object)
+
+def _judge(doc: Any) -> tuple[Any, dict]:
+    """The JVM's reading is exact for a tombstone, and for an object whose name is a string and whose
+    other profile fields are strings or absent (null); the fields are then the object's strings."""
+    from pyspark.sql import functions as F
+
+    typ = {f: F.schema_of_variant(F.variant_get(doc, f"$.{f}", "variant")) for f in PROFILE_FIELDS}
+    ok = F.coalesce(typ["name"] == "STRING", F.lit(False))   # a missing name has no type (null)
+    for f in PROFILE_FIELDS[1:]:
+        ok = ok & (typ[f].isNull() | typ[f].isin("STRING", "VOID"))
+    strings = F.try_variant_get(doc, "$", "struct<" + ", ".join(f"{f}: string" for f in PROFILE_FIELDS) + ">")
+    return F.col("value").isNull() | (doc.isNotNull() & ok), {f: strings[f] for f in PROFILE_FIELDS}
 
 
 def parse_records(records: Any) -> Any:
     """Kafka source rows -> one row per record: ``member_id``, the profile fields, ``error`` (the
     reject reason, else null), ``_deleted`` (a tombstone of a usable key), and the source columns.
-    Spark (DataFrame functions, JVM) for what it can vouch for; `parse_one` for the rest."""
+    Each value is parsed once, in the JVM; `parse_one` decides what the JVM cannot vouch for
+    (`jobs.lib.json_values`)."""
     from pyspark.sql import functions as F
-    from pyspark.util import PythonEvalType
 
-    text = F.col("value").cast("string")
-    doc = F.expr("try_parse_json(cast(value AS string))")
-    typ = {f: F.schema_of_variant(F.variant_get(F.col("__doc"), f"$.{f}", "variant")) for f in PROFILE_FIELDS}
-    string_or_null = [(t.isNull() | t.isin("STRING", "VOID")) for f, t in typ.items() if f != "name"]
-    trimmed = F.rtrim(text)
-    vouched = (F.col("key").isNotNull() & F.expr("is_valid_utf8(key)")
-               & (F.col("value").isNull()
-                  | (F.expr("is_valid_utf8(value)")
-                     & ~text.rlike(r"[\x00-\x1f]|\\u")
-                     & F.ltrim(text).startswith("{")
-                     & (F.locate("}", text) == F.length(trimmed))
-                     & F.col("__doc").isNotNull())))
-    base = records.select(*INPUT_COLUMNS).withColumn("__doc", F.when(F.col("value").isNotNull(), doc))
-    checked = base.withColumn("__vouched", vouched)
-    fast = checked.where(F.col("__vouched"))
-    fields_ok = F.coalesce(typ["name"] == "STRING", F.lit(False))   # a missing name has no type (null)
-    for ok in string_or_null:
-        fields_ok = fields_ok & ok
-    fast = fast.where(F.col("value").isNull() | fields_ok).select(
-        *INPUT_COLUMNS, *[F.expr(f"try_variant_get(__doc, '$.{f}', 'string')").alias(f) for f in PROFILE_FIELDS],
-        F.lit(None).cast("string").alias("error"))
-    # the rest: not vouched for, or vouched JSON whose field types are wrong (parse_one names the field)
-    rest = checked.where(~F.col("__vouched") | (F.col("value").isNotNull() & ~fields_ok))
-    slow_udf = F.pandas_udf(_slow_rows, "string", PythonEvalType.SQL_SCALAR_PANDAS_UDF)
-    slow = rest.select(*INPUT_COLUMNS, F.from_json(slow_udf(F.col("key"), F.col("value")), _SLOW_DDL).alias("__p")).select(
-        *INPUT_COLUMNS, *[F.col(f"__p.{f}").alias(f) for f in PROFILE_FIELDS], F.col("__p.error").alias("error"))
-    rows = fast.unionByName(slow)
+    key_ok = F.col("key").isNotNull() & F.expr("is_valid_utf8(key)")
+    rows = parse_json_values(records.select(*INPUT_COLUMNS), keep=INPUT_COLUMNS, key_ok=key_ok, judge=_judge,
+                             exact=_exact, exact_ddl=_EXACT_DDL)
     return rows.select(
-        F.when(F.col("key").isNotNull() & F.expr("is_valid_utf8(key)"), F.col("key").cast("string")).alias("member_id"),
+        F.when(key_ok, F.col("key").cast("string")).alias("member_id"),
         *PROFILE_FIELDS, "error",
         (F.col("error").isNull() & F.col("value").isNull()).alias(DELETED),
         *INPUT_COLUMNS)

@@ -93,3 +93,13 @@ def test_jvm_parsing_equals_the_exact_parser(spark, et):
         else:
             assert (g["key"], g["value"]) == (k, v) and all(g[n] is None for n in et.fields)
     assert valid >= 3 and valid < len(records)
+
+
+def test_each_event_value_is_parsed_once_in_the_executed_plan(spark):
+    from jobs.lib.json_values import PARSE_CALL
+
+    df = spark.createDataFrame([(b"m1", b'{"view_id": "v"}', "t", 0, 0, datetime(2024, 5, 1, tzinfo=timezone.utc))],
+                               "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp")
+    out = parse_events(df, PAGE_VIEW, key_as="member_id")
+    assert out._jdf.queryExecution().executedPlan().toString().count(PARSE_CALL) == 1
+    assert [r["error"] for r in out.collect()] == ["field 'member_id' is missing"]

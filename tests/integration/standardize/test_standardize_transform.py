@@ -138,7 +138,7 @@ def test_batch_of_tombstones_only(spark):
 #: lone surrogates, invalid UTF-8, line breaks, numbers the JVM and Python read differently.
 SPLICES = [b'"name"', b'"title"', b'null', b'42', b'true', b'[1]', b'{"a":1}', b'\\u0041', b'\\ud800', b',', b':',
            b'"', b'\\', b'\n', b' ', b'\xff', b'\xc3\xa9', b'"na\\u006de": "x",', b'"title": 1,', b'NaN', b'1e999',
-           b'-0', b'"\\"', b'}', b'{', b']', b'\x01', b'\t']
+           b'-0', b'"\\"', b'}', b'{', b']', b'\x01', b'\t', b'\x0c', b'\xe2\x80\xa8', b'\\u007d', b'},{']
 
 
 def test_parse_records_decides_mutated_values_like_the_oracle(spark, rng):
@@ -160,6 +160,23 @@ def test_parse_records_decides_mutated_values_like_the_oracle(spark, rng):
     want = {i: doc if err is None else err for i, (doc, err) in enumerate(map(oracle.parse_profile, values))}
     assert got == want
     assert sum(isinstance(w, str) for w in want.values()) > 500   # plenty of rejects among them
+
+
+def test_each_value_is_parsed_once_in_the_executed_plan(spark):
+    """The parse is materialised once per record: no filter or projection copies it (the plan had it
+    eleven times, and the field types eighteen), and the per-batch step adds no second parse."""
+    from jobs.lib.json_values import PARSE_CALL
+
+    source = batch(spark, [(b"m1", profile()), (b"m2", b"{oops")])
+    parsed = parse_records(source)
+    assert parsed._jdf.queryExecution().executedPlan().toString().count(PARSE_CALL) == 1
+    job = JobInput(spark=spark, source=source, read=lambda topics=None: source, options={}, rules=V2,
+                   key=("member_id",), topics=("member_profiles",), pipeline="standardize", version=1)
+    result = transform(job)
+    rejects, out = split_batch(result.rows, output_columns(result.rows), "member_id", "partition", result.then)
+    for df in (rejects, out):
+        assert df._jdf.queryExecution().executedPlan().toString().count(PARSE_CALL) == 1
+    assert sorted(r["member_id"] for r in out.collect()) == ["m1"] and rejects.count() == 1
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
