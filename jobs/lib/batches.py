@@ -27,7 +27,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from jobs.lib.runtime.backfill import BackfillProgress, initial_offsets
@@ -78,6 +78,7 @@ class Prepared:
     output: Any           # what `write` writes
     rows_out: int
     held: list            # persisted DataFrames, unpersisted after the batch
+    conflicts: list = field(default_factory=list)   # what `check` refuses the batch for, found by `prepare`
 
 
 class MicroBatches:
@@ -110,7 +111,8 @@ class MicroBatches:
     def check(self, batch_id: int, prepared: Prepared) -> None:
         """Refuse the batch (raise) before anything of it is written; nothing by default."""
 
-    def write(self, batch_id: int, output: Any) -> None:
+    def write(self, batch_id: int, output: Any, rows: int) -> None:
+        """Write `output` (`rows` rows) to the version's table."""
         raise NotImplementedError
 
     # -- the plumbing -------------------------------------------------------------------------------
@@ -159,18 +161,19 @@ class MicroBatches:
                 self.tables.write_rejects(batch_id, p.rejects, p.n_rejects)
                 t2 = time.perf_counter()
                 pause_if_asked("commit", batch_id)
-                self.write(batch_id, p.output)
+                self.write(batch_id, p.output, p.rows_out)
                 t3 = time.perf_counter()
         finally:
             for df in held:
                 df.unpersist()
         crash_if_asked(batch_id)
         self.upkeep.after_batch(spark)
+        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
         self.timings.append({"batch_id": batch_id, "read_transform_count": t1 - t0, "rejects": t2 - t1,
-                             "write": t3 - t2, "upkeep": time.perf_counter() - t3})
-        self.log.info("micro-batch %d: %d records, %d rows written, %d rejects (%.2f s: read and transform %.2f, "
-                      "rejects %.2f, write %.2f)", batch_id, p.rows_in, p.rows_out, p.n_rejects, t3 - t0, t1 - t0,
-                      t2 - t1, t3 - t2)
+                             "write": t3 - t2, "upkeep": time.perf_counter() - t3, "spark_jobs": jobs})
+        self.log.info("micro-batch %d: %d records, %d rows written, %d rejects, %d Spark jobs (%.2f s: read and "
+                      "transform %.2f, rejects %.2f, write %.2f)", batch_id, p.rows_in, p.rows_out, p.n_rejects, jobs,
+                      t3 - t0, t1 - t0, t2 - t1, t3 - t2)
         if self.on_batch is not None:
             if self.rejects_total is None:   # counted once (a restart), then kept up to date
                 from orchestrator.core.tables import count_rows

@@ -215,7 +215,7 @@ def _check_in_this_process(request: dict) -> None:
     rules = load_rules(call["rules_file"]) if call.get("rules_file") else None
     key = tuple(call["key"])
     with tempfile.TemporaryDirectory(prefix="kappa-contract-") as scratch:
-        spark = build_session("kappa-contract-check", master="local[1]", local_dir=scratch)
+        spark = build_session("kappa-contract-check", master="local[1]", local_dir=scratch, short_lived=True)
         try:
             read = kafka_reader(spark, kafka_options("127.0.0.1:9", ",".join(call["topics"])))
             job = JobInput(spark=spark, source=read(), read=read, options=dict(call.get("options") or {}),

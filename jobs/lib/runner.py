@@ -30,12 +30,13 @@ from jobs.lib.batches import MicroBatches, Prepared
 from jobs.lib.contract import DELETED, ERROR, SOURCE_COLUMNS, JobInput, Upserts, check_result, load_job
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
 from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, kafka_reader, start_stream
-from jobs.lib.sink import KEY_ORDERS, PARTITIONS, DeltaTables, latest_per_key
+from jobs.lib.sink import KEY_ORDERS, MAX_CONFLICTS, DeltaTables
 from jobs.lib.upkeep import Upkeep
 from orchestrator.core.exceptions import ConfigError, ContractError, KappaError
 from orchestrator.core.names import app_id
 
-__all__ = ["KAPPA_OPTIONS", "REJECT_COLUMNS", "kappa_options", "output_columns", "split_batch", "UpsertBatches",
+__all__ = ["KAPPA_OPTIONS", "REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
+           "batch_rejects", "batch_latest", "split_batch", "reads_twice", "UpsertBatches",
            "start_query", "start_job", "main"]
 
 log = logging.getLogger("kappa.job")
@@ -70,34 +71,92 @@ def output_columns(rows: Any) -> list[str]:
     return [c for c in rows.columns if c not in (*SOURCE_COLUMNS, ERROR, DELETED, "timestampType")]
 
 
-def split_batch(b: Any, output: list[str], key: str, key_order: str, then: Callable | None) -> tuple[Any, Any]:
-    """One micro-batch of an `Upserts` job's rows -> (rejects, in the rejects table's columns but the
-    batch id; the latest row of each key by the key order, after ``then``, kappa's columns last)."""
+#: One row per key of a micro-batch (`group_batch`): its latest valid row, whether its valid rows came
+#: from more than one partition, its rejects, and how many records it had.
+LATEST, MOVED, REJECTS, RECORDS = "__latest", "__moved", "__rejects", "__records"
+
+
+def _order(key_order: str) -> Any:
+    from pyspark.sql import functions as F
+
+    cols = ["partition", "offset"] if key_order == "partition" else ["timestamp", "partition", "offset"]
+    return F.struct(*[F.coalesce(F.col(c).cast("long"), F.lit(-2**62)).alias(c) for c in cols])
+
+
+def group_batch(b: Any, output: list[str], key: str, key_order: str) -> Any:
+    """One micro-batch of an `Upserts` job's rows -> one row per key (`LATEST`, `MOVED`, `REJECTS`,
+    `RECORDS`), in ONE aggregation: the batch is read and parsed once, and the rejects (few) ride along
+    with the latest rows instead of costing a second pass or a persisted copy of every record.
+
+    The latest row is the last valid one by the key order (within a Kafka partition the higher
+    offset; under ``timestamp``, record timestamp, then partition, then offset): its output columns,
+    the source position and ``_deleted``. A key with only rejects has none (it stays as it was)."""
     from pyspark.sql import functions as F
 
     error = F.col(ERROR).cast("string") if ERROR in b.columns else F.lit(None).cast("string")
-    rejects = b.where(error.isNotNull()).select(
-        F.col("key").cast("binary"), F.col("value").cast("binary"), F.col("topic").cast("string"),
-        F.col("partition").cast("int"), F.col("offset").cast("long"), error.alias(ERROR))
-    good = b.where(error.isNull())
+    valid = error.isNull()
     deleted = F.coalesce(F.col(DELETED).cast("boolean"), F.lit(False)) if DELETED in b.columns else F.lit(False)
-    good = good.select(*output, F.col("partition").cast("int").alias(POSITION["partition"]),
-                       F.col("offset").cast("long").alias(POSITION["offset"]),
-                       F.col("timestamp").alias(POSITION["timestamp"]), deleted.alias(DELETED))
-    latest = latest_per_key(good, key, key_order)
-    kappa = [*POSITION.values(), DELETED, *([PARTITIONS] if PARTITIONS in latest.columns else [])]
+    row = F.struct(*[F.col(c) for c in output], F.col("partition").cast("int").alias(POSITION["partition"]),
+                   F.col("offset").cast("long").alias(POSITION["offset"]),
+                   F.col("timestamp").alias(POSITION["timestamp"]), deleted.alias(DELETED))
+    reject = F.struct(F.col("key").cast("binary").alias("key"), F.col("value").cast("binary").alias("value"),
+                      F.col("topic").cast("string").alias("topic"), F.col("partition").cast("int").alias("partition"),
+                      F.col("offset").cast("long").alias("offset"), error.alias(ERROR))
+    partition = F.when(valid, F.col("partition"))
+    moved = (F.min(partition) != F.max(partition)) if key_order == "partition" else F.lit(False)
+    return b.groupBy(key).agg(F.max_by(F.when(valid, row), F.when(valid, _order(key_order))).alias(LATEST),
+                              F.coalesce(moved, F.lit(False)).alias(MOVED),
+                              F.collect_list(F.when(~valid, reject)).alias(REJECTS),
+                              F.count(F.lit(1)).alias(RECORDS))
+
+
+def batch_counts(g: Any, key: str) -> tuple[int, int, int, list[str]]:
+    """(records, rejects, rows to write, up to `MAX_CONFLICTS` keys seen in two partitions) of a
+    `group_batch` result, in one Spark job."""
+    from pyspark.sql import functions as F
+
+    r = g.agg(F.coalesce(F.sum(RECORDS), F.lit(0)), F.coalesce(F.sum(F.size(REJECTS)), F.lit(0)),
+              F.count(LATEST), F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1,
+                                       MAX_CONFLICTS)).first()
+    return int(r[0]), int(r[1]), int(r[2]), list(r[3] or [])
+
+
+def batch_rejects(g: Any) -> Any:
+    """The rejects of a `group_batch` result, in the rejects table's columns but the batch id."""
+    from pyspark.sql import functions as F
+
+    return g.select(F.explode(REJECTS).alias("r")).select("r.*")
+
+
+def batch_latest(g: Any, key: str, then: Callable | None) -> Any:
+    """The latest row of each key of a `group_batch` result, after the job's ``then``, kappa's columns last."""
+    latest = g.where(g[LATEST].isNotNull()).select(f"{LATEST}.*")
+    kappa = [*POSITION.values(), DELETED]
     if then is not None:
         latest = then(latest)
         missing = [c for c in (key, *kappa) if c not in latest.columns]
         if missing:
             raise ContractError(f"the job's then() dropped {', '.join(missing)}; keep every column it is given "
                                 f"and add or replace others")
-    return rejects, latest.select(*[c for c in latest.columns if c not in kappa], *kappa)
+    return latest.select(*[c for c in latest.columns if c not in kappa], *kappa)
+
+
+def split_batch(b: Any, output: list[str], key: str, key_order: str, then: Callable | None) -> tuple[Any, Any]:
+    """One micro-batch of an `Upserts` job's rows -> (rejects, in the rejects table's columns but the
+    batch id; the latest row of each key by the key order, after ``then``, kappa's columns last)."""
+    g = group_batch(b, output, key, key_order)
+    return batch_rejects(g), batch_latest(g, key, then)
+
+
+def reads_twice(rows: Any) -> bool:
+    """Whether a job's plan reads its micro-batch more than once (a fast and a slow path, unioned)."""
+    return rows._jdf.queryExecution().analyzed().toString().count("LogicalRDD") > 1
 
 
 class UpsertBatches(MicroBatches):
-    """The foreachBatch function of an `Upserts` job: rows with ``error`` to the rejects table, the
-    latest row per key (the key order), the job's ``then``, then a MERGE (`jobs.lib.sink`)."""
+    """The foreachBatch function of an `Upserts` job: one aggregation per batch gives the latest row
+    per key (the key order), the rejects and the counts (`group_batch`); the rejects go to the rejects
+    table, the latest rows through the job's ``then`` into the version's table (`jobs.lib.sink`)."""
 
     def __init__(self, args: Any, key: str, key_order: str, output: list[str], job_of: Callable[[Any], Upserts],
                  rules_hash: str | None, on_batch: Callable[..., None] | None = None, name: str = "job"):
@@ -110,26 +169,31 @@ class UpsertBatches(MicroBatches):
         self.output, self.job_of = output, job_of
 
     def prepare(self, batch: Any, batch_id: int) -> Prepared:
-        """The micro-batch is the source's records, kept (persisted) once and given to the job (`job_of`):
-        a job that reads its source twice (a fast and a slow path, unioned) reads Kafka once."""
+        """The job's plan over the micro-batch, grouped by key once and kept (persisted): small, one row
+        per key. The batch itself is kept only when the job's plan reads it twice, so that Kafka is read once."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        source = batch.persist(StorageLevel.MEMORY_AND_DISK)
-        job = self.job_of(source)
-        then = job.then
-        b = job.rows.persist(StorageLevel.MEMORY_AND_DISK)
-        counts = b.agg(F.count(F.lit(1)), F.count(ERROR) if ERROR in b.columns else F.lit(0)).first()
-        rejects, latest = split_batch(b, self.output, self.tables.key, self.tables.key_order, then)
-        out = latest.persist(StorageLevel.MEMORY_AND_DISK)
-        return Prepared(rows_in=int(counts[0]), n_rejects=int(counts[1]), output=out, rows_out=out.count(),
-                        rejects=rejects.withColumn("batch_id", F.lit(batch_id).cast("long")), held=[source, b, out])
+        job = self.job_of(batch)
+        held = []
+        if reads_twice(job.rows):
+            held.append(batch.persist(StorageLevel.MEMORY_AND_DISK))
+        key = self.tables.key
+        g = group_batch(job.rows, self.output, key, self.tables.key_order).persist(StorageLevel.MEMORY_AND_DISK)
+        held.append(g)
+        rows_in, n_rejects, rows_out, conflicts = batch_counts(g, key)
+        return Prepared(rows_in=rows_in, n_rejects=n_rejects, rows_out=rows_out, output=batch_latest(g, key, job.then),
+                        rejects=batch_rejects(g).withColumn("batch_id", F.lit(batch_id).cast("long")), held=held,
+                        conflicts=conflicts)
 
     def check(self, batch_id: int, prepared: Prepared) -> None:
-        self.tables.check_key_order(batch_id, prepared.output)
+        """Under key order ``partition``, a key this batch holds in two partitions refuses the batch (a key
+        the table holds from another partition is refused by the MERGE itself)."""
+        if prepared.conflicts:
+            self.tables.refuse(batch_id, [f"{k} (partitions of this micro-batch)" for k in prepared.conflicts])
 
-    def write(self, batch_id: int, output: Any) -> None:
-        self.tables.upsert(batch_id, output, DELETED)
+    def write(self, batch_id: int, output: Any, rows: int) -> None:
+        self.tables.upsert(batch_id, output, DELETED, rows=rows)
 
 
 def _caller(spark: Any, args: Any, ref: str, fn: Callable[[JobInput], Any], rules: Any):

@@ -116,21 +116,22 @@ class SeedBatches(MicroBatches):
         from pyspark.sql import functions as F
 
         b = batch.persist(StorageLevel.MEMORY_AND_DISK)
-        counts = b.agg(F.coalesce(F.sum("input_rows"), F.lit(0)), F.count("error")).first()
+        kept = F.col("error").isNull() & F.col("input_rows").isNull()
+        counts = b.agg(F.coalesce(F.sum("input_rows"), F.lit(0)), F.count("error"), F.count_if(kept)).first()
         rejects = b.where(F.col("error").isNotNull()).select(
             *REJECT_COLUMNS, F.lit(batch_id).cast("long").alias("batch_id"))
-        rows = b.where(F.col("error").isNull() & F.col("input_rows").isNull())
+        rows = b.where(kept)
         cols = [F.col(c) for c in self.columns]
         if self.mode == "upsert":
             deleted = F.col(DELETED) if DELETED in b.columns else F.lit(False)
             cols.append(F.coalesce(deleted.cast("boolean"), F.lit(False)).alias(DELETED))
         rows = rows.select(*cols)
         return Prepared(rows_in=int(counts[0]), rejects=rejects, n_rejects=int(counts[1]), output=rows,
-                        rows_out=rows.count(), held=[b])
+                        rows_out=int(counts[2]), held=[b])
 
-    def write(self, batch_id: int, output: Any) -> None:
+    def write(self, batch_id: int, output: Any, rows: int) -> None:
         if self.mode == "upsert":
-            self.tables.upsert(batch_id, output, DELETED)
+            self.tables.upsert(batch_id, output, DELETED, rows=rows)
         else:
             self.tables.append(batch_id, output)
 

@@ -13,7 +13,7 @@ from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRI
                                      KAPPA_SPARK_MASTER)
 
 __all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
-           "cds_archive_path", "driver_java_options", "create_cds_archive", "connector_jars", "DELTA_CONF", "REDACTION",
+           "cds_archive_path", "driver_java_options", "runs_tasks", "create_cds_archive", "connector_jars", "DELTA_CONF", "REDACTION",
            "build_session"]
 
 JAVA17_CANDIDATES = (
@@ -39,13 +39,22 @@ DELTA_CONF = {
     "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
     "spark.databricks.delta.snapshotPartitions": "2",
 }
-#: The driver JVM compiles with C1 only: a driver mostly plans and calls back into Python, and C2's
-#: compile threads compete with start-up for the cores (with the CDS archive, 1.9 s less start-up on
-#: 2 cores; the standardize backfill measured no slower). C1 alone gets a code cache of 48 MB, which a
-#: live job filled within a few dozen micro-batches (each MERGE plan is new generated code): the
-#: sweeper then evicted and C1 recompiled without end, and a 150-record micro-batch took 15 s. The
-#: code cache is therefore reserved at the size the full JIT has.
-DRIVER_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+#: The JIT of a driver JVM that only plans (a cluster's driver, the control plane's short checks):
+#: C1 only, since C2's compile threads compete with start-up for the cores (with the CDS archive, 1.9 s
+#: less start-up on 2 cores). C1 alone gets a code cache of 48 MB, which a live job filled within a few
+#: dozen micro-batches (each MERGE plan is new generated code): the sweeper then evicted and C1
+#: recompiled without end, and a 150-record micro-batch took 15 s. The code cache is therefore
+#: reserved at the size the full JIT has.
+PLANNING_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+#: A driver that runs the tasks too (``local[N]``: a version's job, a benchmark, the tests' session)
+#: keeps the full tiered JIT: there the executors live in the driver's JVM, and C2 halves the CPU of
+#: the per-record work (the parse of 2M profiles: 41 -> 17 s of executor CPU).
+TASK_JIT = ""
+
+
+def runs_tasks(master: str) -> bool:
+    """Whether a driver of `master` runs the tasks in its own JVM (a local master)."""
+    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
 
 
 def find_java17() -> str | None:
@@ -176,15 +185,16 @@ def cds_archive_path() -> Path:
     return cache / "kappa" / f"spark-{pyspark.__version__}-{_install_id()}-{java}-{jar_dir('spark').name}.jsa"
 
 
-def driver_java_options(extra: str = "") -> str:
-    """The driver JVM's options: C1 only, and the class-data-sharing archive when one was made
-    (`create_cds_archive`); `extra` (the caller's own spark.driver.extraJavaOptions) last."""
-    opts = [DRIVER_JIT]
+def driver_java_options(extra: str = "", *, tasks: bool = False) -> str:
+    """The driver JVM's options: its JIT (`TASK_JIT` when it runs the `tasks` too, else `PLANNING_JIT`),
+    and the class-data-sharing archive when one was made (`create_cds_archive`); `extra` (the caller's
+    own spark.driver.extraJavaOptions) last."""
+    opts = [TASK_JIT if tasks else PLANNING_JIT]
     archive = cds_archive_path()
     if archive.is_file() and "ArchiveClassesAtExit" not in extra:
         # -Xlog:cds=off: an archive of another classpath or JDK build is skipped without a warning
         opts += [f"-XX:SharedArchiveFile={archive}", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
-    return " ".join(opts + ([extra] if extra else []))
+    return " ".join(o for o in opts + [extra] if o)
 
 
 def create_cds_archive(force: bool = False, timeout: float = 300.0) -> Path | None:
@@ -226,12 +236,14 @@ def create_cds_archive(force: bool = False, timeout: float = 300.0) -> Path | No
 
 
 def build_session(app_name: str = "kappa", master: str | None = None, local_dir: str | None = None,
-                  shuffle_partitions: int | None = None, extra: dict[str, str] | None = None):
+                  shuffle_partitions: int | None = None, extra: dict[str, str] | None = None, *,
+                  short_lived: bool = False):
     """A SparkSession with Spark's Kafka connector and delta-spark (`connector_jars`, `DELTA_CONF`) and
     the RocksDB state store on.
 
     Runs on the driver. `master` defaults to KAPPA_SPARK_MASTER or local[2]; `shuffle_partitions`
-    to `default_shuffle_partitions`.
+    to `default_shuffle_partitions`. A local master's JVM runs the tasks with the full JIT, unless the
+    session is `short_lived` (a check of the control plane: fast start-up first).
     """
     prepare_environment()
     jars = connector_jars()   # before the JVM starts: missing JARs are one line, not a ClassNotFound
@@ -263,7 +275,8 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
     for k, v in {**DELTA_CONF, **REDACTION}.items():
         builder = builder.config(k, v)
     builder = builder.config("spark.driver.extraJavaOptions",
-                             driver_java_options(extra.pop("spark.driver.extraJavaOptions", "")))
+                             driver_java_options(extra.pop("spark.driver.extraJavaOptions", ""),
+                                                 tasks=runs_tasks(master) and not short_lived))
     for k, v in extra.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

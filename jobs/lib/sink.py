@@ -13,12 +13,12 @@ Rejects are written first (an append to the rejects table), the output second (t
 an empty table an append, every later one a MERGE: tombstones delete, the rest update or insert),
 each with its own transaction, so a crash between the two does not write the rejects twice.
 
-`upsert` keeps the latest record per key by the table's key order first (`KEY_ORDERS`): within a
-Kafka partition the higher offset wins; a key seen in two partitions has no order Kafka defines, so
-under ``partition`` (default) the batch is refused with the keys named (found in the batch, or
-against the partition the table holds for it), and under ``timestamp`` records order by (record
-timestamp, partition, offset), against the table's row too, so a stale value from another
-partition never wins.
+`upsert` gets the latest record per key by the table's key order (`KEY_ORDERS`; the runner's
+`jobs.lib.runner.group_batch` keeps it): within a Kafka partition the higher offset wins; a key seen
+in two partitions has no order Kafka defines, so under ``partition`` (default) the batch is refused
+with the keys named (found in the batch by the runner, or against the partition the table holds for
+it by the MERGE), and under ``timestamp`` records order by (record timestamp, partition, offset),
+against the table's row too, so a stale value from another partition never wins.
 
 Test hooks, for tests that force a crash window instead of racing it:
 ``KAPPA_TEST_PAUSE_AT=<point>:<batch id>`` with ``KAPPA_TEST_PAUSE_FILE=<path>``: at ``read`` (the
@@ -39,8 +39,8 @@ from typing import Any, Iterator
 
 from orchestrator.core.exceptions import SinkError
 
-__all__ = ["KEY_ORDERS", "PARTITIONS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "batch_end_offsets",
-           "pause_if_asked", "crash_if_asked", "latest_per_key"]
+__all__ = ["KEY_ORDERS", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables",
+           "batch_end_offsets", "pause_if_asked", "crash_if_asked"]
 
 log = logging.getLogger("kappa.sink")
 
@@ -108,23 +108,10 @@ def _order(prefix: str, key_order: str) -> list[Any]:
     return [F.coalesce(F.col(f"{prefix}{c}").cast("long"), F.lit(-2**62)) for c in cols]
 
 
-#: The column `latest_per_key` adds under key order ``partition``: how many partitions the batch
-#: holds the key in (more than one is refused, `DeltaTables.check_key_order`).
-PARTITIONS = "__partitions"
-
-
-def latest_per_key(rows: Any, key: str, key_order: str) -> Any:
-    """One row per key: the last by the key order (see the module); under ``partition``, with
-    `PARTITIONS`, the number of partitions the key was seen in."""
-    from pyspark.sql import functions as F
-
-    order = F.struct(*[c.alias(f"o{i}") for i, c in enumerate(_order("", key_order))])
-    packed = F.struct(*[F.col(c) for c in rows.columns])
-    aggs = [F.max_by(packed, order).alias("__r")]
-    if key_order == "partition":
-        aggs.append(F.count_distinct("source_partition").alias(PARTITIONS))
-    out = rows.groupBy(key).agg(*aggs)
-    return out.select("__r.*", *([PARTITIONS] if key_order == "partition" else []))
+#: A micro-batch of at most this many rows is MERGEd from the driver's memory (a local relation): Delta
+#: then need not materialise the source, and the batch is not read again for each phase of the MERGE.
+LOCAL_SOURCE_ROWS = 10_000
+_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 
 
 class DeltaTables:
@@ -227,43 +214,40 @@ class DeltaTables:
         with self._transaction(rejects.sparkSession, batch_id):
             rejects.write.format("delta").mode("append").save(self.rejects_uri)
 
-    def check_key_order(self, batch_id: int, latest: Any) -> None:
-        """Under ``partition``: refuse keys this batch holds in two partitions (SinkError naming them).
-        A key the table holds from another partition is refused by the MERGE itself (`upsert`)."""
-        from pyspark.sql import functions as F
-
-        if self.key_order != "partition":
-            return
-        within = latest.where(F.col(PARTITIONS) > 1).select(self.key).limit(MAX_CONFLICTS).collect()
-        if within:
-            self._refuse(batch_id, [f"{r[0]} (partitions of this micro-batch)" for r in within])
-
-    def _refuse(self, batch_id: int, conflicts: list[str]) -> None:
+    def refuse(self, batch_id: int, conflicts: list[str]) -> None:
         raise SinkError(
             f"micro-batch {batch_id}: key(s) found in more than one Kafka partition, whose order Kafka does not "
             f"define: {', '.join(conflicts)}. Fix the producers' partitioner, or set key_order = \"timestamp\" in "
             f"the pipeline's options to order such records by timestamp, then partition, then offset")
 
-    def upsert(self, batch_id: int, latest: Any, deleted: str) -> None:
-        """Write one row per touched key (`latest`, with the boolean column `deleted`) into the table.
+    def upsert(self, batch_id: int, latest: Any, deleted: str, *, rows: int | None = None) -> None:
+        """Write one row per touched key (`latest`, `rows` of them, with the boolean column `deleted`).
 
-        The batch is broadcast to the join with the table (a live batch is capped by
-        ``maxOffsetsPerTrigger``): no shuffle of the table. Under key order ``partition`` the MERGE's first clause fails it (``raise_error``, so nothing is
-        committed) on a key whose row in the table came from another partition: the refusal costs no
-        extra read of the table."""
+        Into a table that does not exist yet (a version's backfill) a plain append of the rows that are
+        not deletes; nothing for a batch with no rows; otherwise a MERGE (tombstones delete, the rest
+        update or insert). A batch of at most `LOCAL_SOURCE_ROWS` rows is collected to the driver and
+        MERGEd from there: Delta reads a local relation without materialising it first, and every phase
+        of the MERGE joins the table with it without reading the batch again. Under key order
+        ``partition`` the MERGE's first clause fails it (``raise_error``, so nothing is committed) on a
+        key whose row in the table came from another partition: the refusal costs no extra read of the
+        table."""
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
-        columns = [c for c in latest.columns if c not in (deleted, PARTITIONS)]
+        if rows == 0:
+            return
+        columns = [c for c in latest.columns if c != deleted]
         session = latest.sparkSession
         with self._transaction(session, batch_id):
             if not self.exists():
                 latest.where(~F.col(deleted)).select(*columns).write.format("delta").mode("append") \
                     .save(self.table_uri)
                 return
+            local = rows is not None and rows <= LOCAL_SOURCE_ROWS
+            source = session.createDataFrame(latest.collect(), latest.schema) if local else latest
             later = F.lit(True)
             on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.keys)
-            merge = DeltaTable.forPath(session, self.table_uri).alias("t").merge(F.broadcast(latest).alias("s"), on)
+            merge = DeltaTable.forPath(session, self.table_uri).alias("t").merge(source.alias("s"), on)
             if self.key_order == "timestamp":
                 later = F.struct(*_order("s.", "timestamp")) > F.struct(*_order("t.", "timestamp"))
             elif self.key_order == "partition":
@@ -277,14 +261,18 @@ class DeltaTables:
                                         set={c: F.col(f"s.`{c}`") for c in columns})
                      .whenNotMatchedInsert(condition=~F.col(f"s.{deleted}"),
                                            values={c: F.col(f"s.`{c}`") for c in columns}))
+            if local:
+                session.conf.set(_MATERIALIZE_SOURCE, "none")
             try:
                 merge.execute()
             except Exception as e:
                 text = str(e)
                 if _MOVED not in text:
                     raise
-                self._refuse(batch_id, [text.split(_MOVED, 1)[1].split(")", 1)[0] + ")"])
-
+                self.refuse(batch_id, [text.split(_MOVED, 1)[1].split(")", 1)[0] + ")"])
+            finally:
+                if local:
+                    session.conf.unset(_MATERIALIZE_SOURCE)
 
     def append(self, batch_id: int, rows: Any) -> None:
         """Append the batch's rows (an append-only output: joined events, closed windows)."""

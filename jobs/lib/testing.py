@@ -71,7 +71,6 @@ def run_job(spark: Any, transform: Callable[[JobInput], Any], records: Iterable[
     through the job's contract function and kappa's step for `Upserts`."""
     from jobs.lib.rules import load_rules
     from jobs.lib.runner import output_columns, split_batch
-    from jobs.lib.sink import PARTITIONS
 
     source = source_frame(spark, records)
     topics = tuple(sorted({r["topic"] for r in source.select("topic").distinct().collect()})) or ("topic",)
@@ -83,7 +82,7 @@ def run_job(spark: Any, transform: Callable[[JobInput], Any], records: Iterable[
         raise TypeError("run_job runs Upserts jobs; a Stateful job needs a streaming source")
     check_result("the job", result, (key,), streaming=False)
     rejects, latest = split_batch(result.rows, output_columns(result.rows), key, key_order, result.then)
-    kappa = {"source_partition", "source_offset", "source_timestamp", DELETED, PARTITIONS}
+    kappa = {"source_partition", "source_offset", "source_timestamp", DELETED}
     table = [{c: v for c, v in r.asDict().items() if c not in kappa}
              for r in latest.where("NOT _deleted").orderBy(key).collect()]
     return table, [r.asDict() for r in rejects.orderBy("partition", "offset").collect()]

@@ -16,14 +16,19 @@ log on the same machine; one run, on an embedded broker started for it (or on `b
    data path the job has is what is measured). Spark start-up is timed on its own, then the
    available-now query from start to end; the time breakdown comes from Spark's progress reports
    and from the job's own stage timings where it exposes them;
-4. a self-check of what the benchmark can verify without the rules: every member's last
+4. the second reference, in a process of its own too: a plain Spark pipeline on the same topic
+   (`orchestrator.dev.plainspark`: Kafka source, ``from_json``, latest row per key, Delta write; no
+   kappa code), so that the ratio to it says what kappa's own work costs;
+5. a self-check of what the benchmark can verify without the rules: every member's last
    upsert as the generator made it (told by the record's kind, not by parsing the log) against
    the output's raw columns (member_id, name, title_raw, company_raw, location), and the number
    of malformed records against the rows of the rejects table. What the rules make of titles and
    companies is not checked here (that would mean running the rules engine against itself): the
    test suite compares the kept output (`workdir`) with its own golden mapping.
 
-Throughput counts key + value bytes. Peak memory is the largest sum of resident memory of the
+Throughput counts key + value bytes. Beside each Spark run's wall time: its executor CPU seconds
+(Spark's status store, `jobs.lib.runtime.sparkwork`) and its processes' CPU seconds, since a busy
+machine stretches wall time several-fold while CPU seconds hardly move. Peak memory is the largest sum of resident memory of the
 reprocess's process and its children (the Spark JVM and its Python workers), sampled every 0.2 s.
 """
 
@@ -116,7 +121,8 @@ def reprocess_figures(job: dict, total_bytes: int, records: int) -> dict[str, An
                           "master": job["master"]},
             "reprocess_with_startup": rate(records, total_bytes, job["seconds"] + job["startup"]),
             "spark_startup_seconds": job["startup"], "time_breakdown_seconds": breakdown,
-            "job_stages_exposed": job["stages_exposed"],
+            "job_stages_exposed": job["stages_exposed"], "spark_jobs": job.get("spark_jobs"),
+            "executor": job.get("executor"), "process_cpu_seconds": job.get("process_cpu_seconds"),
             "peak_memory_mb": round(job["peak_memory_bytes"] / 1e6)}
 
 
@@ -128,6 +134,12 @@ def breakdown_lines(f: dict) -> list[str]:
         lines.append(f"ratio to the reference ({ref['processes']} consumer processes): {f['ratio_to_reference']:.3f} "
                      f"of {ref['records_per_s']:,} records/s, {ref['mb_per_s']:.1f} MB/s"
                      + (f"; to one consumer: {f['ratio_to_one_consumer']:.3f}" if one else ""))
+    plain = f.get("plain_spark")
+    if s and plain:
+        pex = plain.get("executor") or {}
+        lines.append(f"ratio to the plain Spark pipeline on the same log: {f['ratio_to_plain_spark']:.3f} of "
+                     f"{plain['records_per_s']:,} records/s, {plain['mb_per_s']:.1f} MB/s ({plain['rows']:,} rows; executor "
+                     f"CPU {pex.get('cpu_seconds', 0):.1f} s, processes {plain.get('process_cpu_seconds') or 0:.1f} s of CPU)")
     perf = f.get("consumer_performance")
     if s and perf:
         lines.append(f"ratio to Kafka's ConsumerPerformance: {f['ratio_to_consumer_performance']:.3f} of "
@@ -148,6 +160,16 @@ def breakdown_lines(f: dict) -> list[str]:
                          + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
         else:
             lines.append("the job's own stages: not exposed (build(ctx) sets no ctx.stage_timings)")
+    ex = f.get("executor")
+    if s and ex:
+        lines.append(f"CPU: executor CPU {ex['cpu_seconds']:.1f} s (executor run time {ex['run_seconds']:.1f} s, GC "
+                     f"{ex['gc_seconds']:.1f} s, {ex['stages']} stages, {f.get('spark_jobs')} Spark jobs) and the "
+                     f"job's processes {f.get('process_cpu_seconds', 0):.1f} s of CPU, beside {s['seconds']:.1f} s of "
+                     f"wall time (a busy machine stretches wall time, not CPU seconds)")
+        if ex.get("top"):
+            lines.append("costliest stages (executor run s / CPU s): " + "; ".join(
+                f"{t['name'].split(' at ')[0][:40]} [{t['tasks']} tasks] {t['run_seconds']:.1f}/{t['cpu_seconds']:.1f}"
+                for t in ex["top"]))
     if "peak_memory_mb" in f:
         lines.append(f"peak memory (the reprocess's process + Spark JVM + Python workers): {f['peak_memory_mb']:,} MB")
     return lines
@@ -175,6 +197,8 @@ def _print(console, f: dict) -> None:
     if f.get("raw_consumer"):
         row("  one consumer alone", f["raw_consumer"], "one process, GC off")
     s = f.get("reprocess")
+    if f.get("plain_spark"):
+        row("plain Spark pipeline", f["plain_spark"], "the same log, no kappa code (reference); excluding Spark start-up")
     if s:
         row("standardize reprocess", s, f"{SPARK_NOTE}; {s['batches']} micro-batches; master {s['master']}")
         row("  with Spark start-up", f["reprocess_with_startup"], f"start-up {f['spark_startup_seconds']:.1f} s")
@@ -270,9 +294,22 @@ def run_reprocess_bench(records: int = 2_000_000, keys: int = 500_000, partition
                            work, console)
         figures["pids_started"].append(job["child_pid"])
         figures.update(reprocess_figures(job, ref["bytes"], records))
+        console.print("reference: a plain Spark pipeline on the same log (Kafka source, from_json, latest row per key, "
+                      "Delta write; no kappa code)...")
+        plain = run_in_child({"bootstrap": bootstrap, "topic": topic, "work": str(work / "plain"),
+                              "rules_file": rules_file, "max_records_per_batch": max_records_per_batch,
+                              "master": master, "kafka_config": kafka_config or {}, "total": records,
+                              "pipeline": "plain"}, work / "plain", console, label="plain")
+        figures["pids_started"].append(plain["child_pid"])
+        figures["plain_spark"] = {**rate(records, ref["bytes"], plain["seconds"]), "rows": count_rows(plain["output"]),
+                                  "spark_startup_seconds": plain["startup"], "executor": plain.get("executor"),
+                                  "process_cpu_seconds": plain.get("process_cpu_seconds"),
+                                  "peak_memory_mb": round(plain["peak_memory_bytes"] / 1e6)}
         figures["reprocess"]["rejects"] = count_rows(job["rejects"])
         figures["ratio_to_reference"] = ratio(figures["reprocess"]["records_per_s"],
                                               figures["reference"]["records_per_s"])
+        figures["ratio_to_plain_spark"] = ratio(figures["reprocess"]["records_per_s"],
+                                                figures["plain_spark"]["records_per_s"])
         figures["ratio_to_consumer_performance"] = ratio(figures["reprocess"]["records_per_s"],
                                                          figures["consumer_performance"]["records_per_s"])
         if single_consumer:

@@ -35,7 +35,7 @@ PROGRESS = "progress: "
 #: Spark's micro-batch phases in the order a trigger runs them (StreamingQueryProgress.durationMs).
 SPARK_PHASES = ("latestOffset", "walCommit", "getBatch", "queryPlanning", "addBatch", "commitOffsets")
 #: Stage-timing keys that are not durations.
-_NOT_SECONDS = {"batch_id", "rows_in", "rows_out", "entered", "left"}
+_NOT_SECONDS = {"batch_id", "rows_in", "rows_out", "entered", "left", "spark_jobs"}
 
 
 def start_standardize(ctx: Any) -> Any:
@@ -142,13 +142,19 @@ def _wait_executors(spark, n: int, timeout: float = 180.0) -> int:
         time.sleep(0.2)
 
 
+def parallelism_of(spark: Any) -> int:
+    return int(spark.sparkContext.defaultParallelism)
+
+
 def run_job(p: dict, emit: Callable[[str], None] = print) -> dict[str, Any]:
     """One reprocess, in this process (the child's body); the figures as a dict."""
     import importlib
 
     importlib.import_module("jobs.standardize")  # before the clocks, as `python -m jobs.run` does
     from jobs.lib.runtime import Status, parse_args
+    from jobs.lib.runtime.sparkwork import executor_time
     from jobs.lib.session import build_session
+    from orchestrator.dev.benchutil import process_cpu_seconds
 
     args = parse_args(job_argv(p))
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
@@ -166,7 +172,13 @@ def run_job(p: dict, emit: Callable[[str], None] = print) -> dict[str, Any]:
                                                  args.trigger), emit, int(p.get("total") or 0))
         wall0, t1 = time.time(), time.perf_counter()
         ctx.started = t1
-        query = start_standardize(ctx)
+        if p.get("pipeline") == "plain":
+            from orchestrator.dev.plainspark import start_plain_query
+
+            query = start_plain_query(spark, args.bootstrap_servers, p["topic"], args.output, args.checkpoint,
+                                      {"minPartitions": str(parallelism_of(spark))})
+        else:
+            query = start_standardize(ctx)
         try:
             query.awaitTermination()
         finally:
@@ -177,6 +189,8 @@ def run_job(p: dict, emit: Callable[[str], None] = print) -> dict[str, Any]:
             raise LifecycleError(f"the benchmark's standardize query failed: {query.exception()}")
         progress = [json.loads(x.json) for x in query.recentProgress or []]
         parallelism = spark.sparkContext.defaultParallelism
+        work = executor_time(spark, top=6)
+        cpu = process_cpu_seconds()
     finally:
         spark.stop()
     breakdown = spark_breakdown(progress, wall0, seconds)
@@ -186,6 +200,8 @@ def run_job(p: dict, emit: Callable[[str], None] = print) -> dict[str, Any]:
             "rejects_reported": ctx.rejects_total, "spark": breakdown,
             "stages": stage_totals(getattr(ctx, "stage_timings", None)),
             "stages_exposed": getattr(ctx, "stage_timings", None) is not None,
+            "spark_jobs": sum(int(t.get("spark_jobs", 0)) for t in getattr(ctx, "stage_timings", None) or []),
+            "executor": work.as_dict() if work is not None else None, "process_cpu_seconds": cpu,
             "output": args.output, "rejects": args.rejects, "pid": os.getpid()}
 
 

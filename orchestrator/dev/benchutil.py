@@ -14,10 +14,26 @@ from typing import Any, Iterable, Sequence
 
 from orchestrator.core.exceptions import ConfigError
 
-__all__ = ["rate", "ratio", "percentile", "parse_count", "parse_counts", "parse_json_object", "PeakMemory", "write_figures",
+__all__ = ["process_cpu_seconds", "rate", "ratio", "percentile", "parse_count", "parse_counts", "parse_json_object", "PeakMemory", "write_figures",
            "positive", "fmt_seconds"]
 
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+
+
+def process_cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of a process and of its live descendants (a driver, its JVM, the
+    JVM's Python workers), plus the children it has already waited for."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system + (t.children_user + t.children_system if proc is root else 0.0)
+        except psutil.Error:
+            continue
+    return round(total, 2)
 
 
 def rate(records: int, size: int, seconds: float) -> dict[str, Any]:

@@ -139,18 +139,15 @@ def _rules_file(k, pipeline: str, version_record: VersionRecord) -> Path | None:
     return materialize(k, pipeline, version_record)
 
 
-def _is_local_master(master: str) -> bool:
-    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
-
-
 def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
                 rules_file: str | Path | None = None, master: str | None = None) -> tuple[list[str], str]:
     """(argv, mode) that runs the version's job: `python -m jobs.run --job ...` or spark-submit of jobs/run.py."""
     master = master or k.settings.spark_master
+    from jobs.lib.session import connector_jars, driver_java_options, runs_tasks, spark_env
+
     args = _job_args(k, pipeline, version, trigger=trigger, rules_file=rules_file, master=master)
-    if _is_local_master(master):
+    if runs_tasks(master):
         return [sys.executable, "-m", "jobs.run", *args], "local"
-    from jobs.lib.session import connector_jars, driver_java_options, spark_env
 
     env = spark_env()
     pythonpath = os.pathsep.join([*k.settings.job_folders, str(_project_root()), *sys.path[1:]])
@@ -179,14 +176,14 @@ def _job_env(master: str, job_folders: list[str] | tuple[str, ...] = ()) -> dict
     """The job's environment: this process's, without the secrets a job does not need
     (`_SECRET_ENV`: the job gets the Kafka config from its file), plus Spark's; the job path first on
     PYTHONPATH, so that the job's modules import in the driver and in Spark's Python workers."""
-    from jobs.lib.session import spark_env
+    from jobs.lib.session import runs_tasks, spark_env
 
     env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
     env.update(spark_env())
     env[KAPPA_SPARK_MASTER] = master
     root = str(_project_root())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*job_folders, root, env.get("PYTHONPATH")) if p)
-    if not _is_local_master(master):
+    if not runs_tasks(master):
         import pyspark
 
         env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)

@@ -82,11 +82,19 @@ def test_reprocess_bench_small(tmp_path, bootstrap, seed):
     b = figures["time_breakdown_seconds"]
     assert b["spark_startup"] > 0 and b["spark_addBatch"] > 0 and b["query_start_to_first_batch"] >= 0
     assert figures["spark_startup_seconds"] > 0 and figures["peak_memory_mb"] > 0
-    for text in ("kappa bench reprocess", "raw read (reference)", "ratio to the reference", "where the time goes",
+    # CPU seconds beside wall time, and the plain Spark pipeline measured in the same run
+    assert figures["executor"]["cpu_seconds"] > 0 and figures["process_cpu_seconds"] >= figures["executor"]["cpu_seconds"]
+    assert figures["spark_jobs"] >= 2
+    plain = figures["plain_spark"]
+    # it keeps a malformed latest record as a row of nulls where kappa keeps the member's last valid value
+    assert abs(plain["rows"] - output.num_rows) <= len(expected.rejects) and plain["records_per_s"] > 0 and plain["executor"]["cpu_seconds"] > 0
+    assert figures["ratio_to_plain_spark"] == round(figures["reprocess"]["records_per_s"] / plain["records_per_s"], 3)
+    for text in ("plain Spark pipeline", "ratio to the plain Spark pipeline", "CPU: executor CPU",
+                 "costliest stages", "kappa bench reprocess", "raw read (reference)", "ratio to the reference", "where the time goes",
                  "peak memory", "output's raw columns match the generated records: yes",
                  "rejects match the malformed records: yes", "Kafka ConsumerPerformance",
                  "ratio to Kafka's ConsumerPerformance", "micro-batch 0:"):
         assert text in proc.stdout, text
-    # the reference processes and the reprocess's process (and its JVM, by process group) are gone
-    assert len(figures["pids_started"]) == ref["processes"] + 1
+    # the reference processes, the reprocess's and the plain pipeline's (and their JVMs, by process group) are gone
+    assert len(figures["pids_started"]) == ref["processes"] + 2
     assert _all_gone(figures["pids_started"], started) == []

@@ -40,12 +40,12 @@ def test_prepare_environment_keeps_a_spark_home_that_is_set(cache, monkeypatch):
 def test_driver_options_use_the_archive_only_once_it_exists(cache):
     archive = session.cds_archive_path()
     assert archive.parent == cache / "kappa" and session._install_id() in archive.name
-    assert session.driver_java_options() == session.DRIVER_JIT
-    assert session.driver_java_options("-Dmine=1") == f"{session.DRIVER_JIT} -Dmine=1"
+    assert session.driver_java_options() == session.PLANNING_JIT
+    assert session.driver_java_options("-Dmine=1") == f"{session.PLANNING_JIT} -Dmine=1"
     archive.parent.mkdir(parents=True, exist_ok=True)
     archive.write_bytes(b"jsa")
     opts = session.driver_java_options("-Dmine=1").split()
-    assert " ".join(opts[:2]) == session.DRIVER_JIT and opts[-1] == "-Dmine=1"     # the caller's own options last
+    assert " ".join(opts[:2]) == session.PLANNING_JIT and opts[-1] == "-Dmine=1"     # the caller's own options last
     assert f"-XX:SharedArchiveFile={archive}" in opts and "-Xlog:cds=off" in opts
     # making an archive: the dump option is not combined with using one
     assert "-XX:SharedArchiveFile" not in session.driver_java_options(f"-XX:ArchiveClassesAtExit={archive}.new")
@@ -67,6 +67,29 @@ def test_the_archive_is_made_per_set_of_connector_jars(cache):
     from orchestrator.core.jars import jar_dir
 
     assert session.cds_archive_path().name.endswith(f"-{jar_dir('spark').name}.jsa")
+
+
+def test_a_driver_that_runs_the_tasks_keeps_the_full_jit_and_a_planning_driver_compiles_with_c1(cache, monkeypatch):
+    """In local[N] the executors live in the driver's JVM: C1 only doubled the parse's CPU there."""
+    assert session.runs_tasks("local[2]") and session.runs_tasks("local") and not session.runs_tasks("spark://h:7077")
+    assert "TieredStopAtLevel" not in session.driver_java_options(tasks=True)
+    seen = {}
+
+    class Builder:
+        def __getattr__(self, name):
+            return lambda *a: (seen.__setitem__(a[0], a[1]) if name == "config" and len(a) == 2 else None) or self
+
+        def getOrCreate(self):
+            raise RuntimeError("stop here")
+
+    import pyspark.sql
+
+    monkeypatch.setattr(session, "connector_jars", lambda: [])
+    monkeypatch.setattr(pyspark.sql.SparkSession, "builder", Builder())
+    for master, short, c1 in (("local[2]", False, False), ("local[1]", True, True), ("spark://127.0.0.1:7077", False, True)):
+        with pytest.raises(RuntimeError, match="stop here"):
+            session.build_session("x", master=master, short_lived=short)
+        assert ("-XX:TieredStopAtLevel=1" in seen["spark.driver.extraJavaOptions"]) is c1, (master, short)
 
 
 def test_a_c1_only_driver_keeps_the_full_jit_s_code_cache(cache):
