@@ -108,6 +108,22 @@ def _order(prefix: str, key_order: str) -> list[Any]:
     return [F.coalesce(F.col(f"{prefix}{c}").cast("long"), F.lit(-2**62)) for c in cols]
 
 
+def _key_filter(alias: str, key: str, values: list) -> str | None:
+    """``alias.key IN (...)`` over the batch's keys as SQL literals (None for keys of other types): a
+    condition on the table alone, which Spark pushes into the MERGE's scans of the table, so that its
+    joins see the rows of the batch's keys only instead of shuffling the whole table."""
+    if not all(v is None or (isinstance(v, (str, int)) and not isinstance(v, bool)) for v in values):
+        return None
+
+    def literal(v: str | int) -> str:
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" if isinstance(v, str) else str(v)
+    keys = sorted({literal(v) for v in values if v is not None})
+    cond = [f"{alias}.`{key}` IN ({', '.join(keys)})"] if keys else []
+    if any(v is None for v in values):
+        cond.append(f"{alias}.`{key}` IS NULL")     # the MERGE matches null keys (<=>), IN never does
+    return "(" + " OR ".join(cond) + ")"
+
+
 #: A micro-batch of at most this many rows is MERGEd from the driver's memory (a local relation): Delta
 #: then need not materialise the source, and the batch is not read again for each phase of the MERGE.
 LOCAL_SOURCE_ROWS = 10_000
@@ -203,10 +219,16 @@ class DeltaTables:
 
         A batch with none (`count` 0) commits nothing once the table exists: each commit under a
         transaction identifier costs Delta a reconstruction of the table's state (about a second
-        here) to check it, and a replay of such a batch finds nothing to write either."""
+        here) to check it, and a replay of such a batch finds nothing to write either. The empty table
+        is created without a write (a metadata commit; an empty write ran a Spark job, 2.4 s more)."""
+        from delta.tables import DeltaTable
+
         if self.rejects_uri is None:
             return
-        if count == 0 and self.exists(self.rejects_uri):
+        if count == 0:
+            if not self.exists(self.rejects_uri):
+                DeltaTable.createIfNotExists(rejects.sparkSession).location(self.rejects_uri) \
+                    .addColumns(rejects.schema).execute()
             return
         done = self._txn_version(self.rejects_uri)
         if done is not None and done >= batch_id:
@@ -244,9 +266,14 @@ class DeltaTables:
                     .save(self.table_uri)
                 return
             local = rows is not None and rows <= LOCAL_SOURCE_ROWS
-            source = session.createDataFrame(latest.collect(), latest.schema) if local else latest
-            later = F.lit(True)
             on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.keys)
+            source = latest
+            if local:
+                batch = latest.collect()
+                source = session.createDataFrame(batch, latest.schema)
+                keys = _key_filter("t", self.key, [r[self.key] for r in batch]) if len(self.keys) == 1 else None
+                on = f"({on}) AND {keys}" if keys else on
+            later = F.lit(True)
             merge = DeltaTable.forPath(session, self.table_uri).alias("t").merge(source.alias("s"), on)
             if self.key_order == "timestamp":
                 later = F.struct(*_order("s.", "timestamp")) > F.struct(*_order("t.", "timestamp"))

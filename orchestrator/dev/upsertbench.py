@@ -1,24 +1,28 @@
-"""`kappa bench upsert`: what one live micro-batch of changed keys costs a large Delta table.
+"""`kappa bench upsert`: what a live micro-batch of changed keys costs a large Delta table.
 
 In this process, on a local Spark session, no broker (the figure is the table's, not the job's): a
-table of `rows` profile rows is written the way the standardize job writes a version's first batch,
-then one micro-batch changes `changed` random existing keys through the job's own MERGE
-(`jobs.lib.sink.DeltaTables.upsert`, deletion vectors on: the MERGE marks the replaced rows in a
-deletion vector and writes only the new rows). Printed: the micro-batch's seconds and the bytes it
-added to the table's folder (data files, deletion vectors, log), next to the reference measured in
-the same run: a full rewrite of the same rows.
+table of `rows` profile rows is written the way the standardize job writes a version's first batch
+(a plain append into the empty table), then `batches` live micro-batches each change `changed`
+random existing keys through the job's own MERGE (`jobs.lib.sink.DeltaTables.upsert`, deletion
+vectors on: the MERGE marks the replaced rows in a deletion vector and writes only the new rows),
+one after the other as a live job runs them. Printed for each: its seconds, Spark jobs, executor CPU
+seconds, the files it touched of the files in the table, and the bytes it added (data files, deletion
+vectors, log); then the first batch (a fresh JVM compiles Delta's MERGE on it) and the median of the
+others (what a running job pays), next to the reference measured in the same run: a full rewrite of
+the same rows.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_upsert_bench", "folder_bytes"]
+__all__ = ["run_upsert_bench", "folder_bytes", "upsert_lines"]
 
 COLUMNS = ("member_id string, name string, title string, source_partition int, source_offset bigint, "
            "source_timestamp timestamp, _deleted boolean")
@@ -40,25 +44,49 @@ def _rows(ids, name: str, offset: int = 0):
         F.lit(False).alias("_deleted"))
 
 
-def _batch(spark, uri: Path, batch_id: int, df) -> dict[str, Any]:
-    """One micro-batch through the job's own Delta writes; its seconds and the bytes it added."""
+def _batch(spark, uri: Path, batch_id: int, df, rows: int) -> dict[str, Any]:
+    """One micro-batch through the job's own Delta writes: its seconds, Spark jobs, executor CPU and the bytes it added."""
+    from jobs.lib.runtime.sparkwork import executor_time
     from jobs.lib.sink import DeltaTables
 
     before = folder_bytes(uri) if uri.exists() else 0
     tables = DeltaTables(str(uri), None, "kappa.bench.v1", "member_id")
+    sc = spark.sparkContext
+    group = f"kappa-bench-upsert-{uri.name}-{batch_id}"
+    sc.setJobGroup(group, f"kappa bench upsert: micro-batch {batch_id}")
+    cpu0 = executor_time(spark)
     t0 = time.perf_counter()
-    tables.upsert(batch_id, df, "_deleted")
+    tables.upsert(batch_id, df, "_deleted", rows=rows)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "bytes_written": folder_bytes(uri) - before}
+    cpu = executor_time(spark)
+    sc.setLocalProperty("spark.jobGroup.id", None)
+    return {"seconds": round(seconds, 3), "bytes_written": folder_bytes(uri) - before,
+            "spark_jobs": len(sc.statusTracker().getJobIdsForGroup(group)),
+            "executor_cpu_seconds": cpu.since(cpu0).cpu_seconds if cpu and cpu0 else None}
 
 
-def run_upsert_bench(rows: int = 2_000_000, changed: int = 1_000, *, seed: int = 7, workdir: Path | None = None,
-                     console=None, spark=None) -> dict[str, Any]:
-    """Build, then one micro-batch of `changed` keys, then the full rewrite (see the module)."""
+def _metrics(session, uri: Path) -> dict[str, Any]:
+    """What the table's last commit did, and how many files the table has now."""
+    from delta.tables import DeltaTable
+
+    last = DeltaTable.forPath(session, str(uri)).history(1).collect()[0]
+    m = last["operationMetrics"] or {}
+    files = DeltaTable.forPath(session, str(uri)).detail().collect()[0]["numFiles"]
+    return {"rows_updated": int(m.get("numTargetRowsUpdated", 0)),
+            "deletion_vectors_added": int(m.get("numTargetDeletionVectorsAdded", 0)),
+            "files_rewritten": int(m.get("numTargetFilesRemoved", 0)),
+            "files_touched": int(m.get("numTargetDeletionVectorsAdded", 0)) + int(m.get("numTargetFilesRemoved", 0)),
+            "files_in_table": int(files)}
+
+
+def run_upsert_bench(rows: int = 2_000_000, changed: int = 1_000, *, batches: int = 5, seed: int = 7,
+                     workdir: Path | None = None, console=None, spark=None) -> dict[str, Any]:
+    """Build, then `batches` micro-batches of `changed` keys, then the full rewrite (see the module)."""
     say = console.print if console is not None else (lambda *a, **k: None)
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="kappa-bench-upsert-")) if own else Path(workdir)
     session = spark
+    live: list[dict[str, Any]] = []
     try:
         if session is None:
             from jobs.lib.session import build_session
@@ -66,30 +94,42 @@ def run_upsert_bench(rows: int = 2_000_000, changed: int = 1_000, *, seed: int =
             say("starting Spark...")
             session = build_session("kappa-bench-upsert", local_dir=str(work / "spark-local"))
         say(f"building a Delta table of {rows:,} rows...")
-        build = _batch(session, work / "out", 0, _rows(session.range(rows), "first"))
-        picked = sorted(random.Random(seed).sample(range(rows), min(changed, rows)))
-        say(f"one micro-batch of {len(picked):,} changed keys...")
-        changes = _rows(session.createDataFrame([(i,) for i in picked], "id long"), "changed", offset=rows)
-        live = _batch(session, work / "out", 1, changes)
-        versions = session.sql(f"DESCRIBE HISTORY delta.`{work / 'out'}`").orderBy("version").collect()
-        metrics = versions[-1]["operationMetrics"] or {}
-        live["rows_updated"] = int(metrics.get("numTargetRowsUpdated", 0))
-        live["deletion_vectors_added"] = int(metrics.get("numTargetDeletionVectorsAdded", 0))
-        live["files_rewritten"] = int(metrics.get("numTargetFilesRemoved", 0))
+        build = _batch(session, work / "out", 0, _rows(session.range(rows), "first"), rows)
+        rng = random.Random(seed)
+        for n in range(1, batches + 1):
+            picked = sorted(rng.sample(range(rows), min(changed, rows)))
+            changes = _rows(session.createDataFrame([(i,) for i in picked], "id long"), f"changed {n}",
+                            offset=rows * n)
+            one = {**_batch(session, work / "out", n, changes, len(picked)), **_metrics(session, work / "out")}
+            live.append(one)
+            say(f"micro-batch {n} of {len(picked):,} changed keys: {one['seconds']:.2f} s, {one['spark_jobs']} Spark "
+                f"jobs, executor CPU {one['executor_cpu_seconds'] or 0:.2f} s, {one['files_touched']} of "
+                f"{one['files_in_table']} files touched, {one['bytes_written']:,} bytes written")
         say("the reference: a full rewrite of the same rows...")
-        full = _batch(session, work / "full", 0, _rows(session.range(rows), "first"))
+        full = _batch(session, work / "full", 0, _rows(session.range(rows), "first"), rows)
     finally:
         if session is not None and spark is None:
             session.stop()
         if own:
             shutil.rmtree(work, ignore_errors=True)
-    figures = {"rows": rows, "changed": len(picked), "build_seconds": build["seconds"], "live": live,
-               "full_rewrite": full,
-               "ratio_seconds": live["seconds"] / full["seconds"] if full["seconds"] else None,
-               "ratio_bytes": live["bytes_written"] / full["bytes_written"] if full["bytes_written"] else None}
-    say(f"micro-batch of {figures['changed']:,} changed keys into {rows:,} rows: {live['seconds']:.2f} s, "
-        f"{live['rows_updated']:,} rows updated, {live['deletion_vectors_added']} deletion vectors added, "
-        f"{live['files_rewritten']} files rewritten, {live['bytes_written']:,} bytes written")
-    say(f"full rewrite (reference): {full['seconds']:.2f} s, {full['bytes_written']:,} bytes written; ratio "
-        f"{figures['ratio_seconds']:.2f} of its time, {figures['ratio_bytes']:.3f} of its bytes")
+    rest = live[1:] or live
+    steady = {k: statistics.median(b[k] for b in rest) for k in ("seconds", "spark_jobs", "bytes_written")}
+    figures = {"rows": rows, "changed": min(changed, rows), "batches": len(live), "build_seconds": build["seconds"],
+               "live": live, "first": live[0], "steady": steady, "full_rewrite": full,
+               "ratio_seconds": steady["seconds"] / full["seconds"] if full["seconds"] else None,
+               "ratio_bytes": steady["bytes_written"] / full["bytes_written"] if full["bytes_written"] else None}
+    for line in upsert_lines(figures):
+        say(line)
     return figures
+
+
+def upsert_lines(f: dict[str, Any]) -> list[str]:
+    """The summary lines (pure: tested)."""
+    first, steady, full = f["first"], f["steady"], f["full_rewrite"]
+    return [f"{f['batches']} micro-batches of {f['changed']:,} changed keys into {f['rows']:,} rows: the first "
+            f"{first['seconds']:.2f} s ({first['spark_jobs']} Spark jobs; a fresh JVM compiles the MERGE), then a "
+            f"median of {steady['seconds']:.2f} s ({steady['spark_jobs']:g} Spark jobs, {steady['bytes_written']:,.0f} "
+            f"bytes written); files touched per batch: {', '.join(str(b['files_touched']) for b in f['live'])} of "
+            f"{f['live'][-1]['files_in_table']}",
+            f"full rewrite (reference): {full['seconds']:.2f} s, {full['bytes_written']:,} bytes written; the median "
+            f"micro-batch is {f['ratio_seconds']:.2f} of its time and {f['ratio_bytes']:.4f} of its bytes"]

@@ -71,9 +71,9 @@ def test_replay_of_an_uncommitted_batch_in_process(spark, bootstrap, changelog, 
 
 
 def test_a_micro_batch_without_rejects_commits_nothing_to_the_rejects_table(spark, bootstrap, paths, unique, seed):
-    """Batch 0 creates the rejects table; a later batch with no reject adds no commit to it (each
-    commit under a transaction identifier costs Delta a state reconstruction), and a batch with
-    rejects still commits them under its own batch id."""
+    """Batch 0 creates the rejects table, empty, without a write; a later batch with no reject adds no
+    commit to it (each commit under a transaction identifier costs Delta a state reconstruction), and
+    a batch with rejects still commits them under its own batch id."""
     from orchestrator.dev.datagen import ensure_topic, generate_changelog, produce
 
     topic = f"profiles_clean_{unique}"
@@ -91,4 +91,7 @@ def test_a_micro_batch_without_rejects_commits_nothing_to_the_rejects_table(spar
     assert output_commits(paths.output) == list(range(last + 1))
     with_rejects = sorted({r["batch_id"] for r in read_table(paths.rejects).to_pylist()})
     assert with_rejects and 0 not in with_rejects           # the malformed records came last
-    assert output_commits(paths.rejects) == [0, *with_rejects]
+    assert output_commits(paths.rejects) == with_rejects
+    history = DeltaTable(str(paths.rejects)).history()
+    assert [h["version"] for h in history if h["operation"] == "CREATE TABLE"] == [0]
+    assert len(history) == 1 + len(with_rejects)
