@@ -2,7 +2,8 @@
 
 `LagSampleOps` (mixed into `Registry`) stores, lists and prunes samples. Functions over a
 `Registry` (they use its transactions): `add_lag_sample` stores a reading with
-its `lag_seconds` (schema step 4) in one insert; `latest_lag_samples` is the newest sample of every
+its `lag_seconds` (schema step 4) and the micro-batches its job had committed since it started
+(`batches`, step 5) in one insert; `latest_lag_samples` is the newest sample of every
 version (the "now" of the lag gauges); `audit_counts` counts audit entries by action, outcome and
 pipeline (flips and job restarts are audit entries, so their counts survive any process).
 """
@@ -27,9 +28,10 @@ class LagSampleOps:
     """Mixed into `Registry` (which provides `_tx` and `_missing_version`)."""
 
     def add_lag_sample(self, pipeline: str, n: int, total: int | None, partitions: dict[str, Any],
-                       at: Any = None, lag_seconds: float | None = None) -> LagSampleRecord:
-        """Store one lag reading; `total` and `lag_seconds` None mean unknown (never zero)."""
-        return add_lag_sample(self, pipeline, n, total, partitions, at=at, lag_seconds=lag_seconds)
+                       at: Any = None, lag_seconds: float | None = None, batches: int | None = None
+                       ) -> LagSampleRecord:
+        """Store one lag reading; `total`, `lag_seconds` and `batches` None mean unknown (never zero)."""
+        return add_lag_sample(self, pipeline, n, total, partitions, at=at, lag_seconds=lag_seconds, batches=batches)
 
     def lag_samples(self, pipeline: str, n: int, limit: int | None = None, since: Any = None
                     ) -> list[LagSampleRecord]:
@@ -53,8 +55,11 @@ class LagSampleOps:
 
 
 def add_lag_sample(reg: Any, pipeline: str, n: int, total: int | None, partitions: dict[str, Any], *,
-                   at: Any = None, lag_seconds: float | None = None) -> LagSampleRecord:
-    """Store one lag reading; `total` and `lag_seconds` None mean unknown (never zero)."""
+                   at: Any = None, lag_seconds: float | None = None, batches: int | None = None) -> LagSampleRecord:
+    """Store one lag reading; `total`, `lag_seconds` and `batches` None mean unknown (never zero).
+
+    `batches`: the micro-batches the version's job had committed since it started when the reading
+    was taken (its status's count)."""
     if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
         raise RegistryError(f"lag total must be an integer or None (unknown), got {total!r}")
     if lag_seconds is not None:
@@ -62,6 +67,8 @@ def add_lag_sample(reg: Any, pipeline: str, n: int, total: int | None, partition
                 or not math.isfinite(lag_seconds) or lag_seconds < 0:
             raise RegistryError(f"lag in seconds must be a finite number >= 0 or None (unknown), got {lag_seconds!r}")
         lag_seconds = float(lag_seconds)
+    if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int) or batches < 0):
+        raise RegistryError(f"batches of a lag sample must be an integer >= 0 or None (unknown), got {batches!r}")
     at_ts = time.time() if at is None else _ts(at, "at")
     parts = _json(partitions or {}, "lag partitions")
     with reg._tx(f"recording a lag sample of {pipeline} v{n}", write=True) as conn:
@@ -69,12 +76,13 @@ def add_lag_sample(reg: Any, pipeline: str, n: int, total: int | None, partition
             versions.c.pipeline == pipeline, versions.c.version == n)).first()
         if exists is None:
             raise reg._missing_version(conn, pipeline, n)
-        # lag_seconds only when known: a registry not yet at step 4 (auto_migrate=False) takes the rest
-        known = {} if lag_seconds is None else {"lag_seconds": lag_seconds}
+        # each only when known: a registry not yet at step 4 or 5 (auto_migrate=False) takes the rest
+        known = {name: value for name, value in (("lag_seconds", lag_seconds), ("batches", batches))
+                 if value is not None}
         sample_id = conn.execute(lag_samples_table.insert().values(
             pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts, **known)).inserted_primary_key[0]
     return LagSampleRecord(id=sample_id, pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts,
-                           lag_seconds=lag_seconds)
+                           lag_seconds=lag_seconds, batches=batches)
 
 
 def latest_lag_samples(reg: Any, pipelines: Iterable[str] | None = None) -> dict[tuple[str, int], LagSampleRecord]:

@@ -115,6 +115,7 @@ class LagSampleRecord(_Record):
     total: int | None
     partitions: dict[str, Any]
     lag_seconds: float | None = None    # schema step 4; None: unknown
+    batches: int | None = None          # schema step 5: committed by the job since it started; None: unknown
 
 
 class AuditRecord(_Record):

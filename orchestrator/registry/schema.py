@@ -124,6 +124,7 @@ lag_samples_table = sa.Table(  # step 2
     sa.Column("total", sa.BigInteger),
     sa.Column("partitions", sa.JSON, nullable=False),
     sa.Column("lag_seconds", sa.Double),        # step 4
+    sa.Column("batches", sa.Integer),           # step 5
     sa.ForeignKeyConstraint(["pipeline", "version"], ["versions.pipeline", "versions.version"]),
     sa.Index("ix_lag_samples_version", "pipeline", "version", "at"),
 )
@@ -253,12 +254,22 @@ def _step4_lag_seconds(conn: Connection) -> None:
     _add_column(conn, "lag_samples", sa.Column("lag_seconds", sa.Double))
 
 
+def _step5_sample_batches(conn: Connection) -> None:
+    """On lag samples, the micro-batches the version's job had committed since it started when the
+    sample was taken: the evidence readiness needs (`orchestrator.lifecycle.await_ready`).
+
+    NULL means unknown, which is what every sample taken before this step is.
+    """
+    _add_column(conn, "lag_samples", sa.Column("batches", sa.Integer))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: pipelines, versions, aliases, alias history, audit log", _step1_initial),
     Migration(2, "publish tracking, served_at, rejects path, version details, lag samples",
               _step2_publish_and_lag),
     Migration(3, "job-start leases on versions (owner, epoch, expiry)", _step3_leases),
     Migration(4, "lag in seconds on lag samples", _step4_lag_seconds),
+    Migration(5, "micro-batches committed since the job started, on lag samples", _step5_sample_batches),
 )
 HEAD = MIGRATIONS[-1].version
 
