@@ -7,7 +7,10 @@ Triggered by hand (**Trigger Dag** in the UI, or `kappa trigger rollback PIPELIN
    standby version still runs; a version whose job was stopped is restarted from its own
    checkpoint (never from offset zero).
 2. **wait_ready**: a sensor (reschedule mode) that logs lag and ETA until the target has caught up
-   again; fails when its job fails or at the deadline.
+   again (by the same rule as a deploy: a micro-batch committed since its restart, lag within
+   `catchup_threshold` and `catchup_seconds` over spaced samples, not growing); fails when its job
+   fails, or at the deadline: a target that cannot catch up in time is not flipped to, unless
+   **Flip at the deadline anyway** is on (audited with the readiness it overrode).
 3. **flip**: one compare-and-swap of the serving alias back to the target, the pointer file
    published, and the audit entry (`airflow:<your user>`, your reason, this run). The flip is an
    event on the alias's Asset (`kappa.<alias>`): DAGs scheduled on it run next.
@@ -48,6 +51,10 @@ POKE = timedelta(seconds=form.poke_seconds())
         "catchup_deadline_minutes": form.deadline_minutes_param(
             ROLLBACK_DEADLINE_SECONDS, "The run fails if a restarted target is not ready this long after the run "
                                        "started; the current version keeps serving."),
+        "force": Param(False, type="boolean", title="Flip at the deadline anyway",
+                       description="Off: a target not caught up by the deadline is not flipped to (the current "
+                                   "version keeps serving). On: the flip happens at the deadline anyway, recorded "
+                                   "in the audit log with your reason and the readiness it overrode."),
         "reason": form.reason_param(),
     },
 )
@@ -60,13 +67,14 @@ def kappa_rollback():
     @task.sensor(mode="reschedule", poke_interval=POKE, timeout=timedelta(hours=24))
     def wait_ready(prepared: dict, params=None, dag_run=None) -> PokeReturnValue:
         return PokeReturnValue(**tasks.poke_rollback_ready(
-            prepared, user=dag_run.triggering_user_name, deadline_at=form.deadline_at(dag_run, params)))
+            prepared, user=dag_run.triggering_user_name, deadline_at=form.deadline_at(dag_run, params),
+            force=params["force"]))
 
     @task(outlets=[FLIPS])
     def flip(prepared: dict, readiness: dict | None, params=None, dag_run=None, outlet_events=None) -> dict:
         return tasks.rollback(prepared, params["reason"],
                               deadline_at=form.deadline_at(dag_run, params), user=dag_run.triggering_user_name,
-                              run_id=dag_run.run_id, outlet_events=outlet_events)
+                              run_id=dag_run.run_id, outlet_events=outlet_events, force=params["force"])
 
     prepared = prepare()
     flip(prepared, wait_ready(prepared))

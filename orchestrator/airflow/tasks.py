@@ -94,12 +94,12 @@ def _kappa() -> Kappa:
 def _lag_line(r: Readiness) -> str:
     from orchestrator.observe.lag import fmt_seconds, format_partitions
 
-    lag = "unknown" if r.total_lag is None else f"{r.total_lag:,} records"
     eta = "unknown" if r.eta_seconds is None else f"{r.eta_seconds:.0f} s"
     parts = format_partitions(r.partitions) if r.partitions else "-"
-    return (f"{r.pipeline} v{r.version}: {r.state}; lag {lag}, {fmt_seconds(r.lag_seconds)} behind "
-            f"(rule {r.rule}: {r.limits()}); ETA {eta}; {r.consecutive_ok}/{r.required_samples} samples ok; "
-            f"job {r.job_health}; partitions {parts}; {r.reason}")
+    batches = "-" if r.batches is None else f"{r.batches:,}"
+    return (f"{r.pipeline} v{r.version}: {r.state}; lag {r.lag_text()} records, {fmt_seconds(r.lag_seconds)} behind "
+            f"({r.limits()}); ETA {eta}; {r.consecutive_ok}/{r.required_samples} samples counted; "
+            f"{batches} micro-batches since the job started; job {r.job_health}; partitions {parts}; {r.reason}")
 
 
 # -- kappa_reprocess --------------------------------------------------------------------------
@@ -211,41 +211,31 @@ def start_reprocess(pipeline: str, rules_version: str | None = None, threshold: 
 
 @refusals_are_final
 def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | None,
-               burst_seconds: float = 2.0, on_sample: Callable[[Readiness], None] | None = None) -> PokeResult:
+               on_sample: Callable[[Readiness], None] | None = None) -> PokeResult:
     """One sensor poke: sample lag, log it with the ETA, and say whether the version is ready.
 
-    The sensor form of `lifecycle.await_ready.wait_ready`. When the job runs and its lag is at or
-    under the threshold, the pipeline's `catchup_samples` are taken `burst_seconds` apart within
-    the poke, so that a caught-up version is declared ready without waiting several pokes (the
-    worker slot is held for those few seconds only). Raises NotReadyError when the job fails or
-    the deadline (unix time) passes, naming the partitions still lagging.
+    The sensor form of `lifecycle.await_ready.wait_ready`: one sample per poke (the rule counts
+    samples a micro-batch apart, so samples a few seconds apart within one poke would add nothing).
+    Raises NotReadyError when the job fails or stopped, or the deadline (unix time) passes, naming the
+    partitions still lagging.
     """
-    from orchestrator.lifecycle.await_ready import failing_error, readiness
+    from orchestrator.lifecycle.await_ready import ENDED, failing_error, readiness
 
-    actor = actor_for(user)
     with _kappa() as k:
-        samples = 0
-        while True:
-            r = readiness(k, pipeline, version, record=True, actor=actor)
-            samples += 1
-            log.info("%s", _lag_line(r))
-            if on_sample is not None:
-                on_sample(r)
-            if r.ready:
-                return {"is_done": True, "xcom_value": r.model_dump(mode="json")}
-            if r.state == "failing":
-                raise failing_error(k, r)
-            if time.time() >= deadline_at:
-                raise NotReadyError(
-                    f"{pipeline} v{version} is not ready by the deadline ({r.state}): {_lag_line(r)}. "
-                    f"Trigger again with a longer catch-up deadline, or check the job log "
-                    f"{k.paths(pipeline, version).log_file}")
-            # only the run of consecutive samples is missing: take them now rather than a poke apart
-            short_of_samples = (r.job_health == "running" and r.total_lag is not None
-                                and r.total_lag <= r.threshold and samples < r.required_samples)
-            if not short_of_samples:
-                return {"is_done": False, "xcom_value": None}
-            time.sleep(burst_seconds)
+        r = readiness(k, pipeline, version, record=True, actor=actor_for(user))
+        log.info("%s", _lag_line(r))
+        if on_sample is not None:
+            on_sample(r)
+        if r.ready:
+            return {"is_done": True, "xcom_value": r.model_dump(mode="json")}
+        if r.state in ENDED:
+            raise failing_error(k, r)
+        if time.time() >= deadline_at:
+            raise NotReadyError(
+                f"{pipeline} v{version} is not ready by the deadline ({r.state}): {_lag_line(r)}. "
+                f"Trigger again with a longer catch-up deadline, or check the job log "
+                f"{k.paths(pipeline, version).log_file}")
+        return {"is_done": False, "xcom_value": None}
 
 
 def _text(render, *args) -> list[str]:
@@ -474,9 +464,11 @@ def prepare_rollback(pipeline: str, to_version: int | None = None, reason: str |
 
 
 @refusals_are_final
-def poke_rollback_ready(prepared: dict[str, Any], *, deadline_at: float, user: str | None) -> PokeResult:
+def poke_rollback_ready(prepared: dict[str, Any], *, deadline_at: float, user: str | None,
+                        force: bool = False) -> PokeResult:
     """Sensor poke of the rollback: is the target ready for the flip? (At once when nothing is to flip.)
-    A restarted target's catch-up (lag, ETA) heads the run's note at every poke."""
+    A restarted target's catch-up (lag, ETA) heads the run's note at every poke. At the deadline the run
+    fails (nothing flipped), or with `force` goes on to the flip task, which flips anyway."""
     from orchestrator.airflow import notes
     from orchestrator.lifecycle.rollback import restart_progress_line
 
@@ -488,12 +480,18 @@ def poke_rollback_ready(prepared: dict[str, Any], *, deadline_at: float, user: s
         if prepared.get("restarted"):
             line = restart_progress_line(n, r.total_lag, eta_seconds=r.eta_seconds, job_health=r.job_health, now=r.at)
             notes.set_run_note(f"rolling back {prepared['pipeline']} to v{n}, {line}", [prepared["message"]])
-    return poke_ready(prepared["pipeline"], n, deadline_at=deadline_at, user=user, on_sample=progress)
+    if force and time.time() >= deadline_at:
+        log.warning("the deadline has passed: flipping to v%s anyway (force), recorded with its readiness", n)
+        return {"is_done": True, "xcom_value": None}
+    # with force, the deadline ends the wait (above, at the next poke) rather than failing the run
+    return poke_ready(prepared["pipeline"], n, deadline_at=float("inf") if force else deadline_at, user=user,
+                      on_sample=progress)
 
 
 @refusals_are_final
 def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at: float, user: str | None,
-             run_id: str, dag_id: str = "kappa_rollback", outlet_events: Any = None) -> dict[str, Any]:
+             run_id: str, dag_id: str = "kappa_rollback", outlet_events: Any = None,
+             force: bool = False) -> dict[str, Any]:
     """Flip the alias back to the prepared target (ready by now): CAS, publish, record.
 
     The flip expects the alias where the prepare task found it (`prepared["from_version"]`), so a
@@ -508,7 +506,7 @@ def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at
     plan = RollbackPlan.model_validate(prepared)
     with _kappa() as k:
         res = finish_rollback(k, plan, actor=actor_for(user), deadline_seconds=max(0.0, deadline_at - time.time()),
-                              reason=_rollback_reason(reason, user, dag_id, run_id))
+                              reason=_rollback_reason(reason, user, dag_id, run_id), force=force)
         log.info("%s", res.message)
         event = announce_flip(k, outlet_events, action="rollback", pipeline=res.pipeline, alias=res.alias,
                               version=res.to_version, previous_version=res.from_version, flipped=res.flipped,

@@ -14,6 +14,7 @@ import typer
 
 from orchestrator.cli.app import EXIT_REFUSED, Actor, AsJson, Cli, Reason, app, cli_of, default_actor
 from orchestrator.cli.render import json_ready, print_json, print_result
+from orchestrator.core.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator.core.kappa import Kappa
@@ -142,6 +143,7 @@ def rollback_cmd(
     pipeline: Annotated[str, typer.Argument(help="pipeline name")],
     to: Annotated[Optional[int], typer.Option("--to", min=1, help="version to serve (default: the previous serving one)")] = None,
     deadline: Annotated[Optional[float], typer.Option("--deadline", min=1, help="seconds to wait for a restarted version to catch up (default: the kappa_rollback DAG's)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="flip at the deadline even if the version has not caught up (needs --reason; audited)")] = False,
     actor: Actor = None,
     reason: Reason = None,
     as_json: AsJson = False,
@@ -149,7 +151,8 @@ def rollback_cmd(
     """Flip the alias back to the previous (or a named) version, restarting its job if needed.
 
     First says what it costs: an instant flip to a running standby, or a restart from the checkpoint
-    (records to catch up, the last such restart's duration), then draws the catch-up until the flip."""
+    (records to catch up, the last such restart's duration), then draws the catch-up until the flip.
+    A version not caught up by the deadline is not flipped to (unless --force)."""
     from orchestrator.lifecycle.await_ready import POLL_SECONDS
     from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback
     from orchestrator.observe.progress import LagProgress
@@ -157,6 +160,9 @@ def rollback_cmd(
     cli = cli_of(ctx)
     k = cli.kappa()
     who = actor or default_actor()
+    if force and not (reason or "").strip():
+        raise ConfigError(f"rollback of {pipeline} with --force needs a reason (--reason \"...\"): it is recorded in "
+                          f"the audit log with the readiness it overrode")
     plan = prepare_rollback(k, pipeline, to, actor=who, reason=reason)
     console = cli.err if as_json else cli.out
     if not plan.done:
@@ -164,9 +170,9 @@ def rollback_cmd(
     wait = _given(deadline_seconds=deadline)
     if plan.restarted:
         with LagProgress(console, line_every=max(POLL_SECONDS, 2.0)) as bars:
-            result = finish_rollback(k, plan, actor=who, reason=reason, on_sample=bars.update, **wait)
+            result = finish_rollback(k, plan, actor=who, reason=reason, on_sample=bars.update, force=force, **wait)
     else:
-        result = finish_rollback(k, plan, actor=who, reason=reason, **wait)
+        result = finish_rollback(k, plan, actor=who, reason=reason, force=force, **wait)
     _show(cli, result, as_json)
 
 

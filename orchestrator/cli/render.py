@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.core.files import write_atomic
+from orchestrator.observe.lag import fmt_lag
 from orchestrator.observe.progress import fmt_count, fmt_eta
 from orchestrator.observe.render import fmt_time
 
@@ -115,7 +116,8 @@ def status_table(data: list[dict[str, Any]]) -> Table:
                           f" of {fmt_count(reading['records_total'])} records")
             t.add_row(p["pipeline"], f"v{v['version']}" + (" *" if v["serving"] else ""), v["state"],
                       v.get("readiness") or "-",
-                      "-" if v.get("readiness") is None else fmt_count(v.get("lag")),
+                      "-" if v.get("readiness") is None else fmt_lag(v.get("lag"), floored=bool(v.get("lag_floored")),
+                                                                     unread=v.get("unread")),
                       "-" if v.get("readiness") is None else fmt_eta(v.get("eta_seconds")),
                       "-" if v.get("rejects") is None else f"{v['rejects']:,}",
                       _rules_cell(v), jtext)

@@ -100,7 +100,8 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         row.update(readiness=r.state, lag=r.total_lag, partitions=r.partitions, eta_seconds=r.eta_seconds,
                    consecutive_ok=r.consecutive_ok, required_samples=r.required_samples,
                    threshold=r.threshold, reason=r.reason, lag_error=r.lag_error,
-                   lag_seconds=r.lag_seconds, catchup_rule=r.rule, max_lag_seconds=r.max_lag_seconds)
+                   lag_seconds=r.lag_seconds, catchup_seconds=r.catchup_seconds, catchup_rule=r.rule,
+                   lag_floored=r.floored, unread=r.unread)
     else:
         # Not meant to run: no readiness. A job still alive is finishing a stop (it ends its micro-batch).
         row.update(readiness=None, lag=None, partitions={}, eta_seconds=None, lag_seconds=None)

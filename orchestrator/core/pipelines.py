@@ -11,9 +11,8 @@ decides with (catch-up threshold and samples, standby grace period, retention, p
     ruleset = "titles"              # jobs/rules/titles/*.toml; omit for jobs without rules
     alias = "member_profiles_std"
     catchup_threshold = 0           # records
+    catchup_seconds = 60            # and the oldest record not yet processed at most this old
     catchup_samples = 3
-    catchup_max_lag_seconds = 30    # optional: also (or only) a lag in time, see `catchup_rule`
-    catchup_rule = "both"           # optional: records | seconds | both (default: both if seconds set)
     grace_period_seconds = 300
     keep_versions = 3
     key_count_tolerance = 0.01
@@ -54,7 +53,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, computed_field,
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, computed_field,
                       field_validator)
 
 from orchestrator.core.checks import CheckSpec
@@ -85,13 +84,12 @@ class PipelineSpec(BaseModel):
     alias: str
     ruleset: str | None = None
     catchup_threshold: NonNegativeInt = 0
+    #: Catch-up in time: ready also needs the oldest record the version has not processed to be at
+    #: most this many seconds old (its lag in seconds, from Kafka record timestamps). Both limits
+    #: hold at once, records and seconds (`orchestrator.lifecycle.await_ready`). The default, a
+    #: minute, is a few live micro-batches of a job that keeps up on a small machine.
+    catchup_seconds: Annotated[float, Field(strict=True, gt=0.0)] = 60.0
     catchup_samples: PositiveInt = 3
-    #: Catch-up in time (optional): ready needs the oldest record the version has not processed
-    #: to be at most this many seconds old (its lag in seconds, from Kafka record timestamps).
-    #: `catchup_rule` combines it with `catchup_threshold`: "both" (the default once this is set),
-    #: "seconds" (this alone), or "records" (the default without it). See `catchup_rule_used`.
-    catchup_max_lag_seconds: Annotated[float, Field(strict=True, ge=0.0)] | None = None
-    catchup_rule: Literal["records", "seconds", "both"] | None = None
     grace_period_seconds: Annotated[float, Field(strict=True, ge=0.0)] = 300.0
     keep_versions: PositiveInt = 3
     key_count_tolerance: Fraction = 0.01
@@ -111,7 +109,7 @@ class PipelineSpec(BaseModel):
     checks: tuple[CheckSpec, ...] = ()
     #: The watch (`orchestrator.lifecycle.watch`): after a promote, while the previous version is
     #: standby (its grace period), roll back by itself when the promoted version's job is given up,
-    #: its lag in seconds stays over `watch_max_lag_seconds` (default: `catchup_max_lag_seconds`) for
+    #: its lag in seconds stays over `watch_max_lag_seconds` (default: `catchup_seconds`) for
     #: `watch_lag_samples` samples, its reject rate passes `max_reject_rate`, or a check with
     #: `watch = true` fails on its live table. Off unless set: the team chooses it per pipeline.
     auto_rollback: bool = False
@@ -129,9 +127,9 @@ class PipelineSpec(BaseModel):
         return v
 
     @property
-    def watch_lag_limit(self) -> float | None:
-        """The lag in seconds the watch allows: `watch_max_lag_seconds`, else `catchup_max_lag_seconds`."""
-        return self.watch_max_lag_seconds if self.watch_max_lag_seconds is not None else self.catchup_max_lag_seconds
+    def watch_lag_limit(self) -> float:
+        """The lag in seconds the watch allows: `watch_max_lag_seconds`, else `catchup_seconds`."""
+        return self.watch_max_lag_seconds if self.watch_max_lag_seconds is not None else self.catchup_seconds
 
     @field_validator("name")
     @classmethod
@@ -152,23 +150,6 @@ class PipelineSpec(BaseModel):
     @classmethod
     def _ruleset(cls, v: str | None) -> str | None:
         return None if v is None else _as_value_error(lambda x: validate_name(x, field="ruleset name"), v)
-
-    @field_validator("catchup_rule")
-    @classmethod
-    def _catchup_rule(cls, v: str | None, info: ValidationInfo) -> str | None:
-        seconds = info.data.get("catchup_max_lag_seconds")
-        if v in ("seconds", "both") and seconds is None:
-            raise ValueError(f'"{v}" needs catchup_max_lag_seconds; set it, or use catchup_rule = "records"')
-        if v == "records" and seconds is not None:
-            raise ValueError('"records" ignores catchup_max_lag_seconds; remove one of them, or use "both"')
-        return v
-
-    @property
-    def catchup_rule_used(self) -> str:
-        """The readiness rule: `catchup_rule`, else "both" with `catchup_max_lag_seconds`, else "records"."""
-        if self.catchup_rule is not None:
-            return self.catchup_rule
-        return "records" if self.catchup_max_lag_seconds is None else "both"
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -288,12 +269,23 @@ def check_pipeline_code(spec: PipelineSpec, *, job_path: list[str] | tuple[str, 
     check_ruleset_exists(spec, rules_dir=rules_dir)
 
 
+#: Fields an older kappa took, and what to do with them now.
+_REPLACED = {
+    "catchup_max_lag_seconds": "renamed catchup_seconds: rename it (readiness now always needs both "
+                               "catchup_threshold and catchup_seconds)",
+    "catchup_rule": "removed: a version is caught up when within both catchup_threshold and catchup_seconds; "
+                    "delete the line (raise catchup_threshold or catchup_seconds to loosen one of them)",
+}
+
+
 def _field_error(path: Path, pipeline: str, err: dict[str, Any]) -> str:
     loc = [str(p) for p in err["loc"]]
     field = loc[0] if loc else "?"
     where = f"pipelines file {path}: pipeline {pipeline!r}, field {field!r}"
     if err["type"] == "missing":
         return f"{where}: required but missing; add it to [pipelines.{pipeline}]"
+    if err["type"] == "extra_forbidden" and field in _REPLACED:
+        return f"{where}: {_REPLACED[field]}"
     if err["type"] == "extra_forbidden":
         known = ", ".join(n for n in PipelineSpec.model_fields if n != "name")
         return f"{where}: unknown field; known fields: {known}"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["VersionState", "ALL", "IN_FLIGHT", "RUNNING", "LIVE", "FLIP_TARGETS", "TRANSITIONS", "legal",
+__all__ = ["VersionState", "ALL", "IN_FLIGHT", "RUNNING", "LIVE", "FLIP_TARGETS", "FORCED_FLIP_TARGETS", "TRANSITIONS",
+           "legal",
            "RunState", "ENDED_RUNS"]
 
 
@@ -41,14 +42,17 @@ LIVE: frozenset[VersionState] = RUNNING
 #: States an alias may be flipped to: a caught-up version (promote), a standby (rollback), or the
 #: one already serving (a no-op). Checked in the flip's own transaction.
 FLIP_TARGETS: frozenset[VersionState] = frozenset({S.CAUGHT_UP, S.STANDBY, S.SERVING})
+#: ... and, for a rollback forced at its deadline (`kappa rollback --force`, audited), a restarted
+#: version whose running job has not caught up yet.
+FORCED_FLIP_TARGETS: frozenset[VersionState] = FLIP_TARGETS | {S.STARTING, S.BACKFILLING}
 
 _RESTARTABLE = frozenset({S.STARTING, S.STOPPED, S.FAILED})
 #: Every legal move of a version state (a restart of a serving or standby job keeps its state;
 #: any other start goes through `starting`).
 TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
     S.CREATED: frozenset({S.STARTING, S.STOPPED, S.FAILED, S.RETIRING}),
-    S.STARTING: frozenset({S.STARTING, S.BACKFILLING, S.CAUGHT_UP, S.STOPPED, S.FAILED}),
-    S.BACKFILLING: frozenset({S.STARTING, S.CAUGHT_UP, S.STOPPED, S.FAILED}),
+    S.STARTING: frozenset({S.STARTING, S.BACKFILLING, S.CAUGHT_UP, S.SERVING, S.STOPPED, S.FAILED}),
+    S.BACKFILLING: frozenset({S.STARTING, S.CAUGHT_UP, S.SERVING, S.STOPPED, S.FAILED}),
     S.CAUGHT_UP: frozenset({S.STARTING, S.SERVING, S.STOPPED, S.FAILED}),
     S.SERVING: frozenset({S.STANDBY, S.FAILED}),
     S.STANDBY: frozenset({S.SERVING, S.STOPPED, S.FAILED}),

@@ -282,8 +282,9 @@ class Demo:
         spec = self.k.pipeline(self.pipeline)
         t = self.opts.threshold if self.opts.threshold is not None else spec.catchup_threshold
         origin = "--threshold" if self.opts.threshold is not None else "the pipeline's catchup_threshold"
-        self.say(f"catch-up rule: lag <= {t:,} records ({origin}; live updates keep arriving) for "
-                 f"{spec.catchup_samples} consecutive samples, job healthy")
+        self.say(f"catch-up rule: lag <= {t:,} records ({origin}; live updates keep arriving) and <= "
+                 f"{spec.catchup_seconds:g} s behind (catchup_seconds) in {spec.catchup_samples} samples a "
+                 f"micro-batch apart, after a micro-batch committed since the job started, the lag not growing")
         return t
 
     def deploy_and_wait(self, rules: str, threshold: int, reason: str) -> int:

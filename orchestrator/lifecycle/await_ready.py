@@ -3,28 +3,39 @@
 - hydrating: the job runs and has not caught up yet since it was deployed (backfilling);
 - lagging: it had caught up (or serves) but is now behind, or its lag is unknown, or its job is
   finishing a requested stop (the registry no longer counts it as running);
-- ready: lag within the pipeline's catch-up rule for N consecutive recent samples (all taken since
-  the job's current start, and within `readiness_window_seconds` of the newest), and the job
-  running with a fresh heartbeat;
+- ready: caught up by the rule below, and the job running with a fresh heartbeat;
+- stopped: its job ended on a request (a stop, a shutdown of `kappa up`): not a failure, but not
+  ready either (a wait for it ends at once);
 - failing: the job failed, hangs, or is not running (or stops while the version should run).
 
-The catch-up rule (`PipelineSpec.catchup_rule_used`, recorded as `rule` in every decision and in
-the `caught_up` audit entry): "records" (total lag <= `catchup_threshold`, the default), "seconds"
-(lag in seconds, the age of the oldest unprocessed record, <= `catchup_max_lag_seconds`) or "both".
-A sample whose lag is unknown (in records, or in seconds when the rule uses seconds) breaks the run of consecutive samples: unknown never counts.
-Old samples do not count either: one fresh sample and two from an hour ago are one sample, not
-three. The window is the setting `readiness_window_seconds` (default 300 s, `KAPPA_READINESS_WINDOW_SECONDS`):
-wide enough for N samples at the slowest sampler's pace (the monitor, once a minute; a wait polls
-every `POLL_SECONDS`, an Airflow sensor in bursts), narrow enough that "N samples" means "lately".
-A window rather than a maximum gap between samples, so the rule reads the same whoever samples.
-The sample just taken leads the run by its registry id, never by comparing clocks, so samples
-taken within one tick of a coarse clock still count once each.
-The decision carries the samples it was made from; the first "ready" of a version moves it to
-`caught_up` in the registry with those samples in the audit log.
+Caught up means caught up, from evidence, not from a threshold alone (one rule for deploy, promote,
+the reprocess DAG and a rollback that restarts a stopped version; `catchup_rule_text`):
+
+1. since its job last started, the version has committed at least one micro-batch (the job's own
+   count, stored with every lag sample as `batches`), or it has nothing to read (lag 0): a job
+   restarted from an old checkpoint has a lag from that checkpoint, which says nothing about
+   whether it keeps up now;
+2. its lag is within both limits of the pipeline: `catchup_threshold` records and
+   `catchup_seconds` seconds (the age of the oldest record not processed yet); unknown lag, of
+   either kind, never counts;
+3. for `catchup_samples` samples spaced apart: a micro-batch committed between two counted
+   samples, or (lag 0, nothing to commit) at least one trigger interval (`TRIGGER_SECONDS`) lies
+   between them. Samples closer than that are not counted (they do not break the run either);
+4. the lag did not grow across the counted samples (the newest is not above the oldest).
+
+The samples are those taken since the job's current start and within `readiness_window_seconds`
+of the newest (default 300 s, `KAPPA_READINESS_WINDOW_SECONDS`), so "N samples" means "lately".
+The sample just taken leads the run by its registry id, never by comparing clocks. The count shown
+never exceeds the rule's N. The decision carries the rule, its numbers and the samples it was made
+from (`Readiness.decision`); the first "ready" of a version moves it to `caught_up` in the registry
+with those in the audit log, and promote and rollback record them with their flip.
+
+A reading taken from the read progress of a first batch not yet committed (`LagReading.floored`)
+is a floor, shown as one (`observe.lag.fmt_lag`), with no ETA.
 
 `wait_ready` raises NotReadyError at its deadline naming the partitions still lagging, or at once
-when the job fails. Deadlines are seconds; `CATCHUP_DEADLINE_SECONDS` is the default wait for a
-new version to catch up, whichever front end (CLI or Airflow form) asks.
+when the job fails or stopped. Deadlines are seconds; `CATCHUP_DEADLINE_SECONDS` is the default wait
+for a new version to catch up, whichever front end (CLI or Airflow form) asks.
 """
 
 from __future__ import annotations
@@ -35,21 +46,25 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field, computed_field
 
+from jobs.lib.runtime.args import TRIGGER_SECONDS
 from orchestrator.core.exceptions import ConflictError, NotReadyError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import LIVE, VersionState
 from orchestrator.core.files import tail as log_tail
 from orchestrator.core.secrets import mask_secrets
 from orchestrator.jobctl import JobStatus, inspect_version
-from orchestrator.observe.lag import (LagReading, eta_seconds, fmt_seconds, format_partitions, measure_lag, sample_lag,
-                                      sample_seconds, sample_time)
+from orchestrator.observe.lag import (LagReading, eta_seconds, fmt_lag, fmt_seconds, format_partitions, measure_lag,
+                                      sample_lag, sample_seconds, sample_time)
 
 __all__ = ["Readiness", "ReadinessState", "CATCHUP_DEADLINE_SECONDS", "POLL_SECONDS", "readiness", "wait_ready",
-           "failing_error", "version_threshold", "sample_ok", "catchup_limits"]
+           "failing_error", "version_threshold", "sample_ok", "within_limits", "counted_samples",
+           "catchup_limits", "catchup_rule_text", "ENDED"]
 
 log = logging.getLogger(__name__)
 
-ReadinessState = Literal["hydrating", "lagging", "ready", "failing"]
+ReadinessState = Literal["hydrating", "lagging", "ready", "stopped", "failing"]
+#: Readiness states a wait for the version cannot get out of by waiting.
+ENDED = frozenset({"failing", "stopped"})
 _NEVER_CAUGHT_UP = frozenset({VersionState.CREATED, VersionState.STARTING, VersionState.BACKFILLING})
 
 #: How long a new version may take to catch up from offset zero before a wait for it fails.
@@ -59,15 +74,15 @@ POLL_SECONDS = 2.0
 
 
 class Readiness(BaseModel):
-    """One readiness decision; `samples` (newest first) are the lag samples it was made from."""
+    """One readiness decision; `samples` (newest first) are the counted samples it was made from."""
 
     pipeline: str
     version: int
     state: ReadinessState
-    total_lag: int | None                    # None: unknown
+    total_lag: int | None                    # None: unknown; a floor when `floored`
     partitions: dict[str, int | None]
     eta_seconds: float | None
-    consecutive_ok: int
+    consecutive_ok: int                      # samples counted by the rule, at most required_samples
     required_samples: int
     threshold: int
     job_health: str
@@ -79,26 +94,40 @@ class Readiness(BaseModel):
     samples: list[dict[str, Any]] = Field(default_factory=list)
     job: dict[str, Any] = Field(default_factory=dict)
     lag_seconds: float | None = None         # age of the oldest unprocessed record; None: unknown
-    max_lag_seconds: float | None = None     # the pipeline's catchup_max_lag_seconds
-    rule: Literal["records", "seconds", "both"] = "records"
+    catchup_seconds: float = 60.0            # the pipeline's catchup_seconds
+    batches: int | None = None               # micro-batches committed since the job started (None: unknown)
+    growing: bool = False                    # the lag grew across the counted samples
+    floored: bool = False                    # total_lag is a floor: the first batch is not committed yet
+    unread: int | None = None                # with floored: what the read progress says is left
 
     def limits(self) -> str:
-        return catchup_limits(self.rule, self.threshold, self.max_lag_seconds)
+        return catchup_limits(self.threshold, self.catchup_seconds)
+
+    @computed_field
+    @property
+    def rule(self) -> str:
+        return catchup_rule_text(self.threshold, self.catchup_seconds, self.required_samples)
 
     @computed_field
     @property
     def ready(self) -> bool:
         return self.state == "ready"
 
+    def lag_text(self) -> str:
+        return fmt_lag(self.total_lag, floored=self.floored, unread=self.unread)
+
+    def decision(self) -> dict[str, Any]:
+        """The rule and the numbers a decision was made with, as recorded with it (audit details)."""
+        return {"state": self.state, "rule": self.rule, "threshold": self.threshold,
+                "catchup_seconds": self.catchup_seconds, "required_samples": self.required_samples,
+                "counted": self.consecutive_ok, "batches": self.batches, "growing": self.growing,
+                "lag": self.total_lag, "lag_seconds": self.lag_seconds, "samples": self.samples}
+
     def summary(self) -> str:
-        lag = "unknown" if self.total_lag is None else f"{self.total_lag}"
         eta = "" if self.eta_seconds is None else f", ETA {self.eta_seconds:.0f} s"
-        if self.rule == "records":
-            return (f"{self.pipeline} v{self.version}: {self.state}, lag {lag}{eta}, "
-                    f"{self.consecutive_ok}/{self.required_samples} samples <= {self.threshold}; {self.reason}")
-        return (f"{self.pipeline} v{self.version}: {self.state}, lag {lag}, {fmt_seconds(self.lag_seconds)} "
-                f"behind{eta}, {self.consecutive_ok}/{self.required_samples} samples with {self.limits()} "
-                f"(rule {self.rule!r}); {self.reason}")
+        return (f"{self.pipeline} v{self.version}: {self.state}, lag {self.lag_text()}, "
+                f"{fmt_seconds(self.lag_seconds)} behind{eta}, {self.consecutive_ok}/{self.required_samples} "
+                f"samples with {self.limits()}; {self.reason}")
 
 
 def version_threshold(k: Kappa, pipeline: str, version: int, record: Any = None) -> int:
@@ -108,30 +137,57 @@ def version_threshold(k: Kappa, pipeline: str, version: int, record: Any = None)
     return k.pipeline(pipeline).catchup_threshold if override is None else int(override)
 
 
-def catchup_limits(rule: str, threshold: int, max_seconds: float | None) -> str:
-    """A catch-up rule's limits in words: 'lag <= 1000', 'lag <= 1000 and oldest unprocessed <= 30 s'."""
-    seconds = f"oldest unprocessed record <= {fmt_seconds(max_seconds)} old"
-    if rule == "seconds":
-        return seconds
-    if rule == "both":
-        return f"lag <= {threshold} and {seconds}"
-    return f"lag <= {threshold}"
+def catchup_limits(threshold: int, seconds: float) -> str:
+    """The catch-up limits in words: 'lag <= 1,000 records and <= 60 s behind'."""
+    return f"lag <= {threshold:,} records and <= {fmt_seconds(seconds)} behind"
+
+
+def catchup_rule_text(threshold: int, seconds: float, samples: int) -> str:
+    """The whole rule with its numbers, as every decision records it."""
+    return (f"{catchup_limits(threshold, seconds)} in {samples} samples a micro-batch apart (or "
+            f"{TRIGGER_SECONDS:g} s apart with nothing to read), all after a micro-batch committed since "
+            f"the job started, the lag not growing across them")
 
 
 def _sample_dict(s: Any) -> dict[str, Any]:
-    return {"at": sample_time(s), "total": s.total, "partitions": s.partitions, "lag_seconds": sample_seconds(s)}
+    return {"at": sample_time(s), "total": s.total, "partitions": s.partitions, "lag_seconds": sample_seconds(s),
+            "batches": getattr(s, "batches", None)}
 
 
-def sample_ok(sample: dict[str, Any], rule: str, threshold: int, max_lag_seconds: float | None) -> bool:
-    """Does one sample meet the catch-up rule? Unknown lag (of a kind the rule uses) never does."""
+def within_limits(sample: dict[str, Any], threshold: int, max_seconds: float) -> bool:
+    """Is one sample's lag within both limits? Unknown lag, of either kind, never is."""
     total, seconds = sample.get("total"), sample.get("lag_seconds")
-    records_ok = total is not None and total <= threshold
-    seconds_ok = seconds is not None and max_lag_seconds is not None and seconds <= max_lag_seconds
-    if rule == "seconds":
-        return total is not None and seconds_ok     # an unknown record lag is an unreadable log
-    if rule == "both":
-        return records_ok and seconds_ok
-    return records_ok
+    return total is not None and total <= threshold and seconds is not None and seconds <= max_seconds
+
+
+def sample_ok(sample: dict[str, Any], threshold: int, max_seconds: float) -> bool:
+    """May one sample count? Within both limits, and taken after its job committed a micro-batch
+    (or with nothing to read): a lag from the checkpoint of an earlier run is no evidence."""
+    return within_limits(sample, threshold, max_seconds) and (
+        sample.get("total") == 0 or (sample.get("batches") or 0) >= 1)
+
+
+def _spaced(older: dict[str, Any], newer: dict[str, Any]) -> bool:
+    """A micro-batch committed between the two samples, or, with nothing to read, a trigger interval."""
+    b_old, b_new = older.get("batches"), newer.get("batches")
+    if b_old is not None and b_new is not None and b_new > b_old:
+        return True
+    return older.get("total") == 0 and newer.get("total") == 0 and newer["at"] - older["at"] >= TRIGGER_SECONDS
+
+
+def counted_samples(history: list[dict[str, Any]], threshold: int, max_seconds: float,
+                    needed: int) -> list[dict[str, Any]]:
+    """The samples the rule counts (newest first, at most `needed`): the run of samples that may
+    count since the newest, each spaced from the one counted before it."""
+    counted: list[dict[str, Any]] = []
+    for s in history:
+        if not sample_ok(s, threshold, max_seconds):
+            break
+        if not counted or _spaced(s, counted[-1]):
+            counted.append(s)
+            if len(counted) == needed:
+                break
+    return counted
 
 
 def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, threshold: int | None = None,
@@ -141,12 +197,13 @@ def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, thr
     reg = k.registry
     rec = reg.get_version(pipeline, version)
     threshold = version_threshold(k, pipeline, version, rec) if threshold is None else threshold
-    needed = spec.catchup_samples
-    rule, max_seconds = spec.catchup_rule_used, spec.catchup_max_lag_seconds
+    needed, max_seconds = spec.catchup_samples, spec.catchup_seconds
     # A failed job is not recorded here: the supervisor (reconcile, inside monitor) decides whether
     # it is restarted from its checkpoint or, past its bound, failed.
     job = inspect_version(k, pipeline, version)
-    reading: LagReading = sample_lag(k, pipeline, version) if record else measure_lag(k, pipeline, version)
+    batches = job.batches if job.alive else None
+    reading: LagReading = (sample_lag(k, pipeline, version, batches=batches) if record
+                           else measure_lag(k, pipeline, version))
 
     since = (job.started_at - 0.001) if job.started_at else None
     oldest = reading.at - k.settings.readiness_window_seconds
@@ -155,53 +212,67 @@ def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, thr
     # The store holds the current sample already (record=True): it leads by its id, whatever the clock says.
     history = [_sample_dict(s) for s in reversed(stored) if s.id != reading.sample_id]
     current = {"at": reading.at, "total": reading.total, "partitions": dict(reading.partitions),
-               "lag_seconds": reading.lag_seconds}
+               "lag_seconds": reading.lag_seconds, "batches": batches}
     history = [current, *history]
-    consecutive = 0
-    for s in history:
-        if not sample_ok(s, rule, threshold, max_seconds):
-            break
-        consecutive += 1
-    basis = history[:needed]
-    eta = eta_seconds(history, 0 if rule == "seconds" else threshold, since=since)
+    basis = counted_samples(history, threshold, max_seconds, needed)
+    consecutive = len(basis)
+    growing = consecutive >= 2 and basis[0]["total"] > basis[-1]["total"]
+    eta = None if reading.floored else eta_seconds(history, threshold, since=since)
 
     if job.failed:
         state, why = "failing", job.error or "the job failed"
     elif job.health == "stopping" and rec.state not in LIVE:
         state, why = "lagging", "its job is stopping (stop requested)"
+    elif job.health in ("stopped", "finished"):
+        state, why = "stopped", f"its job {job.health} on a request (pid {job.pid}); start it again with `kappa rollback` " \
+                                f"or `kappa start`"
     elif not job.healthy:
         state, why = "failing", f"job is not running ({job.health}); start it with `kappa rollback` or redeploy"
     elif reading.total is None:
         state = "hydrating" if rec.state in _NEVER_CAUGHT_UP else "lagging"
         why = f"lag unknown ({reading.error}); unknown lag never counts as caught up"
-    elif rule != "records" and reading.lag_seconds is None and job.health == "running":
+    elif reading.lag_seconds is None and job.health == "running":
         state = "hydrating" if rec.state in _NEVER_CAUGHT_UP else "lagging"
-        why = (f"lag in seconds unknown (the oldest unprocessed records could not be fetched); the "
-               f"{rule!r} catch-up rule never counts it as caught up")
-    elif consecutive >= needed and job.health == "running":
-        state, why = "ready", f"{catchup_limits(rule, threshold, max_seconds)} for {consecutive} consecutive samples, job running"
+        why = "lag in seconds unknown (the oldest unprocessed records could not be fetched); it never counts"
+    elif consecutive >= needed and not growing and job.health == "running":
+        state, why = "ready", (f"{catchup_limits(threshold, max_seconds)} in {consecutive} samples a micro-batch "
+                               f"apart, not growing, {batches if batches is not None else 'no'} micro-batches "
+                               f"since the job started, job running")
     else:
         state = "hydrating" if rec.state in _NEVER_CAUGHT_UP else "lagging"
-        if job.health != "running":
-            why = f"job is {job.health} (not running micro-batches yet)"
-        elif rule != "seconds" and reading.total > threshold:
-            why = f"lag {reading.total} > threshold {threshold}"
-        elif rule != "records" and reading.lag_seconds is not None and reading.lag_seconds > max_seconds:
-            why = f"lag {fmt_seconds(reading.lag_seconds)} > catchup_max_lag_seconds {max_seconds:g}"
-        elif rule == "records":
-            why = f"{consecutive} of {needed} consecutive samples at or under {threshold}"
-        else:
-            why = f"{consecutive} of {needed} consecutive samples with {catchup_limits(rule, threshold, max_seconds)}"
+        why = _why_not(job, reading, threshold, max_seconds, batches, basis, needed, growing)
 
     r = Readiness(pipeline=pipeline, version=version, state=state, total_lag=reading.total,
                   partitions=dict(reading.partitions), eta_seconds=eta, consecutive_ok=consecutive,
                   required_samples=needed, threshold=threshold, job_health=job.health, reason=why, at=reading.at,
                   registry_state=rec.state, lag_error=reading.error, lag_source=reading.source, samples=basis,
-                  job=job.model_dump(mode="json"), lag_seconds=reading.lag_seconds, max_lag_seconds=max_seconds,
-                  rule=rule)
+                  job=job.model_dump(mode="json"), lag_seconds=reading.lag_seconds, catchup_seconds=max_seconds,
+                  batches=batches, growing=growing, floored=reading.floored, unread=reading.unread)
     if record:
         _advance_state(k, rec, r, job, actor)
     return r
+
+
+def _why_not(job: JobStatus, reading: LagReading, threshold: int, max_seconds: float, batches: int | None,
+             basis: list[dict[str, Any]], needed: int, growing: bool) -> str:
+    """Why a running (or starting) version is not ready yet, the first reason that holds."""
+    if job.health != "running":
+        return f"job is {job.health} (not running micro-batches yet)"
+    if reading.floored:
+        return (f"its first micro-batch has not committed yet: lag {fmt_lag(reading.total, floored=True, unread=reading.unread)}"
+                f" is a floor until it does")
+    if reading.total > threshold:
+        return f"lag {reading.total:,} > threshold {threshold:,} records"
+    if reading.lag_seconds is not None and reading.lag_seconds > max_seconds:
+        return f"{fmt_seconds(reading.lag_seconds)} behind > catchup_seconds {max_seconds:g}"
+    if reading.total > 0 and not batches:
+        started = "" if job.started_at is None else time.strftime(" at %H:%M:%S UTC", time.gmtime(job.started_at))
+        return (f"no micro-batch committed since its job started{started}: its lag is from the checkpoint of "
+                f"its last run, no evidence that it keeps up")
+    if growing:
+        return (f"lag grew across the last {len(basis)} samples ({basis[-1]['total']:,} -> {basis[0]['total']:,} "
+                f"records)")
+    return (f"{len(basis)} of {needed} samples a micro-batch apart with {catchup_limits(threshold, max_seconds)}")
 
 
 def _advance_state(k: Kappa, rec: Any, r: Readiness, job: JobStatus, actor: str) -> None:
@@ -211,10 +282,7 @@ def _advance_state(k: Kappa, rec: Any, r: Readiness, job: JobStatus, actor: str)
         if r.ready and rec.state in (S.STARTING, S.BACKFILLING):
             reg.set_state(r.pipeline, r.version, S.CAUGHT_UP, expected=rec.state)
             reg.audit("caught_up", actor=actor, pipeline=r.pipeline, version=r.version,
-                      reason=r.reason, details={"rule": r.rule, "threshold": r.threshold,
-                                                "max_lag_seconds": r.max_lag_seconds,
-                                                "required_samples": r.required_samples,
-                                                "samples": r.samples, "job": job.describe()})
+                      reason=r.reason, details={**r.decision(), "job": job.describe()})
             r.registry_state = S.CAUGHT_UP
         elif job.health == "running" and rec.state == S.STARTING:
             reg.set_state(r.pipeline, r.version, S.BACKFILLING, expected=S.STARTING)
@@ -232,15 +300,12 @@ def _not_ready_message(k: Kappa, r: Readiness, waited: float) -> str:
         lag = f"lag unknown ({r.lag_error})"
     else:
         over = {p: v for p, v in r.partitions.items() if v is not None and v > r.threshold}
-        lag = (f"total lag {r.total_lag} records, partitions over the threshold {r.threshold}: "
-               f"{format_partitions(over) if over else 'none now'}")
+        lag = (f"total lag {r.lag_text()} records, {fmt_seconds(r.lag_seconds)} behind, partitions over the "
+               f"threshold {r.threshold:,}: {format_partitions(over) if over else 'none now'}")
     eta = "" if r.eta_seconds is None else f"; ETA {r.eta_seconds:.0f} s at the recent rate"
-    if r.lag_seconds is not None:
-        eta += f"; the oldest unprocessed record is {fmt_seconds(r.lag_seconds)} old"
-    return (f"{r.pipeline} v{r.version} is not ready after {waited:.0f} s ({r.state}): {lag}; ready needs "
-            f"{r.limits()} for {r.required_samples} consecutive samples ({r.consecutive_ok} so far) "
-            f"and a running job (job {r.job_health}){eta}. Wait longer (raise the deadline) or check "
-            f"the job log {paths.log_file}")
+    return (f"{r.pipeline} v{r.version} is not ready after {waited:.0f} s ({r.state}): {lag}; {r.reason}. "
+            f"Ready needs {r.rule} ({r.consecutive_ok} of {r.required_samples} samples so far) and a running "
+            f"job (job {r.job_health}){eta}. Wait longer (raise the deadline) or check the job log {paths.log_file}")
 
 
 def failing_error(k: Kappa, r: Readiness) -> NotReadyError:
@@ -254,7 +319,7 @@ def wait_ready(k: Kappa, pipeline: str, version: int, *, deadline_seconds: float
                poll_seconds: float = POLL_SECONDS,
                on_sample: Callable[[Readiness], None] | None = None, threshold: int | None = None,
                actor: str = "kappa") -> Readiness:
-    """Poll readiness until ready; NotReadyError at the deadline or as soon as the job fails."""
+    """Poll readiness until ready; NotReadyError at the deadline or as soon as the job fails or stopped."""
     start = time.monotonic()
     deadline = start + deadline_seconds
     while True:
@@ -263,7 +328,7 @@ def wait_ready(k: Kappa, pipeline: str, version: int, *, deadline_seconds: float
             on_sample(r)
         if r.ready:
             return r
-        if r.state == "failing":
+        if r.state in ENDED:
             raise failing_error(k, r)
         if time.monotonic() + poll_seconds > deadline:
             raise NotReadyError(_not_ready_message(k, r, time.monotonic() - start))

@@ -24,7 +24,7 @@ from orchestrator.core.kappa import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import RUNNING, VersionState
 from orchestrator.jobctl import stop_version
-from orchestrator.lifecycle.await_ready import Readiness, readiness, sample_ok
+from orchestrator.lifecycle.await_ready import Readiness, catchup_limits, readiness
 from orchestrator.lifecycle.reconcile import reconcile
 from orchestrator.lifecycle.standby import standby_expired, standby_grace, standby_since, standby_until
 
@@ -49,16 +49,27 @@ class MonitorReport(BaseModel):
     errors: list[str] = Field(default_factory=list)
 
 
+def _lags(sample: dict[str, Any], threshold: int, max_seconds: float) -> bool:
+    """A serving version's sample beyond its limits: records over the threshold (or unknown), or a lag in
+    seconds known to be over catchup_seconds (an unknown one alone raises no alarm)."""
+    total, seconds = sample.get("total"), sample.get("lag_seconds")
+    return total is None or total > threshold or (seconds is not None and seconds > max_seconds)
+
+
 def _serving_problem(k: Kappa, spec: PipelineSpec, r: Readiness, lag_threshold: int | None) -> str | None:
     if r.state == "failing":
         return f"{spec.name} v{r.version} serves alias {spec.alias!r} but is failing: {r.reason}"
+    if r.state == "stopped":
+        return (f"{spec.name} v{r.version} serves alias {spec.alias!r} but {r.reason}: readers see its table as "
+                f"of that stop")
     threshold = r.threshold if lag_threshold is None else lag_threshold
-    recent = r.samples[: r.required_samples]
-    if len(recent) >= r.required_samples and not any(sample_ok(s, r.rule, threshold, r.max_lag_seconds)
-                                                     for s in recent):
-        shown = ", ".join("unknown" if s["total"] is None else str(s["total"]) for s in recent)
-        return (f"{spec.name} v{r.version} serves alias {spec.alias!r} and lags beyond its threshold {threshold}"
-                f"{'' if r.rule == 'records' else f' (rule {r.rule}: {r.limits()})'}: last {len(recent)} samples {shown}")
+    recent = k.registry.lag_samples(spec.name, r.version, limit=r.required_samples,
+                                    since=r.at - k.settings.readiness_window_seconds)
+    if len(recent) >= r.required_samples and all(
+            _lags({"total": s.total, "lag_seconds": s.lag_seconds}, threshold, r.catchup_seconds) for s in recent):
+        shown = ", ".join("unknown" if s.total is None else f"{s.total:,}" for s in reversed(recent))
+        return (f"{spec.name} v{r.version} serves alias {spec.alias!r} and lags beyond its limits "
+                f"({catchup_limits(threshold, r.catchup_seconds)}): last {len(recent)} samples {shown} records")
     return None
 
 

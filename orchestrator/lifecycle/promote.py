@@ -105,11 +105,13 @@ def finish_interrupted_flip(k: Kappa, alias: str, *, actor: str = "kappa") -> di
 
 def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: int, actor: str,
          reason: str | None, action: str, details: dict[str, Any] | None = None,
-         watch: dict[str, Any] | None = None, grace_seconds: float | None = None) -> dict[str, Any]:
+         watch: dict[str, Any] | None = None, grace_seconds: float | None = None,
+         forced: bool = False) -> dict[str, Any]:
     """Compare-and-swap the alias, publish the pointer, set serving/standby, audit. Returns the pointer.
 
     `watch` is stored with the flip, in its transaction (`orchestrator.registry.watches`), and so is
-    the end of the replaced version's standby: after `grace_seconds` (None: the pipeline's grace period)."""
+    the end of the replaced version's standby: after `grace_seconds` (None: the pipeline's grace period).
+    `forced`: a rollback forced at its deadline, whose target's running job has not caught up."""
     spec = k.pipeline(pipeline)
     reg = k.registry
     grace = spec.grace_period_seconds if grace_seconds is None else grace_seconds
@@ -130,7 +132,7 @@ def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: 
     try:
         reg.flip_alias(spec.alias, pipeline, expected_version=expected_version, new_version=new_version,
                        actor=actor, reason=reason, serve=True, action=action, watch=watch,
-                       standby_grace_seconds=grace)
+                       standby_grace_seconds=grace, forced=forced)
     except NotReadyError as e:
         reg.audit(action, actor=actor, pipeline=pipeline, version=new_version, reason=reason,
                   outcome="refused", details={"expected_version": expected_version, "error": str(e)})
@@ -283,11 +285,11 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
                              message=msg, actions=[] if failed else actions, error=error, **base)
     if failed:
         reg.audit("promote", actor=actor, pipeline=pipeline, version=version, reason=reason, outcome="refused",
-                  details={"error": error, "checks": audited_checks, "samples": r.samples})
+                  details={"error": error, "checks": audited_checks, "readiness": r.decision()})
         raise NotReadyError(error, failed_checks=[c.name for c in failed])
     pointer = flip(k, pipeline, expected_version=current, new_version=version, actor=actor, reason=reason,
                    action="promote", watch=watch, grace_seconds=grace,
-                   details={"checks": audited_checks, "samples": r.samples, "forced": forced,
+                   details={"checks": audited_checks, "readiness": r.decision(), "forced": forced,
                             "report": report.model_dump(mode="json", exclude={"top_changes"}) if report else {}})
     msg = f"promoted {pipeline} v{version}: alias {alias!r} moved from {from_txt} to v{version}"
     if current is not None:

@@ -26,6 +26,12 @@ restarted for a rollback that then times out or loses is stopped again. A target
 someone else is stopping (the monitor, after the grace period) is started only once that stop has
 ended and been recorded, so that the history lists the `stop` before the rollback's `start`; a
 stop that does not end in time refuses the rollback, and the current version keeps serving.
+
+A restarted target is ready by the same rule as any version (`lifecycle.await_ready`): a micro-batch
+committed since the restart, its lag within the limits over spaced samples, not growing. One that
+has not caught up by the deadline is not flipped to: the rollback says so (the lag, the rule) and
+the current version keeps serving; with `force` (and a reason) the flip happens at the deadline
+anyway, audited as forced with the readiness it overrode.
 """
 
 from __future__ import annotations
@@ -39,12 +45,12 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core import uris
 from orchestrator.core.crashpoints import crashpoint
-from orchestrator.core.exceptions import KappaError, LifecycleError, NotFoundError, NotReadyError
+from orchestrator.core.exceptions import ConfigError, KappaError, LifecycleError, NotFoundError, NotReadyError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import FLIP_TARGETS, VersionState
 from orchestrator.jobctl import inspect_version, restart_version, start_version, stop_version
 from orchestrator.jobctl.stop import STOP_WAIT_SECONDS, stop_under_way, wait_stop_finished
-from orchestrator.lifecycle.await_ready import POLL_SECONDS, Readiness, wait_ready
+from orchestrator.lifecycle.await_ready import ENDED, POLL_SECONDS, Readiness, wait_ready
 from orchestrator.lifecycle.promote import finish_interrupted_flip, flip
 from orchestrator.lifecycle.standby import standby_until
 from orchestrator.observe import lag as lag_mod
@@ -121,6 +127,7 @@ class RollbackResult(BaseModel):
     actor: str | None = None
     reason: str | None = None
     at: float = 0.0
+    forced: bool = False              # flipped at the deadline although the target had not caught up
 
 
 def _unpublished_flip_action(k: Kappa, alias: str) -> str | None:
@@ -324,25 +331,48 @@ def _stop_restarted(k: Kappa, plan: RollbackPlan, *, actor: str, why: str) -> No
 
 def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | None = None,
                     deadline_seconds: float = ROLLBACK_DEADLINE_SECONDS, poll_seconds: float = POLL_SECONDS,
-                    on_sample: Callable[[Readiness], None] | None = None) -> RollbackResult:
-    """Wait until the plan's target is ready, then flip the alias to it (CAS, publish, audit)."""
+                    on_sample: Callable[[Readiness], None] | None = None, force: bool = False) -> RollbackResult:
+    """Wait until the plan's target is ready, then flip the alias to it (CAS, publish, audit).
+
+    A target that has not caught up by the deadline is not flipped to: NotReadyError saying so (the
+    current version keeps serving, a restarted target is stopped again). With `force` (and a reason)
+    the flip happens at the deadline anyway, recorded as forced with the readiness it overrode; a
+    target whose job failed or stopped is never flipped to."""
     now = time.time()
     pipeline, alias, current, target = plan.pipeline, plan.alias, plan.from_version, plan.to_version
+    if force and not (reason or "").strip():
+        raise ConfigError(f"rollback of {pipeline} with --force needs a reason (--reason \"...\"): it is recorded in "
+                          f"the audit log with the readiness it overrode")
     if plan.done:
         return RollbackResult(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
                               flipped=False, restarted=False, waited_seconds=0.0, message=plan.message,
                               pointer=plan.pointer, actor=actor, reason=reason, at=now)
     t0 = time.monotonic()
+    seen: list[Readiness] = []
+
+    def sampled(r: Readiness) -> None:
+        seen[:] = [r]
+        if on_sample is not None:
+            on_sample(r)
+    forced = False
     try:
         r = wait_ready(k, pipeline, target, deadline_seconds=deadline_seconds, poll_seconds=poll_seconds,
-                       on_sample=on_sample, actor=actor)
+                       on_sample=sampled, actor=actor)
     except NotReadyError as e:
-        k.registry.audit("rollback", actor=actor, pipeline=pipeline, version=target, reason=reason,
-                         outcome="failed",
-                         details={"from_version": current, "error": str(e), "restarted": plan.restarted})
-        _stop_restarted(k, plan, actor=actor, why="it did not become ready in time")
-        raise NotReadyError(f"rollback of alias {alias!r} to {pipeline} v{target} stopped before the flip "
-                            f"(v{current} still serves): {e}") from None
+        last = seen[0] if seen else None
+        if force and last is not None and last.state not in ENDED:
+            r, forced = last, True
+        else:
+            k.registry.audit("rollback", actor=actor, pipeline=pipeline, version=target, reason=reason,
+                             outcome="failed", details={"from_version": current, "error": str(e),
+                                                        "restarted": plan.restarted,
+                                                        "readiness": last.decision() if last else None})
+            _stop_restarted(k, plan, actor=actor, why="it did not become ready in time")
+            ended = last is not None and last.state in ENDED
+            hint = "" if ended else (f" Raise the deadline (--deadline, the form's catch-up deadline; it was "
+                                     f"{deadline_seconds:.0f} s), or flip anyway with --force and a reason (audited).")
+            raise NotReadyError(f"rollback of alias {alias!r} to {pipeline} v{target} stopped before the flip "
+                                f"(v{current} still serves): {e}{hint}") from None
     waited = time.monotonic() - t0
     now_alias = k.registry.get_alias(alias)
     if now_alias is not None and now_alias.version == target and now_alias.previous_version == current:
@@ -353,25 +383,33 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
     restart = None if plan.restarted_at is None else max(0.0, time.time() - plan.restarted_at)
     try:
         pointer = flip(k, pipeline, expected_version=current, new_version=target, actor=actor, reason=reason,
-                       action="rollback", details={"restarted": plan.restarted, "samples": r.samples,
+                       action="rollback", forced=forced, details={"restarted": plan.restarted, "readiness": r.decision(),
+                                                   "forced": ["ready"] if forced else [],
                                                    "waited_seconds": round(waited, 3),
                                                    **({} if restart is None else {"restart_seconds": round(restart, 3)})})
     except KappaError:
         _stop_restarted(k, plan, actor=actor, why="the flip was refused")
         raise
-    msg = (f"rolled back alias {alias!r} from v{current} to v{target}"
-           + (f" (restarted from its checkpoint, caught up in {fmt_seconds(restart if restart is not None else waited)})"
-              if plan.restarted else ""))
+    if forced:
+        msg = (f"rolled back alias {alias!r} from v{current} to v{target} at the deadline although v{target} had not "
+               f"caught up (--force): {r.summary()}")
+    else:
+        msg = (f"rolled back alias {alias!r} from v{current} to v{target}"
+               + (f" (restarted from its checkpoint, caught up in {fmt_seconds(restart if restart is not None else waited)})"
+                  if plan.restarted else ""))
     return RollbackResult(pipeline=pipeline, alias=alias, from_version=current, to_version=target, flipped=True,
                           restarted=plan.restarted, waited_seconds=waited, message=msg, readiness=r,
-                          pointer=pointer, actor=actor, reason=reason, at=now)
+                          pointer=pointer, actor=actor, reason=reason, at=now, forced=forced)
 
 
 def rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str, reason: str | None = None,
              deadline_seconds: float = ROLLBACK_DEADLINE_SECONDS, poll_seconds: float = POLL_SECONDS,
-             on_sample: Callable[[Readiness], None] | None = None) -> RollbackResult:
+             on_sample: Callable[[Readiness], None] | None = None, force: bool = False) -> RollbackResult:
     """Flip the alias to `to_version` (default: the previous serving version), restarting it if needed."""
+    if force and not (reason or "").strip():
+        raise ConfigError(f"rollback of {pipeline} with --force needs a reason (--reason \"...\"): it is recorded in "
+                          f"the audit log with the readiness it overrode")
     plan = prepare_rollback(k, pipeline, to_version, actor=actor, reason=reason)
     return finish_rollback(k, plan, actor=actor, reason=reason, deadline_seconds=deadline_seconds,
-                           poll_seconds=poll_seconds, on_sample=on_sample)
+                           poll_seconds=poll_seconds, on_sample=on_sample, force=force)
 

@@ -7,7 +7,7 @@ the previous version is standby and the grace period lasts, a pass samples the p
 
 - its job: given up by supervision since the promote (a restart bound reached, or a deterministic
   failure), or the version failed;
-- its lag in seconds: over `watch_max_lag_seconds` (default `catchup_max_lag_seconds`) for
+- its lag in seconds: over `watch_max_lag_seconds` (default `catchup_seconds`) for
   `watch_lag_samples` consecutive samples;
 - its reject rate: over `max_reject_rate`;
 - the pipeline's checks with `watch = true`, re-run on the live tables (the promoted version as
@@ -102,11 +102,12 @@ def _sample(k: Kappa, pipeline: str, version: int, w: dict[str, Any], *, actor: 
     r = readiness(k, pipeline, version, record=True, actor=actor)
     sample["lag_seconds"] = r.lag_seconds
     limit = spec.watch_lag_limit
-    over = limit is not None and r.lag_seconds is not None and r.lag_seconds > limit
+    setting = "watch_max_lag_seconds" if spec.watch_max_lag_seconds is not None else "catchup_seconds"
+    over = r.lag_seconds is not None and r.lag_seconds > limit
     sample["lag_over"] = int(w.get("lag_over", 0)) + 1 if over else 0
     if over and sample["lag_over"] >= spec.watch_lag_samples:
         return sample, (f"v{version}: lag {r.lag_seconds:.1f} s over the limit {limit:g} s "
-                        f"(watch_max_lag_seconds) for {sample['lag_over']} samples in a row")
+                        f"({setting}) for {sample['lag_over']} samples in a row")
     rate = _reject_rate(k, pipeline, version)
     sample["reject_rate"] = rate
     if rate is not None and rate > spec.max_reject_rate:

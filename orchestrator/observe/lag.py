@@ -22,8 +22,9 @@ group still say "nothing processed". The batch's reader tasks report how far the
 there (source "reading"): its lag counts the records the backfill has not read yet, so it goes
 down during the batch. Read is not committed, so such a reading never counts as caught up: its
 `total` is at least the version's catch-up threshold + 1 records and its `lag_seconds` at least
-the pipeline's `catchup_max_lag_seconds` + 1 (`pending_commit` is set; `partitions` keep the
-real figures). Once the batch commits, the checkpoint is the truth again.
+the pipeline's `catchup_seconds` + 1 (`pending_commit` is set; `unread` and `partitions` keep the
+real figures). Such a total is a floor, and is shown as one (`fmt_lag`: "≥ 1,001 (first batch not
+yet committed; 194 left to read)"). Once the batch commits, the checkpoint is the truth again.
 
 Lag in time (`lag_seconds`): how old the oldest record the version has not processed yet is, from
 the Kafka timestamps of the records at the next offsets (`orchestrator.observe.lagtime`). 0 when the
@@ -49,7 +50,7 @@ from orchestrator.observe.lagtime import oldest_unread_age
 __all__ = ["KAFKA_TIMEOUT", "PartitionLag", "LagReading", "measure_lag", "sample_lag", "lag_from_offsets",
            "topic_partitions", "log_offsets", "group_offsets", "checkpoint_next_offsets", "eta_seconds",
            "sample_time", "sample_total", "sample_seconds", "partition_key", "format_partitions", "fmt_seconds",
-           "LAG_SECONDS_TIMEOUT", "uncommitted_limits", "pending_floor"]
+           "LAG_SECONDS_TIMEOUT", "uncommitted_limits", "pending_floor", "fmt_lag"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,12 @@ class LagReading(BaseModel):
     sample_id: int | None = None     # the registry's id of the stored sample (`sample_lag`)
     lag_seconds: float | None = None  # age of the oldest unprocessed record; None: unknown
     pending_commit: bool = False     # read progress of an uncommitted backfill: never caught up
+    unread: int | None = None        # with pending_commit: the records not read yet (`total` is floored)
+
+    @property
+    def floored(self) -> bool:
+        """The total is a floor (`pending_floor`), above what the read progress says is left."""
+        return self.pending_commit and self.unread is not None and self.total is not None and self.total > self.unread
 
     @property
     def known(self) -> bool:
@@ -333,7 +340,7 @@ def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOU
 def uncommitted_limits(k, pipeline: str, version: int) -> tuple[int, float | None]:
     """(records, seconds) a reading of an uncommitted backfill may never go under: one more than the
     version's catch-up threshold (the larger of the deploy's override and the pipeline's) and than
-    the pipeline's `catchup_max_lag_seconds` (None when it has none)."""
+    the pipeline's `catchup_seconds`."""
     spec = k.pipeline(pipeline)
     threshold = spec.catchup_threshold
     try:
@@ -342,15 +349,14 @@ def uncommitted_limits(k, pipeline: str, version: int) -> tuple[int, float | Non
             threshold = max(threshold, int(override))
     except (KappaError, TypeError, ValueError) as e:
         log.debug("%s v%s: threshold override unknown (%s)", pipeline, version, e)
-    seconds = spec.catchup_max_lag_seconds
-    return int(threshold) + 1, None if seconds is None else float(seconds) + 1.0
+    return int(threshold) + 1, float(spec.catchup_seconds) + 1.0
 
 
 def pending_floor(k, reading: LagReading) -> LagReading:
     """A reading from read progress with its total and seconds raised to `uncommitted_limits`, so
     that no catch-up rule takes it as caught up before the batch commits (see the module)."""
     records, seconds = uncommitted_limits(k, reading.pipeline, reading.version)
-    update: dict[str, Any] = {"total": max(reading.total, records)}
+    update: dict[str, Any] = {"total": max(reading.total, records), "unread": reading.total}
     if seconds is not None and reading.lag_seconds is not None:
         update["lag_seconds"] = max(reading.lag_seconds, seconds)
     return reading.model_copy(update=update)
@@ -362,8 +368,10 @@ PRUNE_EVERY_SECONDS = 600.0
 _last_prune: dict[str, float] = {}
 
 
-def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
-    """Measure the lag and store it as a lag sample in the registry (its id in `sample_id`).
+def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT,
+               batches: int | None = None) -> LagReading:
+    """Measure the lag and store it as a lag sample in the registry (its id in `sample_id`), with
+    `batches`, the micro-batches the version's job has committed since it started (None: unknown).
 
     Samples grow by one per poll of every version; those older than the setting
     `lag_sample_retention_seconds` are deleted here (see `PRUNE_EVERY_SECONDS`), for every
@@ -373,7 +381,7 @@ def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT
 
     reading = measure_lag(k, pipeline, version, timeout=timeout)
     rec = add_lag_sample(k.registry, pipeline, version, reading.total, dict(reading.partitions), at=reading.at,
-                         lag_seconds=reading.lag_seconds)
+                         lag_seconds=reading.lag_seconds, batches=batches)
     reg_key = str(k.registry.url)
     if time.monotonic() - _last_prune.get(reg_key, -PRUNE_EVERY_SECONDS) >= PRUNE_EVERY_SECONDS:
         _last_prune[reg_key] = time.monotonic()
@@ -396,6 +404,17 @@ def sample_total(sample: Any) -> int | None:
 def sample_seconds(sample: Any) -> float | None:
     """Lag in seconds of a lag sample (None: unknown, or taken before kappa measured it)."""
     return sample.get("lag_seconds") if isinstance(sample, dict) else getattr(sample, "lag_seconds", None)
+
+
+def fmt_lag(total: int | None, *, floored: bool = False, unread: int | None = None) -> str:
+    """A lag in records for people: 'unknown', '1,234', or a floor as a floor: '≥ 1,001 (first batch not
+    yet committed; 194 left to read)' (`LagReading.floored`)."""
+    if total is None:
+        return "unknown"
+    if floored:
+        left = "" if unread is None else f"; {unread:,} left to read"
+        return f"≥ {total:,} (first batch not yet committed{left})"
+    return f"{total:,}"
 
 
 def fmt_seconds(seconds: float | None) -> str:

@@ -8,7 +8,7 @@ on the time axis, not as points of the curve.
 
 When the samples carry a lag in seconds (the age of the oldest unprocessed record), a second
 panel under the first draws it on the same time axis, with the pipeline's
-`catchup_max_lag_seconds` as a dashed line when it has one.
+`catchup_seconds` as a dashed line.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _seconds_panel(ax: Any, series: list[Series], colors: list[str]) -> None:
         if s.max_lag_seconds is not None and s.max_lag_seconds not in limits:
             limits.add(s.max_lag_seconds)
             ax.axhline(s.max_lag_seconds, color="grey", linestyle="--", linewidth=1,
-                       label=f"catchup_max_lag_seconds {s.max_lag_seconds:g}")
+                       label=f"catchup_seconds {s.max_lag_seconds:g}")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("seconds since the version's first lag sample")
     ax.set_ylabel("lag (seconds behind)")
@@ -169,7 +169,7 @@ def plot_pipeline_lag(k: Any, pipeline: str, out: Path | str, versions: list[int
     for n in wanted:
         samples = k.registry.lag_samples(pipeline, n, limit=limit)
         series.append(series_from_samples(f"{pipeline} v{n}", samples, _threshold(k, spec, pipeline, n),
-                                          getattr(spec, "catchup_max_lag_seconds", None)))
+                                          getattr(spec, "catchup_seconds", None)))
     return plot_lag(series, out, title=f"{pipeline}: catch-up (total lag over time)")
 
 

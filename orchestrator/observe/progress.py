@@ -19,11 +19,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from orchestrator.observe.lag import fmt_seconds
+from orchestrator.observe.lag import fmt_lag, fmt_seconds
 
 __all__ = ["LagProgress", "fmt_count", "fmt_eta", "make_console"]
 
-STATE_STYLE = {"ready": "green", "hydrating": "cyan", "lagging": "yellow", "failing": "red"}
+STATE_STYLE = {"ready": "green", "hydrating": "cyan", "lagging": "yellow", "failing": "red", "stopped": "magenta"}
 
 
 def fmt_count(n: int | None) -> str:
@@ -60,7 +60,7 @@ class LagProgress:
 
     `readiness` is an `orchestrator.lifecycle.await_ready.Readiness` (or its `to_dict()`): pipeline,
     version, state, total_lag (None = unknown), eta_seconds, consecutive_ok, required_samples,
-    threshold, and optionally lag_seconds, rule and max_lag_seconds.
+    threshold, and optionally lag_seconds, catchup_seconds, floored and unread.
     """
 
     console: Console
@@ -114,29 +114,29 @@ class LagProgress:
         style = STATE_STYLE.get(state, "white")
         ok = f"{_get(r, 'consecutive_ok', 0)}/{_get(r, 'required_samples', '?')}"
         state_text = f"[{style}]{state}[/] ({ok} samples {_limits(r)})"
-        seconds, rule = _get(r, "lag_seconds"), _get(r, "rule") or "records"
-        age = "" if seconds is None and rule == "records" else f", {fmt_seconds(seconds)} behind"
+        age = f", {fmt_seconds(_get(r, 'lag_seconds'))} behind"
+        lag_text = fmt_lag(lag, floored=bool(_get(r, "floored")), unread=_get(r, "unread"))
         if state == "failing" and _get(r, "reason"):
             state_text += f": {_get(r, 'reason')}"
         if self._progress is not None and row.task is not None:
             total = max(row.peak, 1)
             done = total if state == "ready" else (total - lag if lag is not None else 0)
-            self._progress.update(row.task, total=total, completed=max(0, done), lag=fmt_count(lag), age=age,
+            self._progress.update(row.task, total=total, completed=max(0, done), lag=lag_text, age=age,
                                   eta=eta, state=state_text)
             return
         now = time.monotonic()
         if state == "ready" or now - row.last_line >= self.line_every:
             row.last_line = now
             pct = 100.0 if state == "ready" else (100.0 * (row.peak - lag) / row.peak if lag is not None and row.peak else 0.0)
-            self.console.print(f"  {pipeline} v{version}: lag {fmt_count(lag):>9} ({pct:5.1f}% of peak {row.peak:,}), "
+            self.console.print(f"  {pipeline} v{version}: lag {lag_text:>9} ({pct:5.1f}% of peak {row.peak:,}), "
                                f"ETA {eta}, {state_text}{age}", highlight=False)
 
 
 def _limits(r: Any) -> str:
-    """'<= 100' (records), '<= 100, <= 30 s old' (both), '<= 30 s old' (seconds)."""
-    rule, records = _get(r, "rule") or "records", f"<= {_get(r, 'threshold', '?')}"
-    seconds = f"<= {fmt_seconds(_get(r, 'max_lag_seconds'))} old"
-    return {"seconds": seconds, "both": f"{records}, {seconds}"}.get(rule, records)
+    """'<= 100, <= 30 s old': the two catch-up limits, records and seconds."""
+    threshold = _get(r, "threshold")
+    records = f"<= {threshold:,}" if isinstance(threshold, int) else "<= ?"
+    return f"{records}, <= {fmt_seconds(_get(r, 'catchup_seconds'))} old"
 
 
 def make_console(stderr: bool = False) -> Console:

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Connection
 from orchestrator.core.exceptions import ConflictError, KappaError, NotFoundError, NotReadyError, RegistryError
 from orchestrator.core.names import validate_alias_name, validate_pipeline_name, validate_version_number
 from orchestrator.core.paths import VersionPaths
-from orchestrator.core.states import FLIP_TARGETS, IN_FLIGHT, VersionState
+from orchestrator.core.states import FLIP_TARGETS, FORCED_FLIP_TARGETS, IN_FLIGHT, VersionState
 from orchestrator.registry.engine import create_engine, transaction
 from orchestrator.registry.lagsamples import LagSampleOps
 from orchestrator.registry.leases import LeaseOps
@@ -391,7 +391,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
     def flip_alias(self, alias: str, pipeline: str, *, expected_version: int | None, new_version: int,
                    actor: str, reason: str | None, audit: bool = True, serve: bool = False,
                    action: str | None = None, watch: dict[str, Any] | None = None,
-                   standby_grace_seconds: float | None = None) -> AliasRecord:
+                   standby_grace_seconds: float | None = None, forced: bool = False) -> AliasRecord:
         """Compare-and-swap `alias` from `expected_version` to `new_version` of `pipeline`.
 
         With `serve` (what promote and rollback use), the same transaction also checks that the
@@ -402,7 +402,8 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
         whatever happens to the process after the commit. `action` (promote/rollback) is recorded
         in the audit entry, so that a later verb knows which verb made an unpublished flip. `watch`
         is stored as the target's watch (`orchestrator.registry.watches`); the watch of the version
-        flipped away from ends here.
+        flipped away from ends here. `forced` (a rollback forced at its deadline) also takes a target
+        whose restarted job runs but has not caught up (`FORCED_FLIP_TARGETS`).
         """
         validate_alias_name(alias)
         validate_pipeline_name(pipeline)
@@ -418,7 +419,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
             with self._tx(f"flipping alias {alias!r}", write=True) as conn:
                 now = time.time()
                 if serve:
-                    self._check_flip_target(conn, alias, pipeline, new_version, now)
+                    self._check_flip_target(conn, alias, pipeline, new_version, now, forced=forced)
                 # The target first: it must exist and not be retired. The UPDATE also locks its
                 # row (PostgreSQL), so a concurrent retire waits for this flip and then sees it.
                 marked = conn.execute(
@@ -456,7 +457,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
                         sa.select(aliases).where(aliases.c.alias == alias)).first())
                 if serve:
                     self._serving_states(conn, pipeline, new_version, None if noop else expected_version, now,
-                                         watch=watch, action=action, grace=standby_grace_seconds)
+                                         watch=watch, action=action, grace=standby_grace_seconds, forced=forced)
                 if not noop:
                     conn.execute(alias_history.insert().values(
                         alias=alias, pipeline=pipeline, from_version=expected_version, to_version=new_version,
@@ -472,11 +473,12 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
             raise
         return AliasRecord.from_row(row)
 
-    def _check_flip_target(self, conn: Connection, alias: str, pipeline: str, n: int, now: float) -> None:
+    def _check_flip_target(self, conn: Connection, alias: str, pipeline: str, n: int, now: float, *,
+                           forced: bool = False) -> None:
         rec = self._locked_version(conn, pipeline, n)
         if rec.state in (S.RETIRED, S.RETIRING):
             self._refuse_flip_target(conn, alias, pipeline, n)
-        if rec.state not in FLIP_TARGETS:
+        if rec.state not in (FORCED_FLIP_TARGETS if forced else FLIP_TARGETS):
             raise NotReadyError(
                 f"{pipeline} v{n} is {rec.state} now, not caught_up or standby: alias {alias!r} cannot be flipped "
                 f"to it; nothing was changed. Wait until it is ready (kappa await {pipeline} {n}), or restart it")
@@ -488,7 +490,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
     @staticmethod
     def _serving_states(conn: Connection, pipeline: str, new: int, old: int | None, now: float, *,
                         watch: dict[str, Any] | None = None, action: str | None = None,
-                        grace: float | None = None) -> None:
+                        grace: float | None = None, forced: bool = False) -> None:
         """In the flip's transaction: the target serves (with its watch, if any); the version it
         replaced is standby from now (until now + `grace`, if given), and its watch, if one was on, ends."""
         def update(n: int, state: str, expect: tuple[str, ...], standby_since: float | None) -> None:
@@ -513,7 +515,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
                 .values(state=state, updated_at=now, details=details,
                         served_at=sa.func.coalesce(versions.c.served_at, now)))
 
-        update(new, S.SERVING.value, tuple(FLIP_TARGETS), None)
+        update(new, S.SERVING.value, tuple(FORCED_FLIP_TARGETS if forced else FLIP_TARGETS), None)
         if old is not None and old != new:
             update(old, S.STANDBY.value, (S.SERVING.value,), now)
 

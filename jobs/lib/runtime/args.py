@@ -17,7 +17,11 @@ from typing import Callable
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.secrets import is_secret_key
 
-__all__ = ["build_parser", "parse_args", "read_kafka_config_file"]
+__all__ = ["TRIGGER_SECONDS", "build_parser", "parse_args", "read_kafka_config_file"]
+
+#: The live trigger's interval (``--interval-seconds``): a micro-batch may start this often, and
+#: readiness counts lag samples of an idle job at least this far apart.
+TRIGGER_SECONDS = 1.0
 
 
 def _json_object(what: str) -> Callable[[str], dict]:
@@ -58,7 +62,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--rules", default=None)
     p.add_argument("--max-records-per-batch", type=_positive(int), default=100_000)
     p.add_argument("--trigger", choices=("available-now", "continuous"), default="continuous")
-    p.add_argument("--interval-seconds", type=_positive(float), default=1.0)
+    p.add_argument("--interval-seconds", type=_positive(float), default=TRIGGER_SECONDS)
     p.add_argument("--kafka-config", type=_json_object("--kafka-config"), default={},
                    help="librdkafka settings that are not secret, as a JSON object")
     p.add_argument("--kafka-config-file", default=None,

@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import threading
+import time
 import uuid
 
 import pytest
@@ -191,8 +192,9 @@ def test_deploy_ready_promote_the_first_version(live):
     with pytest.raises(NotReadyError) as e:
         promote(k, PIPELINE, 1, actor="alice", reason="too early")
     msg = str(e.value)
-    assert msg.startswith(f"cannot promote {PIPELINE} v1 to alias '{live.alias}': ready: {PIPELINE} v1: hydrating, "
-                          f"lag {INITIAL}, 0/3 samples <= {LIVE_THRESHOLD}; ")   # the JVM is still starting
+    assert re.match(rf"cannot promote {PIPELINE} v1 to alias '{live.alias}': ready: {PIPELINE} v1: hydrating, "
+                    rf"lag {INITIAL:,}, [^,]+ behind, 0/3 samples with lag <= {LIVE_THRESHOLD} records and <= 60 s "
+                    rf"behind; ", msg), msg   # the JVM is still starting
     assert k.registry.get_alias(live.alias) is None
     r = wait_ready(k, PIPELINE, 1, deadline_seconds=DEADLINE, poll_seconds=1)
     assert r.ready and r.total_lag <= LIVE_THRESHOLD and k.registry.get_version(PIPELINE, 1).state == "caught_up"
@@ -281,6 +283,63 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     assert history == [(None, 1), (1, 2), (2, 1), (1, 2)]
 
 
+def _next_batch(checkpoint: Path) -> int:
+    """The id of the micro-batch a job restarted on `checkpoint` runs first: a planned one not committed, or the next."""
+    def ids(folder: str) -> list[int]:
+        return [int(p.name) for p in (checkpoint / folder).iterdir() if p.name.isdigit()]
+    planned, committed = max(ids("offsets")), max(ids("commits"))
+    return planned if planned > committed else committed + 1
+
+
+def test_a_restarting_rollback_flips_only_after_a_micro_batch_commits_since_the_restart(v2_serving, monkeypatch,
+                                                                                        tmp_path):
+    """Issue 30, item 1, forced: v1 stopped with a backlog under the record threshold; its restarted job is held
+    before the commit of its first micro-batch (the hold hook). Samples of the checkpoint's old lag, taken while
+    it is held, must not make it ready: the rollback flips only after a batch has committed since the restart."""
+    from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
+
+    live, k = v2_serving, v2_serving.k
+    spec = k.pipeline(PIPELINE)
+    # the lag in seconds must not be what holds the flip back here: only the missing evidence of a batch
+    monkeypatch.setitem(k.pipelines, PIPELINE, spec.model_copy(update={"catchup_seconds": 3600.0}))
+    try:
+        live.stop_producer()
+        stop_version(k, PIPELINE, 1, actor="kappa-monitor", reason="standby grace period over",
+                     expected_state="standby")
+        live.produce(60, KEYS)                    # a backlog well under the threshold of LIVE_THRESHOLD records
+        held = tmp_path / "held"
+        monkeypatch.setenv(HOLD_HOOK, str(_next_batch(Path(k.paths(PIPELINE, 1).checkpoint))))
+        monkeypatch.setenv(HOLD_FILE, str(held))
+        while_held: list = []
+
+        def on_sample(r) -> None:
+            if held.exists():                     # the restarted job's first batch is read and held
+                while_held.append(r)
+                if r.ready or len(while_held) >= spec.catchup_samples + 3:
+                    held.unlink()                 # release it (at once if the rule was fooled: no hang)
+
+        res = rollback(k, PIPELINE, actor="dave", reason="v2 looks wrong", deadline_seconds=DEADLINE,
+                       poll_seconds=1, on_sample=on_sample)
+        released = time.time()
+    finally:
+        live.start_producer(rate=10)
+    assert len(while_held) >= spec.catchup_samples + 3
+    assert [(r.ready, r.total_lag <= LIVE_THRESHOLD, r.job_health) for r in while_held] == \
+        [(False, True, "running")] * len(while_held)
+    assert all(r.reason.startswith("no micro-batch committed since its job started") and r.batches == 0
+               for r in while_held), [r.reason for r in while_held]
+    assert (res.flipped, res.restarted, res.to_version) == (True, True, 1)
+    (flip,) = [e for e in k.registry.audit_log(PIPELINE, action="rollback") if e.details.get("restarted")][-1:]
+    decision = flip.details["readiness"]
+    assert decision["batches"] >= 1 and decision["counted"] == spec.catchup_samples
+    assert all(s["batches"] >= 1 for s in decision["samples"]), decision
+    assert min(s["at"] for s in decision["samples"]) > max(r.at for r in while_held)
+    assert released > max(r.at for r in while_held)
+    quiesce(live, 1)
+    ok, why = served_equals_expected(live, "v1")
+    assert ok, why
+
+
 def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_serving):
     live, k = v2_serving, v2_serving.k
     info = deploy(k, PIPELINE, "v2", actor="erin", reason="a build that will crash", threshold=LIVE_THRESHOLD)
@@ -296,7 +355,8 @@ def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_ser
         promote(k, PIPELINE, v, actor="erin", reason="should be refused")
     msg = str(e.value)
     assert re.match(rf"cannot promote {PIPELINE} v{v} to alias '{live.alias}': ready: {PIPELINE} v{v}: failing, "
-                    rf"lag \d+, (ETA \d+ s, )?\d/3 samples <= {LIVE_THRESHOLD}; the job process {info.pid} exited "
+                    rf"lag [\d,]+, [^,]+ behind, (ETA \d+ s, )?\d/3 samples with lag <= {LIVE_THRESHOLD} records and "
+                    rf"<= 60 s behind; the job process {info.pid} exited "
                     rf"with code -9 \(last state 'running'\); see {re.escape(str(log))}", msg), msg
     # refused, and the version left as it was: restarting it or failing it is the supervisor's call
     assert k.registry.get_version(PIPELINE, v).state in ("starting", "backfilling")
@@ -307,7 +367,8 @@ def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_ser
     with pytest.raises(NotReadyError) as e:
         promote(cut_off, PIPELINE, 1, actor="erin", reason="broker unreachable")
     assert re.match(rf"cannot promote {PIPELINE} v1 to alias '{live.alias}': ready: {PIPELINE} v1: lagging, lag "
-                    rf"unknown, 0/3 samples <= {LIVE_THRESHOLD}; lag unknown \(cannot read topic metadata from the "
+                    rf"unknown, unknown behind, 0/3 samples with lag <= {LIVE_THRESHOLD} records and <= 60 s behind; "
+                    rf"lag unknown \(cannot read topic metadata from the "
                     rf"Kafka broker at 127.0.0.1:{port} \(.*\); check that the broker is up and that "
                     rf"bootstrap_servers / kafka_config are right\); unknown lag never counts as caught up",
                     str(e.value)), str(e.value)

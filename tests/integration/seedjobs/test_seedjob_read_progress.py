@@ -49,7 +49,7 @@ def held_version(bootstrap, tmp_path, monkeypatch):
         views = seedgen.page_views(topic, seedgen.member_ids(6), count, begin, spacing=timedelta(seconds=5))
         produced = seedgen.produce(bootstrap, views)
         spec = DECLARED["pageviews_hourly"].model_copy(update={
-            "topics": (topic,), "alias": f"rp_{uuid.uuid4().hex[:8]}", "catchup_max_lag_seconds": MAX_LAG_SECONDS})
+            "topics": (topic,), "alias": f"rp_{uuid.uuid4().hex[:8]}", "catchup_seconds": MAX_LAG_SECONDS})
         settings = Settings(home=tmp_path / "home", bootstrap_servers=bootstrap,
                             group_prefix=f"kt-{uuid.uuid4().hex[:8]}")
         k = Kappa(settings, pipelines={"pageviews_hourly": spec})
@@ -73,7 +73,7 @@ def held_version(bootstrap, tmp_path, monkeypatch):
 def test_lag_goes_down_during_the_backfill_and_ready_waits_for_its_commit(held_version, bootstrap):
     k, version, held, produced = held_version(1200)
     pipeline = "pageviews_hourly"
-    assert k.pipeline(pipeline).catchup_rule_used == "both"
+    assert k.pipeline(pipeline).catchup_seconds == MAX_LAG_SECONDS
     # Taken as the job starts: Spark's start-up alone outlasts it, so nothing is read yet.
     first = measure_lag(k, pipeline, version)
     assert (first.total, first.source) == (len(produced), "log-start")
@@ -87,6 +87,9 @@ def test_lag_goes_down_during_the_backfill_and_ready_waits_for_its_commit(held_v
         # everything is read: the partitions show it, the total and the seconds stay just over the rule
         assert r.lag_source == "reading" and set(r.partitions.values()) == {0}
         assert (r.total_lag, r.lag_seconds) == (1, MAX_LAG_SECONDS + 1)
+        # a floor, shown as one, with no ETA (it would say "0 s" for a lag that is not the lag)
+        assert r.floored and r.eta_seconds is None
+        assert r.lag_text() == "≥ 1 (first batch not yet committed; 0 left to read)"
         assert r.state == "hydrating" and not r.ready and r.job_health == "running"
     assert k.registry.get_version(pipeline, version).state == VersionState.BACKFILLING
     # `kappa status` shows it too (the job's heartbeat writes it every 2 s)

@@ -54,7 +54,7 @@ def held_standardize(bootstrap, tmp_path, monkeypatch):
         produced = seedgen.produce(bootstrap, records)
         spec = DECLARED[PIPELINE].model_copy(update={
             "topics": (topic,), "alias": f"rp_std_{uuid.uuid4().hex[:8]}", "catchup_threshold": 0,
-            "catchup_max_lag_seconds": MAX_LAG_SECONDS, "options": {}})
+            "catchup_seconds": MAX_LAG_SECONDS, "options": {}})
         settings = Settings(home=tmp_path / "home", bootstrap_servers=bootstrap,
                             group_prefix=f"kt-{uuid.uuid4().hex[:8]}")
         k = Kappa(settings, pipelines={PIPELINE: spec})
@@ -78,7 +78,7 @@ def held_standardize(bootstrap, tmp_path, monkeypatch):
 def test_standardize_lag_goes_down_during_the_backfill_and_ready_waits_for_its_commit(held_standardize):
     k, version, held, produced = held_standardize()
     total = len(produced)
-    assert k.pipeline(PIPELINE).catchup_rule_used == "both"
+    assert k.pipeline(PIPELINE).catchup_seconds == MAX_LAG_SECONDS
     # Taken as the job starts: Spark's start-up alone outlasts it, so nothing is read yet.
     first = measure_lag(k, PIPELINE, version)
     assert (first.total, first.source) == (total, "log-start")
@@ -93,6 +93,9 @@ def test_standardize_lag_goes_down_during_the_backfill_and_ready_waits_for_its_c
         # everything is read: the partitions show it, the total and the seconds stay just over the rule
         assert r.lag_source == "reading" and set(r.partitions.values()) == {0}
         assert (r.total_lag, r.lag_seconds) == (1, MAX_LAG_SECONDS + 1)
+        # a floor, shown as one, with no ETA (it would say "0 s" for a lag that is not the lag)
+        assert r.floored and r.eta_seconds is None
+        assert r.lag_text() == "≥ 1 (first batch not yet committed; 0 left to read)"
         assert r.state == "hydrating" and not r.ready and r.job_health == "running"
     assert k.registry.get_version(PIPELINE, version).state == VersionState.BACKFILLING
     # each partition reported read to its end: 1200 offsets over 2 partitions

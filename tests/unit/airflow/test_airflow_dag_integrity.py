@@ -23,7 +23,7 @@ EXPECTED_PARAMS = {
     "kappa_reprocess": {"pipeline", "rules_version", "catchup_threshold", "auto_promote", "grace_period_seconds",
                         "catchup_deadline_minutes", "reason"},
     "kappa_promote": {"pipeline", "version", "grace_period_seconds", "reason", "force", "allow_schema_change"},
-    "kappa_rollback": {"pipeline", "to_version", "catchup_deadline_minutes", "reason"},
+    "kappa_rollback": {"pipeline", "to_version", "catchup_deadline_minutes", "force", "reason"},
     "kappa_monitor": set(),
 }
 

@@ -18,7 +18,8 @@ def _console() -> tuple[Console, io.StringIO]:
 
 def _sample(lag, state="hydrating", eta=None, ok=0):
     return {"pipeline": "standardize", "version": 2, "state": state, "total_lag": lag, "eta_seconds": eta,
-            "consecutive_ok": ok, "required_samples": 3, "threshold": 100, "reason": "job running"}
+            "consecutive_ok": ok, "required_samples": 3, "threshold": 100, "reason": "job running",
+            "lag_seconds": 4.0, "catchup_seconds": 30.0}
 
 
 def test_lag_progress_prints_lines_off_a_terminal():
@@ -32,8 +33,8 @@ def test_lag_progress_prints_lines_off_a_terminal():
     assert len(lines) == 4
     assert "lag     1,000 (  0.0% of peak 1,000)" in lines[0]
     assert "lag   unknown" in lines[1]
-    assert "( 75.0% of peak 1,000), ETA 3 s, hydrating (0/3 samples <= 100)" in lines[2]
-    assert "(100.0% of peak 1,000), ETA 0 s, ready (3/3 samples <= 100)" in lines[3]
+    assert "( 75.0% of peak 1,000), ETA 3 s, hydrating (0/3 samples <= 100, <= 30 s old), 4 s behind" in lines[2]
+    assert "(100.0% of peak 1,000), ETA 0 s, ready (3/3 samples <= 100, <= 30 s old)" in lines[3]
 
 
 def test_fmt_eta():

@@ -26,5 +26,6 @@ def test_status_shows_lag_seconds(run, seeded, monkeypatch):
 
     d = json.loads(run("status", P, "--json").stdout)
     rows = {v["version"]: v for v in d["pipelines"][0]["versions"]}
-    assert (rows[2]["lag"], rows[2]["lag_seconds"], rows[2]["catchup_rule"]) == (60, 42.0, "records")
+    assert (rows[2]["lag"], rows[2]["lag_seconds"], rows[2]["catchup_seconds"]) == (60, 42.0, 60.0)
+    assert rows[2]["catchup_rule"].startswith("lag <= 1,000 records and <= 60 s behind in 3 samples")
     assert rows[1]["lag_seconds"] is None

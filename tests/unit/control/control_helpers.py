@@ -69,7 +69,8 @@ def allocate(k, pipeline: str = PIPELINE, **details):
 
 
 class FakeLog:
-    """The broker's log offsets, the consumer group's and the checkpoint's, all in memory."""
+    """The broker's log offsets, the consumer group's and the checkpoint's, all in memory; `age` is how
+    old the oldest unprocessed record is (the lag in seconds of a version that has any lag)."""
 
     def __init__(self, ends: dict[int, int]):
         self.starts = {(TOPIC, p): 0 for p in ends}
@@ -77,6 +78,7 @@ class FakeLog:
         self.checkpoint: dict | None = None
         self.group: dict = {}
         self.down = False
+        self.age: float | None = 2.0
 
     def read_all(self, p: int | None = None) -> None:
         self.checkpoint = dict(self.ends) if p is None else {**(self.checkpoint or {}), (TOPIC, p): self.ends[(TOPIC, p)]}
@@ -93,6 +95,7 @@ class FakeLog:
         monkeypatch.setattr(lag_mod, "group_offsets", lambda k, g, topics, timeout=10.0: dict(self.group))
         monkeypatch.setattr(lag_mod, "checkpoint_next_offsets",
                             lambda path: (dict(self.checkpoint), 7) if self.checkpoint else (None, None))
+        monkeypatch.setattr(lag_mod, "oldest_unread_age", lambda k, details, *, now, timeout: self.age)
         return self
 
 
@@ -121,15 +124,36 @@ def fake_running(k, version: int, pipeline: str = PIPELINE, *, state: str = "run
 
 
 def ready_version(k, fake_log, rows, state="caught_up"):
-    """A version whose fake job runs, caught up (lag 0 for two samples already), with a table."""
+    """A version whose fake job runs, caught up (lag 0 for two samples already, a micro-batch apart: its
+    job has committed 4 since it started, the samples were taken after its 1st and 2nd), with a table."""
     v = allocate(k).version
     k.registry.set_state(PIPELINE, v, state)
     fake_running(k, v)
     fake_log.read_all()
     write_table(k.paths(PIPELINE, v).table, profiles(rows))
-    for _ in range(2):
-        k.registry.add_lag_sample(PIPELINE, v, 0, {})
+    for batches in (1, 2):
+        k.registry.add_lag_sample(PIPELINE, v, 0, {}, lag_seconds=0.0, batches=batches)
     return v
+
+
+def commit_batch(k, version: int, pipeline: str = PIPELINE) -> int:
+    """The fake job of `version` (`fake_running`) reports one more micro-batch committed; the new count."""
+    path = k.paths(pipeline, version).status_file
+    data = json.loads(path.read_text())
+    data.update(batches=(data.get("batches") or 0) + 1, heartbeat_at=time.time())
+    path.write_text(json.dumps(data))
+    return data["batches"]
+
+
+def samples_a_batch_apart(k, version: int, n: int, pipeline: str = PIPELINE, **kw) -> list:
+    """`n` readiness decisions, the fake job committing a micro-batch before each."""
+    from orchestrator.lifecycle.await_ready import readiness
+
+    out = []
+    for _ in range(n):
+        commit_batch(k, version, pipeline)
+        out.append(readiness(k, pipeline, version, **kw))
+    return out
 
 
 @pytest.fixture

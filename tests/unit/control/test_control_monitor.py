@@ -136,8 +136,9 @@ def test_sustained_serving_lag_boundary_is_the_threshold_itself(k, fake_log, lag
     reports = [monitor(k, actor="cron", lag_threshold=500, raise_on_problem=False) for _ in range(3)]
     assert [v["lag"] for r in reports for v in r.versions if v["version"] == v2] == [lag] * 3
     assert [r.problems for r in reports[:2]] == [[], []]   # two samples of the three: not sustained yet
-    assert reports[2].problems == ([f"{PIPELINE} v{v2} serves alias '{ALIAS}' and lags beyond its threshold 500: "
-                                    f"last 3 samples {lag}, {lag}, {lag}"] if alert else [])
+    assert reports[2].problems == ([f"{PIPELINE} v{v2} serves alias '{ALIAS}' and lags beyond its limits (lag <= 500 "
+                                    f"records and <= 60 s behind): last 3 samples {lag}, {lag}, {lag} records"]
+                                   if alert else [])
 
 
 def test_monitor_raises_when_the_serving_job_fails(k, fake_log):
@@ -160,7 +161,8 @@ def test_monitor_raises_on_sustained_serving_lag_only(k, fake_log):
     fake_log.ends = {tp: e + 500 for tp, e in fake_log.ends.items()}
     monitor(k, actor="cron")          # one or two lagging samples: not yet an alert
     monitor(k, actor="cron")
-    with pytest.raises(NotReadyError, match=rf"{PIPELINE} v{v2} serves alias '{ALIAS}' and lags beyond its "
-                                            r"threshold 0: last 3 samples 1000, 1000, 1000"):
+    with pytest.raises(NotReadyError, match=rf"{PIPELINE} v{v2} serves alias '{ALIAS}' and lags beyond its limits "
+                                            r"\(lag <= 0 records and <= 60 s behind\): last 3 samples 1,000, 1,000, "
+                                            r"1,000 records"):
         monitor(k, actor="cron")
     assert monitor(k, actor="cron", lag_threshold=2000).problems == []

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.core import crashpoints
 
-from control_helpers import ALIAS, PIPELINE, allocate, fake_running, profiles, ready_version, write_table
+from control_helpers import ALIAS, PIPELINE, allocate, commit_batch, fake_running, profiles, ready_version, write_table
 from orchestrator.lifecycle import promote as promote_mod
 from orchestrator.core.exceptions import ConfigError, ConflictError, LifecycleError, NotFoundError, NotReadyError
 from orchestrator.lifecycle.promote import promote, promote_target
@@ -35,7 +35,8 @@ def test_first_promote_needs_no_key_comparison_and_publishes(k, fake_log):
     (entry,) = k.registry.audit_log(PIPELINE, action="promote")
     assert (entry.actor, entry.reason, entry.outcome) == ("alice", "first", "ok")
     assert entry.details["from_version"] is None and entry.details["to_version"] == v
-    assert [s["total"] for s in entry.details["samples"]] == [0, 0, 0]
+    assert [s["total"] for s in entry.details["readiness"]["samples"]] == [0, 0, 0]
+    assert entry.details["readiness"]["rule"].startswith("lag <= 0 records and <= 60 s behind in 3 samples")
 
 
 def test_second_promote_reports_the_rules_changes_and_keeps_a_standby(k, fake_log):
@@ -80,7 +81,8 @@ def test_promote_refused_while_lagging_with_the_exact_error_and_nothing_changed(
     with pytest.raises(NotReadyError) as e:
         promote(k, PIPELINE, v, actor="alice", reason="too early")
     assert str(e.value) == (f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: "
-                            f"hydrating, lag 150, 0/3 samples <= 0; lag 150 > threshold 0")
+                            f"hydrating, lag 150, 2 s behind, 0/3 samples with lag <= 0 records and <= 60 s behind; "
+                            f"lag 150 > threshold 0 records")
     assert e.value.failed_checks == ("ready",)
     assert k.registry.get_alias(ALIAS) is None
     assert read_pointer(k.alias_file(ALIAS)) is None
@@ -99,14 +101,15 @@ def test_the_demo_waits_again_when_a_ready_version_falls_behind_before_its_promo
     from orchestrator.lifecycle import await_ready
 
     v = ready_version(k, fake_log, ROWS_V1)
-    k.registry.add_lag_sample(PIPELINE, v, 0, {})       # ready: three samples at lag 0
+    k.registry.add_lag_sample(PIPELINE, v, 0, {}, lag_seconds=0.0, batches=3)   # ready: three samples at lag 0
     fake_log.ends = {tp: end + 5 for tp, end in fake_log.ends.items()}   # live updates arrive before the flip
     real_wait, waits = await_ready.wait_ready, []
 
     def job_catches_up_then_wait(*args, **kwargs):
         waits.append(k.registry.get_alias(ALIAS))
-        fake_log.read_all()                               # the job's next micro-batch commits
-        return real_wait(*args, **{**kwargs, "poll_seconds": 0.01})
+        fake_log.read_all()                               # the job's next micro-batches commit
+        return real_wait(*args, **{**kwargs, "poll_seconds": 0.01,
+                                   "on_sample": lambda r: commit_batch(k, v)})
 
     monkeypatch.setattr(await_ready, "wait_ready", job_catches_up_then_wait)
     out = io.StringIO()
@@ -117,7 +120,7 @@ def test_the_demo_waits_again_when_a_ready_version_falls_behind_before_its_promo
     assert resolve_alias(ALIAS, k.settings)["version"] == v
     text = out.getvalue()
     assert f"the promote was refused: v{v} fell behind again since it was ready" in text
-    assert "lag 10 > threshold 0); waiting until it has caught up again" in text
+    assert "lag 10 > threshold 0 records); waiting until it has caught up again" in text
     assert [e.outcome for e in k.registry.audit_log(PIPELINE, action="promote")] == ["refused", "ok"]
 
     v2 = ready_version(k, fake_log, ROWS_V1[:1])           # 1 key against 3: over the 10% tolerance
@@ -133,7 +136,8 @@ def test_promote_refused_when_the_job_failed(k, fake_log):
     with pytest.raises(NotReadyError) as e:
         promote(k, PIPELINE, v, actor="alice", reason="r")
     assert str(e.value) == (f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: failing, "
-                            f"lag 0, ETA 0 s, 3/3 samples <= 0; the job reported failure: SinkError: disk full")
+                            f"lag 0, 0 s behind, ETA 0 s, 3/3 samples with lag <= 0 records and <= 60 s behind; the job "
+                            f"reported failure: SinkError: disk full")
 
 
 def test_promote_refused_when_lag_is_unknown(k, fake_log):
@@ -143,8 +147,9 @@ def test_promote_refused_when_lag_is_unknown(k, fake_log):
         promote(k, PIPELINE, v, actor="alice", reason="r")
     assert str(e.value) == (
         f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: lagging, lag unknown, "
-        f"0/3 samples <= 0; lag unknown (cannot read log end offsets from the Kafka broker at 127.0.0.1:9 "
-        f"(KafkaError{{code=_TRANSPORT}})); unknown lag never counts as caught up")
+        f"unknown behind, 0/3 samples with lag <= 0 records and <= 60 s behind; lag unknown (cannot read log end "
+        f"offsets from the Kafka broker at 127.0.0.1:9 (KafkaError{{code=_TRANSPORT}})); unknown lag never counts as "
+        f"caught up")
 
 
 def test_promote_refused_on_key_count_and_reject_rate(k, fake_log):

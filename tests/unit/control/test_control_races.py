@@ -48,8 +48,8 @@ def running(k, fake_log, state="caught_up") -> int:
         k.registry.set_state(PIPELINE, v, state, expected="starting")
     fake_log.read_all()
     write_table(k.paths(PIPELINE, v).table, profiles(ROWS))
-    for _ in range(3):
-        k.registry.add_lag_sample(PIPELINE, v, 0, {})
+    for batches in (1, 2, 3):   # a micro-batch apart, after the job's first: the fake job counts on from there
+        k.registry.add_lag_sample(PIPELINE, v, 0, {}, lag_seconds=0.0, batches=batches)
     return v
 
 

@@ -20,11 +20,12 @@ def _caught_up_version(k, fake_log):
 def test_samples_from_an_hour_ago_do_not_make_a_run(k, fake_log, monkeypatch):
     v = _caught_up_version(k, fake_log)
     t0 = time.time()
-    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0)            # two samples at lag 0 ...
-    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0 + 1)
+    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0, lag_seconds=0.0, batches=1)       # two samples at lag 0 ...
+    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0 + 1, lag_seconds=0.0, batches=2)
     clock = Clock(now=t0 + 3600).install(monkeypatch, lag_mod)      # ... an hour before this one
     r = readiness(k, PIPELINE, v)
-    assert (r.state, r.consecutive_ok, r.reason) == ("hydrating", 1, "1 of 3 consecutive samples at or under 0")
+    assert (r.state, r.consecutive_ok, r.reason) == (
+        "hydrating", 1, "1 of 3 samples a micro-batch apart with lag <= 0 records and <= 60 s behind")
     assert [s["at"] for s in r.samples] == [t0 + 3600]
     assert k.registry.get_version(PIPELINE, v).state == "backfilling"
     clock.sleep(2)
@@ -39,9 +40,9 @@ def test_the_window_is_a_setting_and_its_edge_counts(k, fake_log, monkeypatch):
     k.settings = k.settings.model_copy(update={"readiness_window_seconds": 60.0})
     v = _caught_up_version(k, fake_log)
     t0 = time.time()
-    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0 - 0.5)     # 60.5 s before the next: out
-    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0)           # exactly 60 s before: in
-    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0 + 30)
+    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0 - 0.5, lag_seconds=0.0)   # 60.5 s before the next: out
+    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0, lag_seconds=0.0)         # exactly 60 s before: in
+    k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0 + 30, lag_seconds=0.0)
     Clock(now=t0 + 60).install(monkeypatch, lag_mod)
     r = readiness(k, PIPELINE, v, record=False)
     assert [s["at"] for s in r.samples] == [t0 + 60, t0 + 30, t0]

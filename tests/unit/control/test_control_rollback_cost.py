@@ -17,6 +17,7 @@ import pytest
 
 from control_helpers import ALIAS, PIPELINE, TOPIC, allocate, profiles, wait_for, write_table
 from orchestrator.jobctl import inspect_version, start_version, stop_version
+from orchestrator.core.exceptions import ConfigError, NotReadyError
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback, restart_progress_line, rollback
 
@@ -31,8 +32,8 @@ def _running(k, fake_log) -> int:
     k.registry.set_state(PIPELINE, v, "caught_up", expected="starting")
     fake_log.read_all()
     write_table(k.paths(PIPELINE, v).table, profiles(ROWS))
-    for _ in range(3):
-        k.registry.add_lag_sample(PIPELINE, v, 0, {})
+    for batches in (1, 2, 3):
+        k.registry.add_lag_sample(PIPELINE, v, 0, {}, lag_seconds=0.0, batches=batches)
     return v
 
 
@@ -104,6 +105,31 @@ def test_a_rollback_to_a_stopped_version_says_it_restarts_it_and_how_far_behind_
     assert again.estimate.records_behind == 1240
     assert f"; the last such restart took {round(flip.details['restart_seconds'])} s. v{v2} serves until the flip." \
         in again.message
+
+
+def test_a_restarted_target_not_caught_up_by_the_deadline_is_not_flipped_to_unless_forced(k, fake_log, pair):
+    v1, v2 = pair
+    _stop_standby(k, fake_log, v1)                             # 1,240 records behind; it does not catch up here
+    with pytest.raises(NotReadyError) as e:
+        rollback(k, PIPELINE, actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=0.3)
+    msg = str(e.value)
+    assert msg.startswith(f"rollback of alias '{ALIAS}' to {PIPELINE} v{v1} stopped before the flip (v{v2} still "
+                          f"serves): {PIPELINE} v{v1} is not ready after 0 s"), msg
+    assert "total lag 1,240 records" in msg
+    assert msg.endswith("Raise the deadline (--deadline, the form's catch-up deadline; it was 0 s), or flip anyway "
+                        "with --force and a reason (audited).")
+    assert k.registry.get_alias(ALIAS).version == v2 and not inspect_version(k, PIPELINE, v1).alive
+    failed = k.registry.audit_log(PIPELINE, action="rollback")[-1]
+    assert (failed.outcome, failed.details["readiness"]["lag"]) == ("failed", 1240)
+    with pytest.raises(ConfigError, match=r"rollback of .* with --force needs a reason"):
+        rollback(k, PIPELINE, actor="bob", force=True)
+    res = rollback(k, PIPELINE, actor="bob", reason="v2 is worse", force=True, poll_seconds=0.01, deadline_seconds=0.3)
+    assert (res.flipped, res.forced, k.registry.get_alias(ALIAS).version) == (True, True, v1)
+    assert res.message.startswith(f"rolled back alias '{ALIAS}' from v{v2} to v{v1} at the deadline although v{v1} had "
+                                  f"not caught up (--force): {PIPELINE} v{v1}: "), res.message
+    flip = k.registry.audit_log(PIPELINE, action="rollback")[-1]
+    assert (flip.outcome, flip.reason, flip.details["forced"]) == ("ok", "v2 is worse", ["ready"])
+    assert flip.details["readiness"]["lag"] == 1240 and flip.details["readiness"]["rule"].startswith("lag <= 0 records")
 
 
 def test_an_unknown_lag_is_said_to_be_unknown_not_zero(k, fake_log, pair):

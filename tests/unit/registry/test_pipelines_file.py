@@ -125,8 +125,8 @@ def test_unknown_field(tmp_path):
     path = pipelines_file(tmp_path, ("standardize", {"catchup_treshold": "5"}))
     assert load_error(path) == (
         f"pipelines file {path}: pipeline 'standardize', field 'catchup_treshold': unknown field; known fields: "
-        f"job, topics, key, alias, ruleset, catchup_threshold, catchup_samples, catchup_max_lag_seconds, "
-        f"catchup_rule, grace_period_seconds, "
+        f"job, topics, key, alias, ruleset, catchup_threshold, catchup_seconds, catchup_samples, "
+        f"grace_period_seconds, "
         f"keep_versions, key_count_tolerance, max_reject_rate, max_records_per_batch, max_restarts, "
         f"restart_window_seconds, restart_backoff_seconds, restart_backoff_max_seconds, description, options, checks, auto_rollback, watch_max_lag_seconds, watch_lag_samples, watch_on_rollback")
 

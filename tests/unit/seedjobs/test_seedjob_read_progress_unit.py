@@ -15,7 +15,7 @@ from jobs.lib.kafka.progress import (
     read_progress, source_dir, write_manifest,
 )
 from jobs.lib.batches import HOLD_FILE, HOLD_HOOK, hold_if_asked
-from orchestrator.observe.lag import lag_from_offsets, pending_floor, uncommitted_limits
+from orchestrator.observe.lag import fmt_lag, lag_from_offsets, pending_floor, uncommitted_limits
 from tests.waiting import wait_until
 
 T = "views"
@@ -114,14 +114,14 @@ def test_a_committed_checkpoint_wins_over_read_progress():
     assert (r.source, r.pending_commit, r.total) == ("checkpoint", False, 30)
 
 
-def fake_kappa(threshold: int, max_seconds: float | None, override=None):
-    spec = SimpleNamespace(catchup_threshold=threshold, catchup_max_lag_seconds=max_seconds)
+def fake_kappa(threshold: int, max_seconds: float = 60.0, override=None):
+    spec = SimpleNamespace(catchup_threshold=threshold, catchup_seconds=max_seconds)
     rec = SimpleNamespace(details={} if override is None else {"threshold": override})
     return SimpleNamespace(pipeline=lambda name: spec, registry=SimpleNamespace(get_version=lambda p, v: rec))
 
 
 @pytest.mark.parametrize("threshold, max_seconds, override, limits", [
-    (0, None, None, (1, None)), (1000, 30.0, None, (1001, 31.0)), (0, None, 500, (501, None)),
+    (0, 60.0, None, (1, 61.0)), (1000, 30.0, None, (1001, 31.0)), (0, 60.0, 500, (501, 61.0)),
 ])
 def test_uncommitted_limits_sit_just_over_the_catch_up_rule(threshold, max_seconds, override, limits):
     assert uncommitted_limits(fake_kappa(threshold, max_seconds, override), "p", 1) == limits
@@ -133,8 +133,12 @@ def test_a_fully_read_uncommitted_backfill_is_floored_over_the_rule():
     assert r.total == 0
     floored = pending_floor(fake_kappa(1000, 30.0), r)
     assert (floored.total, floored.lag_seconds, floored.partitions) == (1001, 31.0, r.partitions)
+    assert floored.floored and floored.unread == 0
+    assert fmt_lag(floored.total, floored=floored.floored, unread=floored.unread) == \
+        "≥ 1,001 (first batch not yet committed; 0 left to read)"
     partly = lag_from_offsets("p", 1, LOGS, None, None, at=1.0, reading={(T, 0): ReadPosition(0, 130, 130)})
-    assert pending_floor(fake_kappa(0, None), partly).total == 170   # over the floor: the real figure
+    over = pending_floor(fake_kappa(0), partly)
+    assert (over.total, over.floored) == (170, False)              # over the floor: the real figure
 
 
 def test_the_hold_hook_waits_until_the_test_deletes_its_file(tmp_path, monkeypatch):
