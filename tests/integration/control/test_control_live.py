@@ -332,7 +332,9 @@ def test_a_restarting_rollback_flips_only_after_a_micro_batch_commits_since_the_
     (flip,) = [e for e in k.registry.audit_log(PIPELINE, action="rollback") if e.details.get("restarted")][-1:]
     decision = flip.details["readiness"]
     assert decision["batches"] >= 1 and decision["counted"] == spec.catchup_samples
-    assert all(s["batches"] >= 1 for s in decision["samples"]), decision
+    # each counted sample: after a batch since the restart, or with nothing left to read (the commit's lag 0
+    # can be sampled before the job's listener has counted that batch)
+    assert all(s["batches"] >= 1 or s["total"] == 0 for s in decision["samples"]), decision
     assert min(s["at"] for s in decision["samples"]) > max(r.at for r in while_held)
     assert released > max(r.at for r in while_held)
     quiesce(live, 1)
