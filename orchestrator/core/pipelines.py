@@ -14,6 +14,7 @@ decides with (catch-up threshold and samples, standby grace period, retention, p
     catchup_seconds = 60            # and the oldest record not yet processed at most this old
     catchup_samples = 3
     grace_period_seconds = 300
+    stop_timeout_seconds = 60       # a requested stop: the micro-batch in flight may take this long
     keep_versions = 3
     key_count_tolerance = 0.01
     max_reject_rate = 0.01
@@ -91,6 +92,11 @@ class PipelineSpec(BaseModel):
     catchup_seconds: Annotated[float, Field(strict=True, gt=0.0)] = 60.0
     catchup_samples: PositiveInt = 3
     grace_period_seconds: Annotated[float, Field(strict=True, ge=0.0)] = 300.0
+    #: The bound of a requested stop (`orchestrator.jobctl.stop`): the job finishes the micro-batch in
+    #: flight and starts no new one; one still running this long after the request is stopped at once
+    #: (SIGTERM; SIGKILL if need be), recorded `stopped` (killed at the bound, audited), its batch
+    #: replayed from the checkpoint at the next start. A minute: a few live batches on a small machine.
+    stop_timeout_seconds: Annotated[float, Field(strict=True, gt=0.0)] = 60.0
     keep_versions: PositiveInt = 3
     key_count_tolerance: Fraction = 0.01
     max_reject_rate: Fraction = 0.01

@@ -63,7 +63,8 @@ def stop_version_jobs(k, pipeline: str, *, actor: str, reason: str, job_pids: di
         requests[version] = None
         try:
             if st is not None:
-                requests[version] = request_stop(k, pipeline, version, actor=actor, reason=reason, force=True)
+                requests[version] = request_stop(k, pipeline, version, actor=actor, reason=reason, force=True,
+                                                 bound=30.0)
         except KappaError as e:
             say(f"[red]could not stop {pipeline} v{version} through kappa ({e}); killing it[/]")
     stopped = []
@@ -71,7 +72,7 @@ def stop_version_jobs(k, pipeline: str, *, actor: str, reason: str, job_pids: di
         pid = job_pids[version]
         try:
             if req is not None:
-                pid = finish_stop(k, req, graceful_timeout=30).pid or pid
+                pid = finish_stop(k, req).pid or pid
         except KappaError as e:
             say(f"[red]could not stop {pipeline} v{version} through kappa ({e}); killing it[/]")
         end_group(pid, 10.0)

@@ -1,9 +1,14 @@
-"""Stop the Spark job of one version, gracefully first.
+"""Stop the Spark job of one version: after its micro-batch in flight, within a bound.
 
-The STOP file asks the job to stop between micro-batches; if it has not after a timeout, SIGTERM
-goes to its Python driver, then SIGKILL to its process group, each after a timeout, and whatever
-is left of the group (the JVM, Python workers) goes with it. Only a process that is still the
-one launched (`health.job_alive`) is ever signalled. The table and the checkpoint are kept.
+The STOP file asks the job to stop (it names who asked, why, and the bound): the job finishes the
+micro-batch in flight, starts no new one (`jobs.lib.runtime.stopping`) and ends. The bound is the
+pipeline's `stop_timeout_seconds` (default 60 s), counted from the request: a job still running then
+gets SIGTERM, which the job takes as "stop now" (the batch in flight is interrupted and runs again
+from the checkpoint at the next start), then SIGKILL to its process group after `TERM_TIMEOUT`, and
+whatever is left of the group (the JVM, Python workers) goes with it. A job ended at the bound is
+recorded `stopped` all the same (its status says it was killed at the bound; the `stop` audit entry
+says how), not failed: it was asked to stop. Only a process that is still the one launched
+(`health.job_alive`) is ever signalled. The table and the checkpoint are kept.
 """
 
 from __future__ import annotations
@@ -20,22 +25,29 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import ConflictError, LifecycleError, RefusedError
-from orchestrator.core.files import read_json
-from orchestrator.core.states import VersionState
+from orchestrator.core.files import read_json, write_json_atomic
+from orchestrator.core.states import RunState, VersionState
 from orchestrator.jobctl.health import CHILDREN, inspect_version, launch_identity, read_status
 from orchestrator.jobctl.process import end_group, signal_group, wait_gone
 
 __all__ = ["StopResult", "StopRequest", "StopUnderWay", "stop_version", "request_stop", "finish_stop",
-           "stop_under_way", "wait_stop_finished", "GRACEFUL_TIMEOUT", "TERM_TIMEOUT", "KILL_TIMEOUT",
-           "STOP_WAIT_SECONDS"]
+           "stop_under_way", "wait_stop_finished", "stop_bound", "TERM_TIMEOUT", "KILL_TIMEOUT",
+           "stop_wait_seconds"]
 
-#: Timeouts of the three stop steps: STOP file, SIGTERM, SIGKILL.
-GRACEFUL_TIMEOUT = 60.0
+#: Timeouts of the steps after the bound: SIGTERM (stop now), SIGKILL.
 TERM_TIMEOUT = 20.0
 KILL_TIMEOUT = 10.0
-#: How long one may wait for a stop someone else is carrying out: its three steps, ending the
-#: job's process group, and a margin.
-STOP_WAIT_SECONDS = GRACEFUL_TIMEOUT + TERM_TIMEOUT + KILL_TIMEOUT + TERM_TIMEOUT + 5.0
+
+
+def stop_bound(k, pipeline: str) -> float:
+    """The bound of a requested stop of the pipeline's jobs: its `stop_timeout_seconds`."""
+    return float(k.pipeline(pipeline).stop_timeout_seconds)
+
+
+def stop_wait_seconds(k, pipeline: str) -> float:
+    """How long one may wait for a stop someone else is carrying out: its bound, the steps after it,
+    ending the job's process group, and a margin."""
+    return stop_bound(k, pipeline) + TERM_TIMEOUT + KILL_TIMEOUT + TERM_TIMEOUT + 5.0
 
 
 class StopResult(BaseModel):
@@ -49,6 +61,11 @@ class StopResult(BaseModel):
     seconds: float
     message: str
     final_state: str | None = None    # the job's own last state (stopped, failed, ...)
+    bound_seconds: float | None = None  # the stop's bound (stop_timeout_seconds)
+
+    @property
+    def killed_at_bound(self) -> bool:
+        return self.how in ("sigterm", "sigkill")
 
 
 def _wait_dead(pid: int, launch: dict[str, Any], timeout: float) -> bool:
@@ -65,11 +82,12 @@ def _wait_dead(pid: int, launch: dict[str, Any], timeout: float) -> bool:
 
 
 def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
-                 force: bool = False, graceful_timeout: float = GRACEFUL_TIMEOUT,
+                 force: bool = False, graceful_timeout: float | None = None,
                  term_timeout: float = TERM_TIMEOUT, kill_timeout: float = KILL_TIMEOUT,
                  final_state: str | None = VersionState.STOPPED,
                  expected_state: str | None = None) -> StopResult:
-    """Stop the job: STOP file, then SIGTERM, then SIGKILL. Keeps table and checkpoint.
+    """Stop the job: STOP file, then at the bound (`graceful_timeout`, None: the pipeline's
+    `stop_timeout_seconds`) SIGTERM, then SIGKILL. Keeps table and checkpoint.
 
     Stopping the serving version's job freezes what readers see; that needs `force=True`.
     `final_state` is the registry state the version gets (None: leave it, as a restart does). It is
@@ -80,9 +98,8 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
     It is `request_stop` then `finish_stop`; to stop several jobs at once, request each, then finish each.
     """
     req = request_stop(k, pipeline, version, actor=actor, reason=reason, force=force, final_state=final_state,
-                       expected_state=expected_state)
-    return finish_stop(k, req, graceful_timeout=graceful_timeout, term_timeout=term_timeout,
-                       kill_timeout=kill_timeout)
+                       expected_state=expected_state, bound=graceful_timeout)
+    return finish_stop(k, req, term_timeout=term_timeout, kill_timeout=kill_timeout)
 
 
 @dataclass(frozen=True)
@@ -97,13 +114,16 @@ class StopRequest:
     launch: dict[str, Any]
     paths: Any
     t0: float                         # time.monotonic() when the stop was requested
+    bound: float                      # seconds from the request to SIGTERM
 
 
 def request_stop(k, pipeline: str, version: int, *, actor: str, reason: str | None = None, force: bool = False,
                  final_state: str | None = VersionState.STOPPED,
-                 expected_state: str | None = None) -> StopRequest:
-    """The first half of `stop_version`: the checks, the registry state and `stop_requested`, the STOP file."""
+                 expected_state: str | None = None, bound: float | None = None) -> StopRequest:
+    """The first half of `stop_version`: the checks, the registry state and `stop_requested`, the STOP file.
+    `bound`: seconds until the job is stopped at once (None: the pipeline's `stop_timeout_seconds`)."""
     reg = k.registry
+    bound = stop_bound(k, pipeline) if bound is None else float(bound)
     rec = reg.get_version(pipeline, version)
     if expected_state is not None and rec.state != expected_state:
         raise ConflictError(f"{pipeline} v{version} is {rec.state} now, not {expected_state}: another operation "
@@ -120,7 +140,8 @@ def request_stop(k, pipeline: str, version: int, *, actor: str, reason: str | No
         # the state and its audit entry in one transaction: a crash before the signal leaves both
         reg.set_state(pipeline, version, final_state, expected=rec.state, pid=None,
                       audit={"action": "stop_requested", "actor": actor, "reason": reason,
-                             "details": {"from": rec.state, "to": final_state, "pid": rec.pid}})
+                             "details": {"from": rec.state, "to": final_state, "pid": rec.pid,
+                                         "bound_seconds": bound}})
         crashpoint("stop.marked")
     paths = k.paths(pipeline, version)
     st = inspect_version(k, pipeline, version)
@@ -131,23 +152,34 @@ def request_stop(k, pipeline: str, version: int, *, actor: str, reason: str | No
                              f"({st.pid}); refusing to signal it. Check {paths.launch_file}")
     if st.alive and st.pid:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
-        paths.stop_file.write_text(f"stop requested by {actor} at {datetime.now(timezone.utc).isoformat()}: "
-                                   f"{reason or ''}\n")
+        paths.stop_file.write_text(f"stop requested by {actor} at {datetime.now(timezone.utc).isoformat()}, bound "
+                                   f"{bound:g} s: {reason or 'no reason given'}\n")
     return StopRequest(pipeline=pipeline, version=version, actor=actor, reason=reason, st=st, launch=launch,
-                       paths=paths, t0=t0)
+                       paths=paths, t0=t0, bound=bound)
 
 
-def finish_stop(k, req: StopRequest, *, graceful_timeout: float = GRACEFUL_TIMEOUT,
-                term_timeout: float = TERM_TIMEOUT, kill_timeout: float = KILL_TIMEOUT) -> StopResult:
-    """The second half of `stop_version`: wait for the job (`graceful_timeout` counted from the request),
-    escalate to SIGTERM and SIGKILL, end its process group, audit the `stop`."""
+def _record_killed(paths: Any, how: str, bound: float) -> None:
+    """The status of a job ended at its stop's bound: `stopped`, killed at the bound (the job may not have
+    written a last status itself: SIGKILL leaves it `stopping`)."""
+    status = read_json(paths.status_file) or {}
+    if status.get("state") in (RunState.STOPPED, RunState.FINISHED) and how == "sigterm":
+        return      # it stopped itself on the SIGTERM, interrupting its batch, and said so
+    status.update(state=RunState.STOPPED, stopped=f"killed at the stop's bound of {bound:g} s ({how.upper()})",
+                  heartbeat_at=time.time())
+    write_json_atomic(paths.status_file, status)
+
+
+def finish_stop(k, req: StopRequest, *, term_timeout: float = TERM_TIMEOUT,
+                kill_timeout: float = KILL_TIMEOUT) -> StopResult:
+    """The second half of `stop_version`: wait for the job (until the request's bound, counted from the
+    request), escalate to SIGTERM and SIGKILL, end its process group, audit the `stop`."""
     reg, pipeline, version, actor, reason = k.registry, req.pipeline, req.version, req.actor, req.reason
     st, launch, paths, t0 = req.st, req.launch, req.paths, req.t0
     how = "not-running"
     if st.alive and st.pid:
         how = "graceful"
-        if not _wait_dead(st.pid, launch, max(0.0, graceful_timeout - (time.monotonic() - t0))):
-            how = "sigterm"  # to the job's Python driver only: it stops between micro-batches
+        if not _wait_dead(st.pid, launch, max(0.0, req.bound - (time.monotonic() - t0))):
+            how = "sigterm"  # to the job's Python driver only: after the request it means "stop now"
             try:
                 os.kill(st.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -161,20 +193,30 @@ def finish_stop(k, req: StopRequest, *, graceful_timeout: float = GRACEFUL_TIMEO
         # the JVM and Python workers share the job's process group: leave none behind
         end_group(st.pid, term_timeout)
         CHILDREN.pop(st.pid, None)
+        if how != "graceful":
+            _record_killed(paths, how, req.bound)
     ended_at = time.time()  # the audit entry may come later (a slow registry): when the job had ended
     paths.stop_file.unlink(missing_ok=True)
     seconds = time.monotonic() - t0
     after = read_status(k, pipeline, version) or {}
     job_state = after.get("state")
-    msg = (f"{pipeline} v{version} was not running" if how == "not-running" else
-           f"stopped {pipeline} v{version} (pid {st.pid}) {'gracefully' if how == 'graceful' else 'with ' + how.upper()} "
-           f"in {seconds:.1f} s; its table and checkpoint are kept")
+    if how == "not-running":
+        msg = f"{pipeline} v{version} was not running"
+    elif how == "graceful":
+        msg = (f"stopped {pipeline} v{version} (pid {st.pid}) in {seconds:.1f} s, within its bound of "
+               f"{req.bound:g} s ({after.get('stopped') or 'after its micro-batch in flight'}); its table and "
+               f"checkpoint are kept")
+    else:
+        msg = (f"stopped {pipeline} v{version} (pid {st.pid}) at its bound of {req.bound:g} s: killed with "
+               f"{how.upper()} after {seconds:.1f} s (stop_timeout_seconds); its micro-batch in flight runs again "
+               f"from the checkpoint at the next start; its table and checkpoint are kept")
     reg.audit("stop", actor=actor, pipeline=pipeline, version=version, reason=reason,
               outcome="ok" if how != "not-running" else "noop",
               details={"how": how, "pid": st.pid, "seconds": round(seconds, 3), "job_state": job_state,
-                       "ended_at": ended_at})
+                       "ended_at": ended_at, "bound_seconds": req.bound,
+                       "killed_at_bound": how in ("sigterm", "sigkill"), "ended": after.get("stopped")})
     return StopResult(pipeline=pipeline, version=version, stopped=how != "not-running", how=how, pid=st.pid,
-                      seconds=seconds, message=msg, final_state=job_state)
+                      seconds=seconds, message=msg, final_state=job_state, bound_seconds=req.bound)
 
 
 @dataclass(frozen=True)
@@ -208,12 +250,14 @@ def stop_under_way(k, pipeline: str, version: int) -> StopUnderWay | None:
     return StopUnderWay(pipeline=pipeline, version=version, by=by, after_id=entries[-1].id if entries else 0)
 
 
-def wait_stop_finished(k, stop: StopUnderWay, *, timeout: float = STOP_WAIT_SECONDS,
+def wait_stop_finished(k, stop: StopUnderWay, *, timeout: float | None = None,
                        poll: float = 0.2) -> StopUnderWay:
     """Wait until the stop under way has ended: the job gone and its stopper's `stop` audited.
 
-    Returns `stop` with `waited` and `finished` (False: not within `timeout` seconds); raises nothing.
+    Returns `stop` with `waited` and `finished` (False: not within `timeout` seconds, None:
+    `stop_wait_seconds`); raises nothing.
     """
+    timeout = stop_wait_seconds(k, stop.pipeline) if timeout is None else timeout
     t0 = time.monotonic()
     while True:
         gone = not inspect_version(k, stop.pipeline, stop.version).alive

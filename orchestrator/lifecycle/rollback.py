@@ -49,7 +49,7 @@ from orchestrator.core.exceptions import ConfigError, KappaError, LifecycleError
 from orchestrator.core.kappa import Kappa
 from orchestrator.core.states import FLIP_TARGETS, VersionState
 from orchestrator.jobctl import inspect_version, restart_version, start_version, stop_version
-from orchestrator.jobctl.stop import STOP_WAIT_SECONDS, stop_under_way, wait_stop_finished
+from orchestrator.jobctl.stop import stop_under_way, wait_stop_finished
 from orchestrator.lifecycle.await_ready import ENDED, POLL_SECONDS, Readiness, wait_ready
 from orchestrator.lifecycle.promote import finish_interrupted_flip, flip
 from orchestrator.lifecycle.standby import standby_until
@@ -252,7 +252,7 @@ def restart_progress_line(version: int, lag: int | None, *, eta_seconds: float |
 
 
 def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str,
-                     reason: str | None = None, stop_wait_seconds: float = STOP_WAIT_SECONDS) -> RollbackPlan:
+                     reason: str | None = None, stop_wait_seconds: float | None = None) -> RollbackPlan:
     """Pick the target (default: the previous serving version); restart its job from its checkpoint if stopped.
 
     If someone else is stopping the target's job, wait (at most `stop_wait_seconds`) until that stop

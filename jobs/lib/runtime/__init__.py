@@ -5,12 +5,13 @@ Jobs themselves are functions of the job contract (`jobs.lib.contract`); kappa's
 job's query. The runtime's own contract, for the runner (and the tests' echo job)::
 
     from jobs.lib.runtime import JobContext, run
+    from jobs.lib.runtime.stopping import GATE          # kappa's own jobs get it from `stream.start_stream`
 
     def build(ctx: JobContext):
         reader = ctx.spark.readStream.format("kafka")   # Spark's Kafka source
         for k, v in ctx.kafka_options().items():         # the version's options and kafka.* settings
             reader = reader.option(k, v)
-        return (reader.load().writeStream.foreachBatch(...)   # call ctx.record_batch(...) in there
+        return (reader.load().writeStream.foreachBatch(GATE.wrap(...))   # call ctx.record_batch(...) in there
                 .option("checkpointLocation", ctx.args.checkpoint)
                 .trigger(**ctx.trigger_kwargs()).start())
 
@@ -39,9 +40,11 @@ What the runtime guarantees, so the orchestrator can watch and steer any job the
   each completed micro-batch); a job refines the counts from its foreachBatch function with
   ``ctx.record_batch(batch_id, rows_in, rows_out, rejects, rejects_total=None)``, and sets
   ``ctx.rules_hash`` when it applies rules.
-* A graceful stop waits for the running micro-batch to finish (up to KAPPA_STOP_GRACE_SECONDS,
-  default 120) before stopping the query, so nothing is left half-done; an interrupted batch would
-  be replayed from the checkpoint anyway, idempotently.
+* A requested stop ends the query after the micro-batch in flight; no new micro-batch does any work
+  once it is asked (the stop gate around foreachBatch, `stopping`: a batch that starts after the
+  request is refused before the job's function runs, and runs from the checkpoint at the next start).
+  Its bound is kappa's (the pipeline's ``stop_timeout_seconds``): a SIGTERM after the request stops
+  the query at once, the batch in flight interrupted and replayed from the checkpoint, idempotently.
 * A STOP file older than the process (left by an earlier run of the version) is removed at
   start, so a version restarted from its checkpoint does not stop at once.
 * When the job ends, the end offsets of the last committed micro-batch are committed once more
@@ -50,7 +53,8 @@ What the runtime guarantees, so the orchestrator can watch and steer any job the
   is ``<run-dir>/spark-local``.
 
 The package: `args` (the command line), `status` (status.json and `RunState`), `context`
-(`JobContext` and the progress listener), `loop` (`run`: signals, heartbeat, graceful stop).
+(`JobContext` and the progress listener), `loop` (`run`: signals, heartbeat, the stop), `stopping`
+(the stop gate).
 """
 
 from jobs.lib.runtime.args import build_parser, parse_args

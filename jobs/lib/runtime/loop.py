@@ -1,4 +1,12 @@
-"""Running a job to its end: signals, STOP file, heartbeat, graceful stop, final status."""
+"""Running a job to its end: signals, STOP file, heartbeat, a stop that stops, final status.
+
+A stop is asked by the STOP file in the run directory (what kappa writes; it names who asked, why, and
+the bound of the stop) or by SIGTERM/SIGINT. From then on no new micro-batch does any work (the stop
+gate, `jobs.lib.runtime.stopping`): the batch in flight finishes and commits, then the query stops.
+A second signal after the request (kappa sends SIGTERM at the stop's bound, and Ctrl-C twice does the
+same) stops the query at once: the batch in flight is interrupted, and runs again from the checkpoint
+at the next start, idempotently. Either way the job ends `stopped`, saying which.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +28,8 @@ from jobs.lib.runtime.args import parse_args
 from jobs.lib.runtime.backfill import clear_when_committed
 from jobs.lib.runtime.context import JobContext, ProgressListener
 from jobs.lib.runtime.status import RunState, Status, summarize_error
+from jobs.lib.runtime.stopping import GATE
 from jobs.lib.session import build_session
-from orchestrator.core.envvars import KAPPA_STOP_GRACE_SECONDS
 from orchestrator.core.exceptions import ConfigError
 
 __all__ = ["HEARTBEAT_SECONDS", "run", "run_job"]
@@ -57,22 +65,42 @@ def _in_thread(fn: Callable[[], Any], timeout: float, what: str) -> None:
         log.warning("%s did not finish within %.0fs; going on", what, timeout)
 
 
-def _graceful_stop(query: Any, grace: float) -> None:
-    """Stop between micro-batches: wait for the running trigger to finish, then stop."""
-    deadline = time.monotonic() + grace
-    while query.isActive and time.monotonic() < deadline:
+def _stop_asked(stop_file: Path, signals: list[int]) -> str:
+    """Who asked for the stop: the STOP file's line (kappa writes who, when, the bound and why), or the signal."""
+    try:
+        text = stop_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        text = ""
+    if text:
+        return text
+    return f"stop requested by signal {signal.Signals(signals[0]).name}" if signals else "stop requested"
+
+
+def _stop_after_batch(query: Any, now: threading.Event) -> str:
+    """Stop the query once the micro-batch in flight has committed; no new one does work meanwhile (the
+    gate). `now` set (a second signal): stop at once, interrupting the batch. Returns how it ended."""
+    refused = "after micro-batch {last}; micro-batch {refused} was not started"
+    while query.isActive:
+        if GATE.refused is not None:
+            return refused.format(last=GATE.last_done, refused=GATE.refused)
+        if now.is_set():
+            batch = GATE.in_flight
+            log.warning("stopping now (a second stop signal: kappa's stop bound, or Ctrl-C twice)%s",
+                        "" if batch is None else f": micro-batch {batch} is interrupted; it runs again from the "
+                                                 f"checkpoint at the next start")
+            query.stop()
+            return "at once" + ("" if batch is None else f", micro-batch {batch} interrupted")
         try:
             active = bool(query.status.get("isTriggerActive"))
-        except Exception:
+        except Exception:  # noqa: BLE001 - the query is ending
             active = False
-        if not active:
-            break
-        time.sleep(0.02)
-    else:
-        if query.isActive:
-            log.warning("the running micro-batch did not finish within %.0fs; stopping it (it will be "
-                        "replayed from the checkpoint)", grace)
-    query.stop()
+        if not active and GATE.in_flight is None:
+            query.stop()          # a batch that starts meanwhile meets the gate: it does nothing
+            return "between micro-batches" + ("" if GATE.last_done is None else f", after micro-batch {GATE.last_done}")
+        time.sleep(0.05)
+    if GATE.refused is not None:     # the refusal ended the query before this loop looked
+        return refused.format(last=GATE.last_done, refused=GATE.refused)
+    return "the query had ended" + ("" if GATE.last_done is None else f", after micro-batch {GATE.last_done}")
 
 
 def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -> int:
@@ -93,10 +121,16 @@ def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -
              os.getpid(), args.trigger, run_dir)
 
     stop_event = threading.Event()
+    now_event = threading.Event()      # a second request: stop at once
     finished_event = threading.Event()
+    GATE.reset()
+
+    signals: list[int] = []
 
     def on_signal(signum, frame):
-        log.info("signal %s received: stopping after the current micro-batch", signum)
+        if stop_event.is_set() or stop_file.exists():
+            now_event.set()
+        signals.append(signum)
         stop_event.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -147,25 +181,37 @@ def run_job(build: Callable[[JobContext], Any], argv: list[str] | None = None) -
         listener.attach(ctx, str(query.id))
         status.update(state=RunState.RUNNING, query_id=str(query.id))
         log.info("query %s running", query.id)
-        requested = False
+        requested, ended = False, None
         while query.isActive:
             if stop_event.is_set() or stop_file.exists():
                 stop_event.set()
                 requested = True
+                GATE.request()
+                asked = time.monotonic()
                 status.update(state=RunState.STOPPING)
-                log.info("stop requested: letting the current micro-batch finish")
-                _graceful_stop(query, float(os.environ.get(KAPPA_STOP_GRACE_SECONDS, "120")))
+                batch = GATE.in_flight
+                log.info("%s; %s, and no new micro-batch starts", _stop_asked(stop_file, signals),
+                         "no micro-batch in flight" if batch is None else f"micro-batch {batch} in flight finishes")
+                ended = _stop_after_batch(query, now_event)
+                log.info("query stopped %s, %.1f s after the request", ended, time.monotonic() - asked)
                 break
             try:
                 query.awaitTermination(0.5)
             except Exception:
                 break  # failed: reported below from query.exception()
+        if query.isActive:   # a stop requested after a failure broke the wait: it ends here
+            query.stop()
         exc = query.exception()
         for p in query.recentProgress or []:
             ctx.on_progress(json.loads(p.json) if hasattr(p, "json") else dict(p))
-        if exc is not None:
+        if exc is not None and not (requested and (GATE.refused is not None or now_event.is_set())):
             raise exc
+        if exc is not None and GATE.refused is not None:
+            log.info("micro-batch %d was not started: stop requested (Spark logs that as the query's error above); "
+                     "it runs from the checkpoint at the next start", GATE.refused)
         final = {"state": RunState.STOPPED if requested or args.trigger != "available-now" else RunState.FINISHED}
+        if requested:
+            final["stopped"] = ended
         code = 0
     except BaseException as e:  # noqa: BLE001 - any failure must end as state failed
         if isinstance(e, SystemExit) and e.code in (0, None):

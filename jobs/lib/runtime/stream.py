@@ -35,6 +35,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from jobs.lib.runtime.stopping import GATE
 from orchestrator.core.exceptions import ConfigError
 
 __all__ = ["BACKFILL_MODES", "SPARK_OPTIONS", "OUTAGE_OPTION", "check_source_options", "outage_seconds",
@@ -215,8 +216,9 @@ def kafka_reader(spark: Any, options: dict[str, str]) -> Callable[..., Any]:
 
 def _start(spark: Any, options: dict[str, str], build: Callable[..., Any], sink: Callable[[Any, int], None],
            checkpoint: str, trigger: dict, name: str, output_mode: str) -> Any:
-    return (build(kafka_reader(spark, options)).writeStream.queryName(name).outputMode(output_mode).foreachBatch(sink)
-            .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
+    """The query, its foreachBatch function behind the stop gate (`jobs.lib.runtime.stopping`)."""
+    return (build(kafka_reader(spark, options)).writeStream.queryName(name).outputMode(output_mode)
+            .foreachBatch(GATE.wrap(sink)).option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
 
 
 BACKFILL_MODES = ("one-batch", "capped")

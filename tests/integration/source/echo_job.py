@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from jobs.lib.runtime import JobContext, run
+from jobs.lib.runtime.stopping import GATE
 from orchestrator.core.exceptions import SourceError
 
 
@@ -36,7 +37,7 @@ def build(ctx: JobContext):
     reader = ctx.spark.readStream.format("kafka")
     for k, v in ctx.kafka_options().items():
         reader = reader.option(k, v)
-    return (reader.load().writeStream.foreachBatch(write)
+    return (reader.load().writeStream.foreachBatch(GATE.wrap(write))   # no work once a stop is requested
             .option("checkpointLocation", ctx.args.checkpoint)
             .trigger(**ctx.trigger_kwargs()).start())
 

@@ -209,9 +209,9 @@ def test_stop_json(bed):
     bed.k.registry.set_state(PIPELINE, v, "backfilling")
     d = bed.json("stop", PIPELINE, str(v), "--actor", "alice", "--reason", "maintenance")
     assert d == {"pipeline": PIPELINE, "version": v, "stopped": True, "how": "graceful", "pid": pid,
-                 "seconds": d["seconds"], "final_state": "stopped",
-                 "message": f"stopped {PIPELINE} v{v} (pid {pid}) gracefully in {d['seconds']:.1f} s; its table "
-                            f"and checkpoint are kept"}
+                 "seconds": d["seconds"], "final_state": "stopped", "bound_seconds": 60.0,
+                 "message": f"stopped {PIPELINE} v{v} (pid {pid}) in {d['seconds']:.1f} s, within its bound of 60 s "
+                            f"(after its micro-batch in flight); its table and checkpoint are kept"}
     assert not psutil.pid_exists(pid)
     assert bed.k.registry.get_version(PIPELINE, v).state == "stopped"
     assert bed.json("stop", PIPELINE, str(v))["how"] == "not-running"
@@ -325,7 +325,7 @@ def _serving(bed) -> int:
 def test_monitor_json_exit_0_without_problems(bed):
     v = _serving(bed)
     d = bed.json("monitor", "--actor", "cron")
-    assert set(d) == {"at", "versions", "reconciled", "stopped", "watched", "problems", "errors"}
+    assert set(d) == {"at", "versions", "reconciled", "stopped", "watched", "problems", "errors", "failing"}
     assert d["versions"] == [{"pipeline": PIPELINE, "version": v, "state": "serving", "readiness": "ready", "lag": 0,
                               "eta_seconds": 0.0, "job": "running",
                               "reason": "lag <= 0 records and <= 60 s behind in 3 samples a micro-batch apart, "
@@ -333,8 +333,10 @@ def test_monitor_json_exit_0_without_problems(bed):
     assert (d["reconciled"], d["stopped"], d["watched"], d["problems"], d["errors"]) == ([], [], [], [], [])
     result = bed.run("monitor", "--actor", "cron")
     assert (result.exit_code, result.stderr) == (0, "")
-    assert [json.loads(line) for line in result.stdout.splitlines()] == [
-        d["versions"][0]]                         # 3/3 however many samples there are: never "5 consecutive"
+    # one line in words per version; 3/3 however many samples there are: never "5 consecutive"
+    assert result.stdout.splitlines() == [
+        f"{PIPELINE} v{v} (serving): ready, lag 0 records, job running; lag <= 0 records and <= 60 s behind in 3 "
+        f"samples a micro-batch apart, not growing, 4 micro-batches since the job started, job running"]
 
 
 def test_monitor_exits_1_on_a_problem_json_and_text(bed):

@@ -66,6 +66,37 @@ def test_stop_escalates_to_sigterm_then_sigkill(k, fake_jobs):
     assert not inspect_version(k, PIPELINE, v2).alive
 
 
+def test_a_job_killed_at_its_stop_bound_is_recorded_stopped_not_failed(k, fake_jobs, monkeypatch):
+    """Issue 30, item 3: a job asked to stop that is still running at the bound (the pipeline's
+    stop_timeout_seconds) is killed, and recorded `stopped`, killed at the bound, audited; never `failed`."""
+    from orchestrator.cli.status import version_status
+    from orchestrator.core.states import VersionState
+
+    monkeypatch.setitem(k.pipelines, PIPELINE, k.pipeline(PIPELINE).model_copy(update={"stop_timeout_seconds": 0.5}))
+    v = allocate(k).version
+    fake_jobs[v] = "ignore-term"                     # takes neither the STOP file nor SIGTERM: only SIGKILL ends it
+    start_version(k, PIPELINE, v, actor="tester")
+    _running(k, v)
+    k.registry.set_state(PIPELINE, v, VersionState.CAUGHT_UP, expected=VersionState.STARTING)
+    res = stop_version(k, PIPELINE, v, actor="kappa-monitor", reason="standby grace period over", term_timeout=0.5,
+                       kill_timeout=10)
+    assert (res.how, res.killed_at_bound, res.final_state, res.bound_seconds) == ("sigkill", True, "stopped", 0.5)
+    assert res.message.startswith(f"stopped {PIPELINE} v{v} (pid {res.pid}) at its bound of 0.5 s: killed with "
+                                  f"SIGKILL after "), res.message
+    st = inspect_version(k, PIPELINE, v)
+    assert (st.health, st.failed, st.alive) == ("stopped", False, False)
+    assert k.registry.get_version(PIPELINE, v).state == "stopped"
+    (stop,) = k.registry.audit_log(PIPELINE, action="stop", version=v)
+    assert (stop.outcome, stop.details["how"], stop.details["killed_at_bound"], stop.details["bound_seconds"]) == \
+        ("ok", "sigkill", True, 0.5)
+    assert stop.details["ended"] == "killed at the stop's bound of 0.5 s (SIGKILL)"
+    (requested,) = k.registry.audit_log(PIPELINE, action="stop_requested", version=v)
+    assert requested.details["bound_seconds"] == 0.5
+    row = version_status(k, PIPELINE, k.registry.get_version(PIPELINE, v), None)
+    assert (row["state"], row["job"]["health"], row["job"]["error"]) == ("stopped", "stopped", None)
+    assert k.registry.audit_log(PIPELINE, action="job_failed") == []
+
+
 def test_a_crashed_job_is_failed_with_the_tail_of_its_log(k, fake_jobs):
     v = allocate(k).version
     fake_jobs[v] = "crash"

@@ -126,7 +126,7 @@ def test_unknown_field(tmp_path):
     assert load_error(path) == (
         f"pipelines file {path}: pipeline 'standardize', field 'catchup_treshold': unknown field; known fields: "
         f"job, topics, key, alias, ruleset, catchup_threshold, catchup_seconds, catchup_samples, "
-        f"grace_period_seconds, "
+        f"grace_period_seconds, stop_timeout_seconds, "
         f"keep_versions, key_count_tolerance, max_reject_rate, max_records_per_batch, max_restarts, "
         f"restart_window_seconds, restart_backoff_seconds, restart_backoff_max_seconds, description, options, checks, auto_rollback, watch_max_lag_seconds, watch_lag_samples, watch_on_rollback")
 
