@@ -21,7 +21,6 @@ before Airflow could record the event) emits it then.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Iterable, Mapping
 
@@ -93,7 +92,9 @@ def announce_flip(k: Any, outlet_events: Any, *, action: str, pipeline: str, ali
     asset = kappa_alias_asset(alias)
     if outlet_events is not None:
         outlet_events[FLIPS].add(asset, extra=extra)
-    log.info("asset event on %s (%s): %s", asset.name, asset.uri, json.dumps(extra))
+    log.info("asset event on %s (%s): alias %s -> %s v%s (%s from %s by %s; rules %s)", asset.name, asset.uri, alias,
+             pipeline, version, action, "nothing" if previous_version is None else f"v{previous_version}", actor,
+             v.rules_version or "-")
     return extra
 
 

@@ -1,12 +1,12 @@
 """What kappa_monitor runs: the watch pass of every pipeline, then the monitor pass.
 
 Plain functions, as in `orchestrator.airflow.tasks` (whose helpers they use); `dags/kappa_monitor.py`
-wraps them, one call per task body.
+wraps them, one call per task body. Each task logs one line per thing it did or found, in words
+(`lifecycle.monitor.report_lines`, `watch_lines`): what it sampled, restarted, stopped and why.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -25,17 +25,18 @@ def watch(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor", outle
     """The watch pass of every pipeline (`orchestrator.lifecycle.watch`): each automatic rollback is an
     event on the alias's Asset. Succeeds (so that Airflow records the events); `monitor` fails on them."""
     from orchestrator.airflow.assets import announce_flip
+    from orchestrator.lifecycle.monitor import watch_lines
     from orchestrator.lifecycle.watch import ACTOR, watch_pass
 
     actions: list[dict[str, Any]] = []
     with tasks._kappa() as k:
-        for name in k.pipelines:
+        names = list(k.pipelines)
+        for name in names:
             try:
                 done = watch_pass(k, name, actor=actor_for(user))
             except KappaError as e:
                 done = [{"kind": "watch_failed", "pipeline": name, "error": str(e)}]
             for a in done:
-                log.info("watch: %s", json.dumps(a, default=str))
                 if a.get("kind") == "rolled_back":
                     spec = k.pipeline(name)
                     a["asset_event"] = announce_flip(
@@ -43,6 +44,8 @@ def watch(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor", outle
                         version=int(a["to_version"]), previous_version=a["version"], flipped=True, run_tag=run_id,
                         actor=ACTOR, reason=f"automatic rollback: {a.get('cause')}", at=time.time())
             actions += done
+    for line in watch_lines(actions, names):
+        log.info("%s", line)
     return actions
 
 
@@ -50,9 +53,11 @@ def monitor(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor",
             watched: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Sample lag of every running version, record failed jobs, reconcile aliases; raise if serving is unhealthy
     (or the `watch` task rolled a version back: `watched`, its actions)."""
-    from orchestrator.lifecycle.monitor import monitor as monitor_verb
+    from orchestrator.lifecycle.monitor import alert, monitor as monitor_verb, report_lines
 
     with tasks._kappa() as k:
-        d = monitor_verb(k, actor=actor_for(user), watched=list(watched or [])).model_dump(mode="json")
-    log.info("%s", json.dumps(d)[:4000])
-    return d
+        report = monitor_verb(k, actor=actor_for(user), watched=list(watched or []), raise_on_problem=False)
+        for line in report_lines(report):
+            log.info("%s", line)
+        alert(k, report, actor=actor_for(user))   # after saying what it did: fails the task on a problem
+    return report.model_dump(mode="json")

@@ -289,15 +289,9 @@ def monitor_cmd(ctx: typer.Context, actor: Actor = None, as_json: AsJson = False
     if as_json:
         print_json(report)
     else:
-        d = json_ready(report)
-        for v in d.get("versions") or []:
-            cli.out.print(json.dumps(v, ensure_ascii=False), markup=False)
-        for key in ("reconciled", "stopped"):
-            for item in d.get(key) or []:
-                cli.out.print(f"{key}: {json.dumps(item, ensure_ascii=False)}", markup=False)
-        for e in d.get("errors") or []:
-            cli.err.print(f"error: {e}", markup=False)
-        for p in d.get("problems") or []:
-            cli.err.print(f"problem: {p}", markup=False)
+        from orchestrator.lifecycle.monitor import report_lines
+
+        for line in report_lines(report):
+            (cli.err if line.startswith(("problem: ", "error: ")) else cli.out).print(line, markup=False)
     if report.problems:
         raise typer.Exit(1)

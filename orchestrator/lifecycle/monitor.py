@@ -28,7 +28,8 @@ from orchestrator.lifecycle.await_ready import Readiness, catchup_limits, readin
 from orchestrator.lifecycle.reconcile import reconcile
 from orchestrator.lifecycle.standby import standby_expired, standby_grace, standby_since, standby_until
 
-__all__ = ["MonitorReport", "monitor", "standby_since", "standby_until", "standby_expired", "watch_problems"]
+__all__ = ["MonitorReport", "monitor", "standby_since", "standby_until", "standby_expired", "watch_problems",
+           "report_lines", "watch_lines", "alert"]
 
 #: Reconcile's supervision actions: the version's job is being restarted (or was given up, which
 #: is reported as its own problem), so its readiness this pass says nothing new.
@@ -47,6 +48,7 @@ class MonitorReport(BaseModel):
     watched: list[dict[str, Any]] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
+    failing: bool = False      # a problem is a serving version failing (or given up, or rolled back)
 
 
 def _lags(sample: dict[str, Any], threshold: int, max_seconds: float) -> bool:
@@ -147,8 +149,98 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
                         log.info("standby %s v%s not stopped: %s", name, rec.version, e)
                     except KappaError as e:
                         report.errors.append(f"stopping standby {name} v{rec.version}: {e}")
-    if report.problems and raise_on_problem:
-        k.registry.audit("monitor", actor=actor, outcome="alert", details={"problems": report.problems})
-        msg = "; ".join(report.problems)
-        raise (LifecycleError if failing_serving else NotReadyError)(msg)
+    report.failing = failing_serving
+    if raise_on_problem:
+        alert(k, report, actor=actor)
     return report
+
+
+def alert(k: Kappa, report: MonitorReport, *, actor: str) -> None:
+    """After a pass did everything: audit and raise its problems, so that the scheduler's alerting fires
+    (LifecycleError when a serving version fails, NotReadyError when one lags); nothing without problems."""
+    if not report.problems:
+        return
+    k.registry.audit("monitor", actor=actor, outcome="alert", details={"problems": report.problems})
+    raise (LifecycleError if report.failing else NotReadyError)("; ".join(report.problems))
+
+
+# -- what a pass did, in words: one line per action (the Airflow tasks' logs, `kappa monitor`) -----------
+
+def _where(a: dict[str, Any]) -> str:
+    v = a.get("version")
+    return f"{a.get('pipeline')}" + ("" if v is None else f" v{v}")
+
+
+def _reconciled_line(a: dict[str, Any]) -> str:
+    kind, where = a.get("kind"), _where(a)
+    if kind == "publish":
+        return f"published alias {a.get('alias')!r} -> {where} (a flip had not been published)"
+    if kind == "restart":
+        return (f"restarted the dead job of {where} from its checkpoint (attempt {a.get('attempt')}, pid "
+                f"{a.get('pid')}): {a.get('error')}")
+    if kind == "restart_pending":
+        return f"{where}: its job is dead; restart attempt {a.get('attempt')} in {a.get('in_seconds', 0):.0f} s (backoff)"
+    if kind == "gave_up":
+        return f"gave up restarting {where}: {a.get('error')}"
+    if kind == "restart_failed":
+        return f"could not restart {where} (attempt {a.get('attempt')}): {a.get('error')}"
+    if kind == "mark_stopped":
+        return f"recorded {where} as stopped: its job is {a.get('job')} (it was {a.get('was')})"
+    if kind == "stop_orphan_job":
+        return f"stopped the job of {where} (pid {a.get('pid')}, {a.get('how')}): the registry says {a.get('state')}"
+    if kind == "finish_retire":
+        return f"finished the interrupted retire of {where}"
+    if kind == "busy":
+        return f"{where}: left alone, {a.get('error') or a.get('message')}"
+    return f"{kind} {where}: {a.get('error') or ''}".rstrip(": ")
+
+
+def report_lines(report: MonitorReport) -> list[str]:
+    """One line per thing a monitoring pass did or found, for a person reading a task log."""
+    from orchestrator.observe.lag import fmt_seconds
+
+    lines = [_reconciled_line(a) for a in report.reconciled]
+    for v in report.versions:
+        lag = "unknown" if v.get("lag") is None else f"{v['lag']:,}"
+        eta = "" if v.get("eta_seconds") in (None, 0.0) else f", ETA {fmt_seconds(v['eta_seconds'])}"
+        lines.append(f"{v['pipeline']} v{v['version']} ({v['state']}): {v['readiness']}, lag {lag} records{eta}, "
+                     f"job {v['job']}; {v['reason']}")
+    for s in report.stopped:
+        lines.append(f"standby grace period over: {s.get('message')}")
+    lines += [f"problem: {p}" for p in report.problems]
+    lines += [f"error: {e}" for e in report.errors]
+    if not lines:
+        lines.append("nothing to do: no version is running and nothing needed repair")
+    return lines
+
+
+def watch_lines(actions: Iterable[dict[str, Any]], pipelines: Iterable[str]) -> list[str]:
+    """One line per action of a watch pass; one line saying so when no promoted version is under watch."""
+    from orchestrator.observe.lag import fmt_seconds
+
+    lines = []
+    for a in actions:
+        kind, where = a.get("kind"), _where(a)
+        if kind == "sampled":
+            s = a.get("sample") or {}
+            rate = s.get("reject_rate")
+            lines.append(f"watch {where}: healthy so far ({fmt_seconds(s.get('lag_seconds'))} behind"
+                         + ("" if rate is None else f", reject rate {rate:.2%}") + ")")
+        elif kind == "passed":
+            lines.append(f"watch {where}: healthy through its grace period; the watch passed")
+        elif kind == "ended":
+            lines.append(f"watch {where}: ended ({a.get('reason')})")
+        elif kind == "rolled_back":
+            lines.append(f"watch {where}: degraded ({a.get('cause')}): rolled back to v{a.get('to_version')}"
+                         + (f"; v{a.get('version')} {a['degraded']}" if a.get("degraded") else ""))
+        elif kind == "rollback_failed":
+            lines.append(f"watch {where}: degraded ({a.get('cause')}) but its automatic rollback failed: {a.get('error')}")
+        elif kind == "abandoned":
+            lines.append(f"watch {where}: automatic rollback abandoned: {a.get('reason')}")
+        else:
+            lines.append(f"watch {where}: {kind}: {a.get('error') or a.get('reason') or ''}".rstrip(": "))
+    if not lines:
+        names = ", ".join(pipelines) or "no pipeline"
+        lines.append(f"watch: no promoted version is under watch ({names}: auto_rollback off, or no grace period "
+                     f"running)")
+    return lines

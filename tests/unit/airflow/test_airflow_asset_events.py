@@ -121,7 +121,7 @@ def test_the_downstream_side_reads_each_flip_once_oldest_first():
 
 
 def test_an_automatic_rollback_is_an_event_on_the_alias_asset_and_fails_the_monitor_task_naming_its_cause(
-        k, monkeypatch):
+        k, monkeypatch, caplog):
     """kappa_monitor's watch task announces each rollback the watch pass made (and succeeds, so that
     Airflow records the event); its monitor task then fails with pipeline, version and cause."""
     from contextlib import nullcontext
@@ -144,7 +144,13 @@ def test_an_automatic_rollback_is_an_event_on_the_alias_asset_and_fails_the_moni
     monkeypatch.setattr(tasks, "_kappa", lambda: nullcontext(k))
     monkeypatch.setattr(watch_mod, "watch_pass", the_watch_rolls_back)
     events = OutletEventAccessors()
+    caplog.set_level("INFO", logger="kappa.airflow")
     [action] = monitor_tasks.watch(user=None, run_id="scheduled__1", outlet_events=events)
+    assert [r.getMessage() for r in caplog.records if r.name == "kappa.airflow"] == [   # words, not raw JSON
+        "asset event on kappa.std_a_served (kappa://alias/std_a_served): alias std_a_served -> std_a v1 (rollback "
+        "from v2 by kappa-watch; rules v1)",
+        f"watch std_a v2: degraded ({cause}): rolled back to v1; v2 stopped"]
+    caplog.clear()
     [event] = alias_events(events)
     assert event.extra == action["asset_event"]
     assert {key: event.extra[key] for key in ("action", "version", "previous_version", "actor", "reason")} == {
@@ -154,3 +160,5 @@ def test_an_automatic_rollback_is_an_event_on_the_alias_asset_and_fails_the_moni
         monitor_tasks.monitor(user=None, run_id="scheduled__1", watched=[action])
     # first the rollback, then what else the pass found (v1's job is not running in this fake world)
     assert str(e.value).startswith(f"std_a v2 was rolled back automatically to v1: {cause}; "), str(e.value)
+    said = [r.getMessage() for r in caplog.records if r.name == "kappa.airflow"]   # said before it failed
+    assert f"problem: std_a v2 was rolled back automatically to v1: {cause}" in said, said

@@ -42,6 +42,21 @@ def test_monitor_stops_a_standby_past_its_grace_period(k, fake_log, fake_jobs):
     assert inspect_version(k, PIPELINE, v1).health == "stopped"
     assert report.problems == []
     assert {v["version"] for v in report.versions} == {v1, v2}
+    # what the kappa_monitor task and `kappa monitor` print: one line in words per thing done or found
+    lines = monitor_mod.report_lines(report)
+    (stop_line,) = [line for line in lines if line.startswith("standby grace period over: ")]
+    assert stop_line.startswith(f"standby grace period over: stopped {PIPELINE} v{v1} (pid {report.stopped[0]['pid']}) "
+                                f"in ") and ", within its bound of 60 s (" in stop_line, stop_line
+    assert [line.split(":")[0] for line in lines if line.startswith(PIPELINE)] == \
+        [f"{PIPELINE} v{v1} (standby)", f"{PIPELINE} v{v2} (serving)"]
+    assert not any(line.lstrip().startswith(("{", "[")) for line in lines)        # no raw JSON
+
+
+def test_a_monitor_pass_with_nothing_to_do_says_so_and_the_watch_says_nothing_is_watched(k):
+    assert monitor_mod.report_lines(monitor(k, actor="cron")) == [
+        "nothing to do: no version is running and nothing needed repair"]
+    assert monitor_mod.watch_lines([], [PIPELINE]) == [
+        f"watch: no promoted version is under watch ({PIPELINE}: auto_rollback off, or no grace period running)"]
 
 
 def test_monitor_keeps_a_standby_within_its_grace_period(k, fake_log):
