@@ -93,8 +93,8 @@ def kappa_reprocess():
             deadline_at=form.deadline_at(dag_run, params)))
 
     @task
-    def validation_report(version: dict, readiness: dict) -> dict:
-        return tasks.report(version["pipeline"], version["version"])
+    def validation_report(version: dict, readiness: dict, dag_run=None) -> dict:
+        return tasks.report(version["pipeline"], version["version"], dag_id=dag_run.dag_id, run_id=dag_run.run_id)
 
     @task(outlets=[FLIPS])
     def promote(version: dict, report: dict, params=None, dag_run=None, outlet_events=None) -> dict | None:

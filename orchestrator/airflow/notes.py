@@ -24,8 +24,8 @@ import os
 import time
 from typing import Any, Iterable, Mapping
 
-__all__ = ["NOTE_LIMIT", "CONN_ID", "MARK", "compose", "report_md", "next_step_md", "conf_md", "standby_md",
-           "set_run_note", "utc"]
+__all__ = ["NOTE_LIMIT", "CONN_ID", "MARK", "compose", "report_md", "report_summary", "report_link", "next_step_md",
+           "conf_md", "standby_md", "set_run_note", "utc", "REPORT_TASK"]
 
 log = logging.getLogger("kappa.airflow")
 NOTE_LIMIT = 1000          # Airflow's DagRunNote.content is String(1000); the API refuses longer notes
@@ -33,6 +33,7 @@ CONN_ID = "kappa_airflow_api"
 MARK = "**kappa:** "
 OPERATOR = "\n\n---\nNote at trigger: "
 CELL = 40                  # characters of a value in a top-changes table
+REPORT_TASK = "validation_report"   # kappa_reprocess's task whose log holds the whole report as text
 
 
 def utc(ts: float) -> str:
@@ -45,19 +46,44 @@ def _cell(value: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _pct(x: Any) -> str:
+    return f"{(x or 0) * 100:.2f} %"
+
+
+def _verdict(ok: Any) -> str:
+    return "ok" if ok else ("n/a" if ok is None else "FAILED")
+
+
+def _keys(d: Mapping[str, Any]) -> str:
+    """The key count with what it compared and what it left out: the figures agree with the percentage."""
+    from orchestrator.observe.render import key_counts
+
+    if d.get("serving_version") is None:
+        return f"{d.get('keys_new', 0):,} keys (nothing served yet)"
+    return f"{key_counts(d)}: {_pct(d.get('key_delta_ratio'))} off, {_verdict(d.get('key_count_ok'))}"
+
+
+def report_summary(d: Mapping[str, Any]) -> str:
+    """The report in one line, for a note's first line: keys, rows the new logic changed, rejects."""
+    changed = "" if d.get("serving_version") is None else f"; {d.get('rows_changed', 0):,} rows changed"
+    return (f"{_keys(d)}{changed}; {d.get('rejects', 0):,} rejects ({_pct(d.get('reject_rate'))}, "
+            f"{_verdict(d.get('reject_rate_ok'))})")
+
+
+def report_link(base_url: str | None, dag_id: str, run_id: str, task_id: str = REPORT_TASK) -> str:
+    """The Airflow UI page of the task whose log holds the whole report (its tables, unclamped)."""
+    from urllib.parse import quote
+
+    return (f"{(base_url or '').rstrip('/')}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+            f"/tasks/{quote(task_id, safe='')}")
+
+
 def report_md(d: Mapping[str, Any], top: int = 3) -> list[str]:
     """The validation report as Markdown lines: one summary line, then a small table of the top changes per field."""
     n, old = d.get("version"), d.get("serving_version")
-    pct = lambda x: f"{(x or 0) * 100:.2f} %"  # noqa: E731
-    verdict = lambda ok: "ok" if ok else ("n/a" if ok is None else "FAILED")  # noqa: E731
-    if old is None:
-        keys = f"{d.get('keys_new', 0):,} keys (nothing served yet)"
-    else:
-        keys = (f"{d.get('keys_new', 0):,} keys (v{old}: {d.get('keys_serving') or 0:,}, "
-                f"{pct(d.get('key_delta_ratio'))} off, {verdict(d.get('key_count_ok'))})")
     rejects = (f"{d.get('rejects', 0):,} rejects of {d.get('offsets_read', 0):,} records read "
-               f"({pct(d.get('reject_rate'))}, limit {pct(d.get('max_reject_rate'))}, {verdict(d.get('reject_rate_ok'))})")
-    lines = [f"**Validation report of v{n}** (rules {d.get('rules_version') or '-'}): {keys}; {rejects}."]
+               f"({_pct(d.get('reject_rate'))}, limit {_pct(d.get('max_reject_rate'))}, {_verdict(d.get('reject_rate_ok'))})")
+    lines = [f"**Validation report of v{n}** (rules {d.get('rules_version') or '-'}): {_keys(d)}; {rejects}."]
     if old is not None:
         by_col = ", ".join(f"{c}: {v:,}" for c, v in (d.get("changed_by_column") or {}).items())
         lines.append(f"Rows compared at the same input: {d.get('rows_same_input', d.get('rows_compared', 0)):,}; "

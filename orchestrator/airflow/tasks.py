@@ -239,20 +239,35 @@ def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | N
 
 
 def _text(render, *args) -> list[str]:
-    """What a `observe.render` function prints, as plain lines at most 100 characters wide (for a task log)."""
+    """What a `observe.render` function prints, as plain lines for a task log: one log line per printed line,
+    never a sentence hard-wrapped into two (the console is as wide as the longest line; tables keep their
+    natural width)."""
     import io
 
     from rich.console import Console
 
-    console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
+    console = Console(width=10_000, soft_wrap=True, record=True, file=io.StringIO(), color_system=None)
     render(console, *args)
-    return console.export_text().rstrip("\n").splitlines()
+    return [line.rstrip() for line in console.export_text().rstrip("\n").splitlines()]
+
+
+def _report_head(report: dict[str, Any] | None, dag_id: str, run_id: str) -> str:
+    """What a note's first line says of the report: a link to its whole text (the report task's log, in a
+    kappa_reprocess run) and its figures in one line; '' without a report."""
+    from orchestrator.airflow import notes
+
+    if not report:
+        return ""
+    link = (f"[full report]({notes.report_link(os.environ.get(BASE_URL_ENV), dag_id, run_id)}): "
+            if dag_id == "kappa_reprocess" else "report: ")
+    return f" · {link}{notes.report_summary(report)}"
 
 
 @refusals_are_final
-def report(pipeline: str, version: int) -> dict[str, Any]:
+def report(pipeline: str, version: int, *, dag_id: str = "kappa_reprocess", run_id: str = "") -> dict[str, Any]:
     """The validation report of the version against the one serving now: logged as text, set on the run's
-    note as Markdown (`orchestrator.airflow.notes`), and returned."""
+    note as Markdown (`orchestrator.airflow.notes`: its first line sums it up and links to this task's log),
+    and returned."""
     from orchestrator.airflow import notes
     from orchestrator.lifecycle.report import validation_report
     from orchestrator.observe.render import render_report
@@ -265,7 +280,8 @@ def report(pipeline: str, version: int) -> dict[str, Any]:
     for p in rep.problems:
         log.warning("promote would refuse: %s", p)
     verdict = f"promote would refuse: {'; '.join(rep.problems)}" if rep.problems else "its checks pass"
-    notes.set_run_note(f"{pipeline} v{version} has caught up; {verdict}", notes.report_md(d))
+    notes.set_run_note(f"{pipeline} v{version} has caught up; {verdict}{_report_head(d, dag_id, run_id)}",
+                       notes.report_md(d))
     return d
 
 
@@ -301,7 +317,8 @@ def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: st
         conf = json.dumps({"pipeline": pipeline, "version": version})
         step = notes.next_step_md(pipeline, version, os.environ.get(BASE_URL_ENV))
         notes.set_run_note(f"{pipeline} v{version} is ready and NOT promoted (auto-promote is off): promote it with "
-                           f"kappa_promote", [*step, "", *notes.report_md(report)] if report else step)
+                           f"kappa_promote{_report_head(report, dag_id, run_id)}",
+                           [*step, "", *notes.report_md(report)] if report else step)
         _skip(f"{pipeline} v{version} is ready and NOT promoted (auto-promote is off). To promote it, trigger "
               f"kappa_promote with this configuration JSON: {conf}, or run `kappa promote {pipeline} {version}` or "
               f"`kappa trigger promote {pipeline} {version}`.")
@@ -398,7 +415,8 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
         standby = _standby(k, pipeline, prev) if prev is not None and prev != res.version else None
     body = [notes.standby_md(pipeline, prev, *standby)] if standby is not None else []
     notes.set_run_note(f"promoted {pipeline} v{res.version}: alias {res.alias} serves it"
-                       + (f" (was v{prev})" if prev is not None and prev != res.version else ""),
+                       + (f" (was v{prev})" if prev is not None and prev != res.version else "")
+                       + _report_head(report, dag_id, run_id),
                        [*body, "", *notes.report_md(report)] if report else body)
     return d
 

@@ -18,6 +18,7 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.core.files import write_atomic
 from orchestrator.observe.lag import fmt_lag
@@ -155,12 +156,14 @@ def _rules_cell(v: dict[str, Any]) -> str:
 
 
 def history_table(entries: list[dict[str, Any]]) -> Table:
-    """The audit log for people, newest last as the registry returns it."""
+    """The audit log for people, newest last as the registry returns it. Cells are text, never Rich markup:
+    a reason's "[airflow kappa_promote run ...]" tag is shown as written."""
     t = Table(title_justify="left")
     for col in ("at", "action", "pipeline", "version", "actor", "outcome", "reason"):
         t.add_column(col)
     for e in entries:
-        t.add_row(fmt_time(e.get("at")), str(e.get("action")),
-                  str(e.get("pipeline") or "-"), "-" if e.get("version") is None else f"v{e['version']}",
-                  str(e.get("actor")), str(e.get("outcome")), str(e.get("reason") or ""))
+        t.add_row(*(Text(cell) for cell in (
+            fmt_time(e.get("at")), str(e.get("action")), str(e.get("pipeline") or "-"),
+            "-" if e.get("version") is None else f"v{e['version']}", str(e.get("actor")), str(e.get("outcome")),
+            str(e.get("reason") or ""))))
     return t

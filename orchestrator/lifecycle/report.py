@@ -35,6 +35,7 @@ from orchestrator.core.exceptions import ConfigError, KappaError, SinkError
 from orchestrator.core.files import write_json_atomic
 from orchestrator.core.kappa import Kappa
 from orchestrator.lifecycle.diff import POSITION, compare_tables, diff_rows, schema_changes
+from orchestrator.observe.render import key_counts
 
 __all__ = ["Report", "validation_report", "check_tables", "check_pipeline_checks"]
 
@@ -81,6 +82,10 @@ class Report(BaseModel):
     #: (in this version's rejects) and the cleaner removed their earlier valid value from the log.
     #: Not a change of the new logic; left out of keys_only_serving and of the key-count check.
     keys_lost_to_compaction: int = 0
+    #: The key counts the key-count check compares: each table's keys less those left out above
+    #: (input skew, and for the serving table the keys lost to compaction). None: nothing served.
+    keys_new_compared: int | None = None
+    keys_serving_compared: int | None = None
     changed_by_column: dict[str, int] = Field(default_factory=dict)
     top_changes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     columns_added: list[str] = Field(default_factory=list)
@@ -230,17 +235,10 @@ def _builtin_checks(report: Report) -> list[CheckResult]:
         out.append(result("key_count", True, f"first promote of {report.pipeline}: no serving version to compare "
                                              f"the key count ({report.keys_new}) with", value=report.keys_new))
     else:
-        skew = ""
-        if report.keys_only_new_skewed or report.keys_only_serving_skewed or report.keys_lost_to_compaction:
-            skew = (f"; not counted: {report.keys_only_new_skewed + report.keys_only_serving_skewed} keys only one "
-                    f"version holds on partitions the two have read to different offsets, "
-                    f"{report.keys_lost_to_compaction} lost to compaction")
         ratio = report.key_delta_ratio
-        detail = ((f"{report.keys_new} keys vs {report.keys_serving} in serving v{report.serving_version} "
-                   f"(difference {ratio:.2%}, tolerance {report.key_count_tolerance:.2%})") if report.key_count_ok else
-                  (f"key count of v{report.version} ({report.keys_new}) differs from serving v{report.serving_version} "
-                   f"({report.keys_serving}) by {ratio:.2%}, over the tolerance {report.key_count_tolerance:.2%} "
-                   f"(key_count_tolerance)")) + skew
+        detail = (f"{key_counts(report)}: difference {ratio:.2%}, "
+                  + (f"tolerance {report.key_count_tolerance:.2%}" if report.key_count_ok else
+                     f"over the tolerance {report.key_count_tolerance:.2%} (key_count_tolerance)"))
         out.append(result("key_count", bool(report.key_count_ok), detail, value=ratio,
                           limit=f"max {report.key_count_tolerance:g}"))
     out.append(result("reject_rate", report.reject_rate_ok,
@@ -303,6 +301,7 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
         report.keys_only_new_skewed = _skewed(new, old, keys, new_next, old_next, spec.topics)
         kept_old = old.num_rows - lost - report.keys_only_serving_skewed
         kept_new = new.num_rows - report.keys_only_new_skewed
+        report.keys_new_compared, report.keys_serving_compared = kept_new, kept_old
         delta = abs(kept_new - kept_old)
         report.key_delta_ratio = (delta / kept_old) if kept_old else (0.0 if delta == 0 else float("inf"))
         report.key_count_ok = report.key_delta_ratio <= spec.key_count_tolerance

@@ -11,11 +11,12 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.observe.progress import fmt_count
 
-__all__ = ["fmt_time", "render_report"]
+__all__ = ["fmt_time", "render_report", "render_preview", "key_counts"]
 
 
 def fmt_time(value: datetime | float | int | str | None) -> str:
@@ -29,6 +30,27 @@ def fmt_time(value: datetime | float | int | str | None) -> str:
             value = value.replace(tzinfo=timezone.utc)
         return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     return str(value)
+
+
+def key_counts(report: BaseModel | Mapping[str, Any]) -> str:
+    """The key counts as compared, with what was left out, in one phrase: '4,846 keys in v2, 4,875 in v1;
+    compared 4,846 with 4,846, leaving out 29 only in v1 on partitions read to different offsets (input skew)'."""
+    d = report.model_dump() if isinstance(report, BaseModel) else report
+    n, old = d.get("version"), d.get("serving_version")
+    new_keys, old_keys = d.get("keys_new") or 0, d.get("keys_serving") or 0
+    text = f"{new_keys:,} keys in v{n}, {old_keys:,} in v{old}"
+    skew_new, skew_old = d.get("keys_only_new_skewed") or 0, d.get("keys_only_serving_skewed") or 0
+    lost = d.get("keys_lost_to_compaction") or 0
+    left_out = [f"{c:,} only in v{v}" for c, v in ((skew_new, n), (skew_old, old)) if c]
+    why = [f"{' and '.join(left_out)} on partitions read to different offsets (input skew)"] if left_out else []
+    if lost:
+        why.append(f"{lost:,} lost to compaction")
+    compared_new = d.get("keys_new_compared", new_keys)
+    compared_old = d.get("keys_serving_compared", old_keys)
+    if not why:
+        return text + "; all compared"
+    return (f"{text}; compared {compared_new if compared_new is not None else new_keys:,} with "
+            f"{compared_old if compared_old is not None else old_keys:,}, leaving out {', '.join(why)}")
 
 
 def _verdict(ok: Any) -> str:
@@ -54,9 +76,9 @@ def render_report(console: Console, report: BaseModel | Mapping[str, Any] | None
     else:
         ratio = report.get("key_delta_ratio")
         ratio_s = f"{ratio:.2%}" if isinstance(ratio, (int, float)) else str(ratio)
-        console.print(f"  keys: {fmt_count(report.get('keys_new'))} in v{n}, {fmt_count(report.get('keys_serving'))} "
-                      f"in v{old}: difference {ratio_s}, tolerance {report.get('key_count_tolerance', 0):.2%} "
-                      f"{_verdict(report.get('key_count_ok'))}", highlight=False)
+        console.print(f"  keys: {escape(key_counts(report))}: difference {ratio_s}, tolerance "
+                      f"{report.get('key_count_tolerance', 0):.2%} {_verdict(report.get('key_count_ok'))}",
+                      highlight=False)
     console.print(f"  rejects: {fmt_count(report.get('rejects'))} of {fmt_count(report.get('offsets_read'))} records "
                   f"read ({report.get('reject_rate', 0):.2%}, limit {report.get('max_reject_rate', 0):.2%}) "
                   f"{_verdict(report.get('reject_rate_ok'))}", highlight=False)
@@ -84,11 +106,6 @@ def _render_changes(console: Console, report: Mapping[str, Any], n: Any, old: An
     if report.get("rows_input_differs"):
         console.print(f"  rows whose input differs (live updates one version has read and the other not "
                       f"yet; not compared): {fmt_count(report.get('rows_input_differs'))}", highlight=False)
-    skew_new, skew_old = report.get("keys_only_new_skewed") or 0, report.get("keys_only_serving_skewed") or 0
-    if skew_new or skew_old:
-        console.print(f"  keys only one version holds where the two have read to different offsets (input skew, "
-                      f"not counted): only in v{n} {fmt_count(skew_new)}, only in v{old} {fmt_count(skew_old)}",
-                      highlight=False)
     for label, key in (("added", "columns_added"), ("removed", "columns_removed")):
         if report.get(key):
             console.print(f"  columns {label}: {', '.join(report[key])}", highlight=False)
@@ -100,8 +117,11 @@ def _render_changes(console: Console, report: Mapping[str, Any], n: Any, old: An
                       f"malformed and the log no longer holds their earlier value, so no reprocess can derive them; "
                       f"not counted in the key-count check)", highlight=False)
     only_new, only_old = report.get("keys_only_new") or 0, report.get("keys_only_serving") or 0
+    skew_new, skew_old = report.get("keys_only_new_skewed") or 0, report.get("keys_only_serving_skewed") or 0
     if only_new or only_old:
-        console.print(f"  keys only in v{n}: {fmt_count(only_new)}, only in v{old}: {fmt_count(only_old)}",
+        skew = (f" ({fmt_count(skew_new)} and {fmt_count(skew_old)} of them input skew, left out of the key count)"
+                if skew_new or skew_old else "")
+        console.print(f"  keys only in v{n}: {fmt_count(only_new)}, only in v{old}: {fmt_count(only_old)}{skew}",
                       highlight=False)
     for col, changes in (report.get("top_changes") or {}).items():
         if not changes:

@@ -158,31 +158,46 @@ REPORT = {"pipeline": "std_a", "version": 4, "serving_version": 3, "rules_versio
           "checks": [], "problems": []}
 
 
-def test_the_report_task_logs_text_lines_and_puts_a_markdown_report_on_the_note(kappa_env, monkeypatch, caplog):
-    """Issue 22, item 11: the report was JSON lines in the task log, cut at the viewer's edge; now text lines of
-    at most 100 characters, and the note has a table of the top changes per field."""
+def test_the_report_task_logs_whole_lines_and_its_note_sums_up_and_links_to_it(kappa_env, monkeypatch, caplog):
+    """Issue 30, items 5-7: the log broke sentences mid-line ("(input skew, not / counted)") and printed the keys
+    only one version holds twice; the note said "4,846 keys (v1: 4,875, 0.00 % off)" without the 29 keys left
+    out; the run page showed only a clamped first line. Now: one log line per sentence (never hard-wrapped), the
+    key count with what it compared and left out, and a first line that sums the report up and links to it."""
     import logging
 
     from orchestrator.airflow import notes
     from orchestrator.lifecycle import report as report_mod
 
+    skewed = {**REPORT, "keys_new": 4846, "keys_serving": 4875, "keys_only_serving": 29, "keys_only_serving_skewed": 29,
+              "keys_new_compared": 4846, "keys_serving_compared": 4846, "key_delta_ratio": 0.0,
+              "top_changes": {"title": [{"old": "x" * 150, "new": "Senior Engineer", "count": 3}]}}
+
     class Rep:
         problems: list = []
 
         def model_dump(self, mode):
-            return {**REPORT, "top_changes": {"title": [{"old": "x" * 150, "new": "Senior Engineer", "count": 3}]}}
+            return skewed
 
     set_notes = []
+    monkeypatch.setenv(tasks.BASE_URL_ENV, "http://127.0.0.1:8080")
     monkeypatch.setattr(report_mod, "validation_report", lambda k, p, v: Rep())
     monkeypatch.setattr(notes, "set_run_note", lambda head, body=(), **kw: set_notes.append((head, list(body))))
     with caplog.at_level(logging.INFO, logger="kappa.airflow"):
-        tasks.report("std_a", 4)
+        tasks.report("std_a", 4, dag_id="kappa_reprocess", run_id="manual__1")
     lines = [r.getMessage() for r in caplog.records]
-    assert any("validation report: std_a v4" in line for line in lines)
-    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    assert "validation report: std_a v4 (rules v2) against serving v3 (rules -)" in lines
+    keys = ("  keys: 4,846 keys in v4, 4,875 in v3; compared 4,846 with 4,846, leaving out 29 only in v3 on partitions "
+            "read to different offsets (input skew): difference 0.00%, tolerance 0.00% ok")
+    assert keys in lines, lines
+    assert [line for line in lines if "only in v" in line and "keys" in line and "compared" not in line] == [
+        "  keys only in v4: 0, only in v3: 29 (0 and 29 of them input skew, left out of the key count)"]
+    assert any(("x" * 150) in line and "Senior Engineer" in line for line in lines)   # a table row stays one line
     assert not any('{"old"' in line for line in lines)
     [(head, body)] = set_notes
-    assert head == "std_a v4 has caught up; its checks pass"
+    assert head == ("std_a v4 has caught up; its checks pass · [full report](http://127.0.0.1:8080/dags/kappa_reprocess/"
+                    "runs/manual__1/tasks/validation_report): 4,846 keys in v4, 4,875 in v3; compared 4,846 with 4,846, "
+                    "leaving out 29 only in v3 on partitions read to different offsets (input skew): 0.00 % off, ok; 812 "
+                    "rows changed; 21 rejects (0.67 %, ok)")
     assert "| 3 | " + "x" * 39 + "… | Senior Engineer |" in body
 
 

@@ -71,6 +71,19 @@ def test_history_table(run, seeded):
     assert "allocate_version" in result.stdout and "seed v2" in result.stdout
 
 
+def test_history_table_keeps_the_airflow_tag_of_a_reason(run, seeded, monkeypatch):
+    """Issue 30, item 10: "[airflow kappa_promote run manual__...]" was read as Rich markup and dropped."""
+    tag = "[airflow kappa_promote run manual__2026-11-27T18:44:30+00:00]"
+    seeded.registry.audit("promote", actor="airflow:admin", pipeline="standardize", version=2,
+                          reason=f"reviewed the v2 report {tag}")
+    monkeypatch.setenv("COLUMNS", "400")         # one row on one line
+    result = run("history", "standardize")
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.stdout.splitlines() if "airflow:admin" in line]
+    assert f"reviewed the v2 report {tag}" in row
+    assert json.loads(run("history", "--json").stdout)["entries"][-1]["reason"] == f"reviewed the v2 report {tag}"
+
+
 def test_broker_status_json_when_none_runs(run):
     result = run("broker", "status", "--json")
     assert result.exit_code == 0, result.output

@@ -58,7 +58,7 @@ def test_render_report():
         "problems": [], "path": "/tmp/report.json"})
     text = buf.getvalue()
     assert "validation report: standardize v2 (rules v2) against serving v1 (rules v1)" in text
-    assert "keys: 59,000 in v2, 59,010 in v1: difference 0.02%, tolerance 1.00% ok" in text
+    assert "keys: 59,000 keys in v2, 59,010 in v1; all compared: difference 0.02%, tolerance 1.00% ok" in text
     assert "rejects: 500 of 300,000 records read (0.17%, limit 1.00%) ok" in text
     assert "changed by the new rules: 12,345 (title: 12,000, company: 345)" in text
     assert "4,000" in text and "Software Dev" in text and "Software Engineer" in text

@@ -46,3 +46,23 @@ def test_a_live_version_whose_job_stops_is_still_failing(run, seeded, monkeypatc
     fake_running(seeded, 2, P, state="stopping")
     row = {v["version"]: v for v in json.loads(run("status", P, "--json").stdout)["pipelines"][0]["versions"]}[2]
     assert row["readiness"] == "failing" and row.get("stopping") is None
+
+
+def test_a_serving_version_shut_down_on_purpose_is_stopped_not_failing(run, seeded, monkeypatch):
+    """Issue 30, item 9: after Ctrl-C of `kappa up` the serving v2 showed "serving / failing / unknown"."""
+    _no_broker(monkeypatch)
+    monkeypatch.setattr(lag_mod, "oldest_unread_age", lambda k, details, *, now, timeout: 0.0)
+    seeded.registry.set_state(P, 2, "caught_up")
+    seeded.registry.flip_alias("member_profiles_std", P, expected_version=None, new_version=2, actor="kappa-up",
+                               reason="v2 serves", serve=True)
+    fake_running(seeded, 2, P, state="stopped")                      # its last word: stopped, as asked
+    launch = seeded.paths(P, 2).launch_file                          # and its process is gone (no such PID)
+    launch.write_text(json.dumps({**json.loads(launch.read_text()), "pid": 2 ** 22 + 7}))
+    row = {v["version"]: v for v in json.loads(run("status", P, "--json").stdout)["pipelines"][0]["versions"]}[2]
+    assert (row["state"], row["serving"], row["job"]["health"], row["readiness"]) == ("serving", True, "stopped",
+                                                                                     "stopped")
+    assert row["lag"] == 0 and "failing" not in row["reason"]
+    monkeypatch.setenv("COLUMNS", "250")
+    result = run("status", P)
+    v2 = next(line for line in result.stdout.splitlines() if "v2 *" in line)
+    assert "serving" in v2 and "stopped" in v2 and "failing" not in v2

@@ -160,8 +160,8 @@ def test_promote_refused_on_key_count_and_reject_rate(k, fake_log):
     with pytest.raises(NotReadyError) as e:
         promote(k, PIPELINE, v2, actor="alice", reason="r")
     assert str(e.value) == (
-        f"cannot promote {PIPELINE} v{v2} to alias '{ALIAS}': key_count: key count of v{v2} (1) differs from "
-        f"serving v{v1} (3) by 66.67%, over the tolerance 10.00% (key_count_tolerance); reject_rate: 12 rejects "
+        f"cannot promote {PIPELINE} v{v2} to alias '{ALIAS}': key_count: 1 keys in v{v2}, 3 in v{v1}; all compared: "
+        f"difference 66.67%, over the tolerance 10.00% (key_count_tolerance); reject_rate: 12 rejects "
         f"of 150 records read (8.00%, limit 5.00%)")
     assert k.registry.get_alias(ALIAS).version == v1
 

@@ -123,10 +123,14 @@ def test_the_task_logs_the_preview_and_returns_it(task_env, caplog):
         out = tasks.preview_rules(PIPELINE, "v2")
     assert out["previewed"] is True and out["rows_changed"] == 5 and out["top_changes"]["title"] == TITLE_CHANGES
     lines = [r.getMessage() for r in caplog.records if r.name == "kappa.airflow"]
-    # what `kappa rules preview` prints, as text lines a task log shows whole (JSON lines were cut at its edge)
+    # what `kappa rules preview` prints, as text lines a task log shows whole (JSON lines were cut at its edge),
+    # each sentence on one line: never hard-wrapped ("compared in / 3.13 s", "v1 now -> rules / v2": issue 30)
     assert lines[0] == f"rules preview: {PIPELINE} rules v2 against served v1 (rules v1), alias {ALIAS}"
     assert "  rows the new rules would change: 5 (title: 4, company: 1)" in lines
-    assert all(len(line) <= 100 and '{"old"' not in line for line in lines), lines
+    assert any(line.startswith("  table ") and line.endswith(" s") and "rows read and compared in " in line
+               for line in lines), lines
+    assert "top changes of title: v1 now -> rules v2" in lines
+    assert all('{"old"' not in line for line in lines), lines
     rows = [line for line in lines if "│" in line]
     for old, new, count in (("Software Developer", "Software Engineer", 2), ("Senior SWE", "Senior Software Engineer", 1),
                             ("Wayne Ent.", "Wayne Enterprises", 1)):
