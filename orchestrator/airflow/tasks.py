@@ -97,7 +97,8 @@ def _lag_line(r: Readiness) -> str:
     eta = "unknown" if r.eta_seconds is None else f"{r.eta_seconds:.0f} s"
     parts = format_partitions(r.partitions) if r.partitions else "-"
     batches = "-" if r.batches is None else f"{r.batches:,}"
-    return (f"{r.pipeline} v{r.version}: {r.state}; lag {r.lag_text()} records, {fmt_seconds(r.lag_seconds)} behind "
+    lag = r.lag_text() if r.floored or r.total_lag is None else f"{r.total_lag:,} records"
+    return (f"{r.pipeline} v{r.version}: {r.state}; lag {lag}, {fmt_seconds(r.lag_seconds)} behind "
             f"({r.limits()}); ETA {eta}; {r.consecutive_ok}/{r.required_samples} samples counted; "
             f"{batches} micro-batches since the job started; job {r.job_health}; partitions {parts}; {r.reason}")
 

@@ -143,6 +143,27 @@ def task_states(client, dag_id: str, run_id: str) -> dict[str, str]:
     return {t["task_id"]: t["state"] for t in client.task_instances(dag_id, run_id)}
 
 
+def task_log_text(client, dag_id: str, run_id: str, task_id: str) -> str:
+    ti = next(t for t in client.task_instances(dag_id, run_id) if t["task_id"] == task_id)
+    return "\n".join(str(e.get("event", "")) for e in client.task_log(dag_id, run_id, task_id, max(ti["try_number"], 1)))
+
+
+class Holds:
+    """The hold hook (`KAPPA_TEST_HOLD_BEFORE_COMMIT=0`) in every job `kappa up` and Airflow start: each version's
+    first micro-batch (its backfill) is held before its commit while `path` exists. A thread lets every hold go
+    at once, except while `keep` is set: then the test looks at what a held backfill shows, and lets it go."""
+
+    def __init__(self, path: Path):
+        self.path, self.keep, self.stop = path, threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            if not self.keep.is_set():
+                self.path.unlink(missing_ok=True)
+
+
 def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artifacts_dir):
     """Issue 22's walk: what the screens say at each step is true (the skipped promote and its pasteable
     next step, the readable report, the promote run ending at the flip, the statuses while the standby
@@ -159,6 +180,9 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
     home = tmp_path / "up"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KAPPA_", "AIRFLOW"))}
     env["KAPPA_AIRFLOW_POKE_SECONDS"] = "10"   # the floor: the sensors' waits are the walk's length
+    from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
+    holds = Holds(tmp_path / "held")
+    env.update({HOLD_HOOK: "0", HOLD_FILE: str(holds.path)})
     proc = subprocess.Popen([*KAPPA, "up", "--home", str(home), "--records", "3000", "--keys", "500", "--rate", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -200,12 +224,25 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 assert switch.is_checked()
                 page.locator("label:has(input[name=element_auto_promote])").click()   # the switch's root
                 assert not switch.is_checked()
+                holds.keep.set()                 # v2's backfill: held before its commit until the floor is seen
                 trigger_from_the_form(page, url, None, "new title rules, from kappa up", "v2 (titles)",
                                       screenshot=artifacts_dir / "kappa_up_reprocess_form.png")
 
-                # 2. the run succeeds with v2 ready and NOT promoted: promote skipped, the note says what next
+                # 2. while v2's backfill is read and not committed, its lag is shown as a floor, not as the lag;
+                # then the run succeeds with v2 ready and NOT promoted: promote skipped, the note says what next
+                rid = wait_until(lambda: (client.list_runs("kappa_reprocess")["dag_runs"] or [None])[0],
+                                 "the reprocess run", 60, poll=1)["dag_run_id"]
+                wait_until(holds.path.exists, "v2's backfill to be read and held before its commit", RUN_TIMEOUT, poll=1)
+                # all of the backfill is read; what is left to read is the live updates since it began
+                floor = re.compile(r"lag ≥ 1,001 \(first batch not yet committed; [\d,]+ left to read\), ")
+                row = wait_until(lambda: status_of(home, bootstrap, 2), "kappa status to show v2's floor", 120,
+                                 poll=1, done=lambda r: r.get("lag_floored"))
+                assert (row["lag"], row["eta_seconds"]) == (1001, None) and row["unread"] < 1001, row
+                page.goto(f"{client.ui_run_url('kappa_reprocess', rid)}/tasks/wait_ready")
+                page.get_by_text(floor).first.wait_for(timeout=90_000)   # the sensor's log, on its page
+                page.screenshot(path=str(artifacts_dir / "kappa_up_wait_ready_floor.png"), full_page=True)
+                holds.keep.clear()
                 run = wait_run(client, "kappa_reprocess")
-                rid = run["dag_run_id"]
                 assert run["conf"]["rules_version"] == "v2" and run["conf"]["auto_promote"] is False
                 states = task_states(client, "kappa_reprocess", rid)
                 assert (states["promote"], states["stop_previous"]) == ("skipped", "skipped"), states
@@ -216,17 +253,16 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                     "pipeline": "standardize", "version": 2}
                 assert f"]({url}/dags/kappa_promote)" in note
                 assert "**Validation report of v2**" in note and "| rows | v1 | v2 |" in note, note
+                head = note.split("\n", 1)[0]       # the line the run's header shows: the report summed up, linked
+                assert " · [full report](" in head and re.search(r": [\d,]+ keys in v2, [\d,]+ in v1; ", head), head
+                assert re.search(r"(all compared|compared [\d,]+ with [\d,]+, leaving out )", head), head
                 page.goto(client.ui_run_url("kappa_reprocess", rid))
                 page.get_by_text(re.compile("standardize v2 is ready and NOT promoted")).first.wait_for(timeout=60_000)
                 page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_run.png"), full_page=True)
-                page.get_by_role("button", name="Edit note").click()     # opens the run's whole note, rendered
-                dialog = page.get_by_role("dialog")
-                dialog.get_by_text("Validation report of v2").wait_for(timeout=30_000)
-                page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_note.png"), full_page=True)
-                assert dialog.locator("table").count() >= 1      # the top changes, rendered as tables
-                assert dialog.get_by_role("link", name="open kappa_promote").get_attribute("href") == \
-                    f"{url}/dags/kappa_promote"
-                page.keyboard.press("Escape")
+                page.get_by_role("link", name="full report").first.click()   # from the run page to the whole report
+                page.get_by_text("validation report: standardize v2 (rules v2) against serving v1").first.wait_for(
+                    timeout=60_000)
+                page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_report.png"), full_page=True)
                 rejects_before = status_of(home, bootstrap, 1)["rejects"]
                 assert rejects_before > 0
 
@@ -267,6 +303,18 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 wait_until(v1_stopped, "kappa_monitor to stop the standby v1", 180, poll=0.5)
                 assert not [r for r in samples if r.get("readiness") == "failing"], samples
                 assert all(r["readiness"] is None for r in samples if r["state"] == "stopped")
+                assert samples[-1]["job"]["health"] == "stopped"              # not failed: it was asked to stop
+                with kappa_of(home, bootstrap) as k:
+                    stop = k.registry.audit_log("standardize", version=1, action="stop")[-1]
+                assert (stop.details["how"], stop.details["killed_at_bound"]) == ("graceful", False), stop.details
+                # the monitor task says what it did, in words (it was a raw JSON line)
+                said = []
+                for mrun in client.list_runs("kappa_monitor")["dag_runs"]:
+                    if task_states(client, "kappa_monitor", mrun["dag_run_id"]).get("monitor") in ("success", "failed"):
+                        said += task_log_text(client, "kappa_monitor", mrun["dag_run_id"], "monitor").splitlines()
+                stopped_line = [s for s in said if "standby grace period over: stopped standardize v1 (pid " in s]
+                assert stopped_line and ", within its bound of 60 s (" in stopped_line[0], said[-20:]
+                assert not any(s.lstrip().startswith("{") for s in said), said[-20:]
 
                 # 5. kappa_rollback: v1 restarts from its checkpoint; the note shows its progress; rejects kept
                 trigger_from_the_form(page, url, "kappa_rollback", "v2 titles look wrong, from kappa up")
@@ -285,6 +333,10 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 assert note.startswith("**kappa:** rolled back alias 'member_profiles_std' from v2 to v1"), note
                 assert "restarting it from its checkpoint" in note, note
                 assert status_of(home, bootstrap, 1)["rejects"] >= rejects_before
+                with kappa_of(home, bootstrap) as k:       # flipped on evidence: the rule and its numbers recorded
+                    decision = k.registry.audit_log("standardize", action="rollback")[-1].details["readiness"]
+                assert decision["counted"] == 3 and not decision["growing"], decision
+                assert all(s["batches"] >= 1 or s["total"] == 0 for s in decision["samples"]), decision
                 with kappa_of(home, bootstrap) as k:
                     v1_log = [(e.action, e.actor) for e in k.registry.audit_log("standardize", version=1)]
                     restart_pid = k.registry.audit_log("standardize", version=1, action="start")[-1].details["pid"]
@@ -303,6 +355,8 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                                                  out.wait_for(r"Airflow runs, logs in .*; pids (.*)", 5).group(1))]
         assert len(stack_pids) == 4
     finally:
+        holds.stop.set()
+        holds.path.unlink(missing_ok=True)
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)    # what Ctrl-C sends
         try:
@@ -325,3 +379,9 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
     with kappa_of(home, bootstrap) as k:
         shutdown = [e for e in k.registry.audit_log("standardize", action="stop_requested") if e.actor == "kappa-up"]
     assert shutdown and all(e.reason.startswith("kappa up stopped") for e in shutdown), shutdown
+    # after a deliberate shutdown: the serving v1 is stopped, not failing; the history keeps the Airflow tags
+    served = status_of(home, bootstrap, 1)
+    assert (served["serving"], served["job"]["health"], served["readiness"]) == (True, "stopped", "stopped"), served
+    history = subprocess.run([*KAPPA, "--home", str(home), "history", "standardize"], capture_output=True, text=True,
+                             env={**env, "COLUMNS": "400"}, timeout=120)
+    assert history.returncode == 0 and "[airflow kappa_promote run " in history.stdout, history.stdout[-3000:]

@@ -166,3 +166,29 @@ def test_airflow_lag_line_shows_seconds_and_both_limits(k, fake_log, ages):
     line = _lag_line(readiness(k, PIPELINE, v))
     assert f"{PIPELINE} v{v}: hydrating; lag 100 records, 12 s behind (lag <= 100 records and <= 30 s behind); " \
            f"ETA 0 s; 1/3 samples counted; 4 micro-batches since the job started; job running" in line
+
+
+def test_a_floor_is_shown_as_a_floor_with_no_eta_on_every_screen():
+    """Issue 30, item 4: while a first batch has not committed, '1,001' with 'ETA 0 s' read as the lag."""
+    from orchestrator.airflow.tasks import _lag_line
+    from orchestrator.cli.render import status_table
+    from orchestrator.lifecycle.await_ready import Readiness
+
+    r = Readiness(pipeline="p", version=2, state="hydrating", total_lag=1001, partitions={"t:0": 150, "t:1": 44},
+                  eta_seconds=None, consecutive_ok=0, required_samples=3, threshold=1000, job_health="running",
+                  reason="its first micro-batch has not committed yet", at=0.0, lag_seconds=61.0, floored=True,
+                  unread=194)
+    floor = "≥ 1,001 (first batch not yet committed; 194 left to read)"
+    assert r.lag_text() == floor and f"lag {floor}, " in r.summary()
+    assert f"p v2: hydrating; lag {floor}, 61 s behind (lag <= 1,000 records and <= 60 s behind); ETA unknown;" \
+        in _lag_line(r)
+    buf = io.StringIO()
+    Console(file=buf, width=300).print(status_table([{"pipeline": "p", "versions": [
+        {"version": 2, "serving": False, "state": "backfilling", "readiness": "hydrating", "lag": 1001,
+         "lag_floored": True, "unread": 194, "eta_seconds": None, "rejects": 0, "rules_version": None,
+         "job": {"health": "running"}}]}]))
+    assert floor in buf.getvalue()
+    bars = io.StringIO()
+    with LagProgress(Console(file=bars, width=300, force_terminal=False)) as progress:
+        progress.update(r.model_dump())
+    assert floor in bars.getvalue() and "ETA -" in bars.getvalue()
