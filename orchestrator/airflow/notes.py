@@ -71,25 +71,29 @@ def report_summary(d: Mapping[str, Any]) -> str:
 
 
 def report_link(base_url: str | None, dag_id: str, run_id: str, task_id: str = REPORT_TASK) -> str:
-    """The Airflow UI page of the task whose log holds the whole report (its tables, unclamped)."""
-    from urllib.parse import quote
+    """The Airflow UI page of the task whose log holds the whole report (its tables, unclamped), from the
+    root of the UI's host (the note is read there; a short link leaves room in its 1,000 characters)."""
+    from urllib.parse import quote, urlparse
 
-    return (f"{(base_url or '').rstrip('/')}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+    root = urlparse(base_url or "").path.rstrip("/")
+    return (f"{root}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe=':+')}"
             f"/tasks/{quote(task_id, safe='')}")
 
 
 def report_md(d: Mapping[str, Any], top: int = 3) -> list[str]:
-    """The validation report as Markdown lines: one summary line, then a small table of the top changes per field."""
+    """The validation report as Markdown lines below a note's first line (which has its key counts,
+    `report_summary`): rejects and rows changed, then a small table of the top changes per field."""
     n, old = d.get("version"), d.get("serving_version")
     rejects = (f"{d.get('rejects', 0):,} rejects of {d.get('offsets_read', 0):,} records read "
                f"({_pct(d.get('reject_rate'))}, limit {_pct(d.get('max_reject_rate'))}, {_verdict(d.get('reject_rate_ok'))})")
-    lines = [f"**Validation report of v{n}** (rules {d.get('rules_version') or '-'}): {_keys(d)}; {rejects}."]
+    lines = [f"**Validation report of v{n}** (rules {d.get('rules_version') or '-'}): {rejects}."]
     if old is not None:
         by_col = ", ".join(f"{c}: {v:,}" for c, v in (d.get("changed_by_column") or {}).items())
-        lines.append(f"Rows compared at the same input: {d.get('rows_same_input', d.get('rows_compared', 0)):,}; "
-                     f"changed by the new logic: **{d.get('rows_changed', 0):,}**" + (f" ({by_col})" if by_col else "")
-                     + (f"; input differs (not compared): {d['rows_input_differs']:,}" if d.get("rows_input_differs")
-                        else "") + ".")
+        lines[0] = lines[0][:-1] + (
+            f"; rows compared at the same input: {d.get('rows_same_input', d.get('rows_compared', 0)):,}, changed by "
+            f"the new logic: **{d.get('rows_changed', 0):,}**" + (f" ({by_col})" if by_col else "")
+            + (f"; input differs (not compared): {d['rows_input_differs']:,}" if d.get("rows_input_differs") else "")
+            + ".")
         for col, changes in (d.get("top_changes") or {}).items():
             if changes and top > 0:
                 lines += ["", f"Top changes of `{col}`:", "", f"| rows | v{old} | v{n} |", "|---:|---|---|"]
@@ -108,10 +112,9 @@ def conf_md(conf: Mapping[str, Any]) -> list[str]:
 def next_step_md(pipeline: str, version: int, base_url: str | None = None) -> list[str]:
     """How to promote a ready version: a link to kappa_promote, its form's values, the CLI line."""
     link = f"{(base_url or '').rstrip('/')}/dags/kappa_promote"
-    return [f"To serve it: [open kappa_promote]({link}) → **Trigger**: pipeline `{pipeline}`, version {version} "
-            f"(or empty: the newest caught-up version), a reason. Its configuration JSON:", "",
-            *conf_md({"pipeline": pipeline, "version": version}), "",
-            f"Or in a terminal: `kappa promote {pipeline} {version} --reason ...`"]
+    return [f"To serve it: [open kappa_promote]({link}) → **Trigger** with a reason, or paste its configuration "
+            f"JSON:", "", *conf_md({"pipeline": pipeline, "version": version}), "",
+            f"Or: `kappa promote {pipeline} {version} --reason ...`"]
 
 
 def standby_md(pipeline: str, previous: int, until: float, grace: float) -> str:

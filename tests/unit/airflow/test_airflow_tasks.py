@@ -194,7 +194,7 @@ def test_the_report_task_logs_whole_lines_and_its_note_sums_up_and_links_to_it(k
     assert any(("x" * 150) in line and "Senior Engineer" in line for line in lines)   # a table row stays one line
     assert not any('{"old"' in line for line in lines)
     [(head, body)] = set_notes
-    assert head == ("std_a v4 has caught up; its checks pass · [full report](http://127.0.0.1:8080/dags/kappa_reprocess/"
+    assert head == ("std_a v4 has caught up; its checks pass · [full report](/dags/kappa_reprocess/"
                     "runs/manual__1/tasks/validation_report): 4,846 keys in v4, 4,875 in v3; compared 4,846 with 4,846, "
                     "leaving out 29 only in v3 on partitions read to different offsets (input skew): 0.00 % off, ok; 812 "
                     "rows changed; 21 rejects (0.67 %, ok)")
