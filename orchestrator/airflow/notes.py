@@ -135,6 +135,9 @@ def compose(head: str, body: Iterable[str] = (), *, operator_note: str | None = 
     text = "\n\n".join([head, "\n".join(lines)]) if lines else head
     while len(text) + len(tail) > limit and lines:
         lines.pop()
+        while lines and (not lines[-1].strip() or lines[-1].rstrip().endswith(":") or lines[-1].startswith("|---")
+                         or lines[-1].startswith("| rows |")):
+            lines.pop()       # a heading or a table head left without what it heads
         text = "\n\n".join([head, "\n".join(lines + [cut])])
     if len(text) + len(tail) > limit:
         text = text[:max(0, limit - len(tail) - 1)] + "…"

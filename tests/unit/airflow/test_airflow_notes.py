@@ -99,3 +99,12 @@ def test_the_note_is_patched_on_the_run_and_keeps_the_operators_note(tmp_path, m
         "**kappa:** p v2 has caught up\n\nreport\n\n---\nNote at trigger: rolling out rules v2 for the EMEA launch",
         "**kappa:** p v2 is ready and NOT promoted\n\nnext step\n\n---\nNote at trigger: rolling out rules v2 for "
         "the EMEA launch"]
+
+
+def test_a_cut_note_leaves_no_heading_without_what_it_heads():
+    body = ["**Validation report of v2**: 1 rejects.", "", "Top changes of `title`:", "", "| rows | v1 | v2 |",
+            "|---:|---|---|", "| 60 | " + "a" * 300 + " | b |"]
+    note = notes.compose("p v2 is ready " + "x" * 700, body)
+    assert len(note) <= notes.NOTE_LIMIT
+    assert note.endswith("**Validation report of v2**: 1 rejects.\n… (cut to Airflow's 1,000-character note: the "
+                         "task's log has it all)"), note
