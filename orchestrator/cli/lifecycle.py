@@ -186,11 +186,18 @@ def stop_cmd(
     reason: Reason = None,
     as_json: AsJson = False,
 ) -> None:
-    """Stop a version's job gracefully (keeps its table and checkpoint)."""
-    from orchestrator.jobctl import stop_version
+    """Stop a version's job after its micro-batch in flight, within the pipeline's stop_timeout_seconds
+    (keeps its table and checkpoint)."""
+    from orchestrator.jobctl import inspect_version, stop_version
+    from orchestrator.jobctl.stop import stop_bound
 
     cli = cli_of(ctx)
-    result = stop_version(cli.kappa(), pipeline, version, actor=actor or default_actor(), reason=reason, force=force)
+    k = cli.kappa()
+    if inspect_version(k, pipeline, version).alive:
+        (cli.err if as_json else cli.out).print(
+            f"stopping {pipeline} v{version}: its micro-batch in flight finishes and no new one starts; at most "
+            f"{stop_bound(k, pipeline):g} s (stop_timeout_seconds), then it is stopped at once", markup=False)
+    result = stop_version(k, pipeline, version, actor=actor or default_actor(), reason=reason, force=force)
     _show(cli, result, as_json)
 
 

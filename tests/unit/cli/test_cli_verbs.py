@@ -217,6 +217,18 @@ def test_stop_json(bed):
     assert bed.json("stop", PIPELINE, str(v))["how"] == "not-running"
 
 
+def test_stop_says_its_bound_before_it_waits(bed):
+    v = allocate(bed.k).version
+    pid = bed.start(v)
+    bed.k.registry.set_state(PIPELINE, v, "backfilling")
+    result = bed.run("stop", PIPELINE, str(v), "--reason", "maintenance")
+    assert result.exit_code == 0, result.output
+    first, second = result.stdout.splitlines()[:2]
+    assert first == (f"stopping {PIPELINE} v{v}: its micro-batch in flight finishes and no new one starts; at most "
+                     f"60 s (stop_timeout_seconds), then it is stopped at once")
+    assert second.startswith(f"stopped {PIPELINE} v{v} (pid {pid}) in ")
+
+
 def test_retire_json_stops_the_job_deletes_everything_and_deletes_the_group(bed):
     v1, v2 = allocate(bed.k).version, allocate(bed.k).version
     sizes = _files(bed.k, v1)
