@@ -21,7 +21,9 @@ the reprocess DAG and a rollback that restarts a stopped version; `catchup_rule_
 3. for `catchup_samples` samples spaced apart: a micro-batch committed between two counted
    samples, or (lag 0, nothing to commit) at least one trigger interval (`TRIGGER_SECONDS`) lies
    between them. Samples closer than that are not counted (they do not break the run either);
-4. the lag did not grow across the counted samples (the newest is not above the oldest).
+4. the lag did not grow across the counted samples: it grows when it rose from each counted sample to
+   the next, by more than a tenth of the threshold in all (`growing`); a live tail's lag moves up
+   and down by a few records between batches, which is noise, not a trend.
 
 The samples are those taken since the job's current start and within `readiness_window_seconds`
 of the newest (default 300 s, `KAPPA_READINESS_WINDOW_SECONDS`), so "N samples" means "lately".
@@ -57,7 +59,7 @@ from orchestrator.observe.lag import (LagReading, eta_seconds, fmt_lag, fmt_seco
                                       sample_lag, sample_seconds, sample_time)
 
 __all__ = ["Readiness", "ReadinessState", "CATCHUP_DEADLINE_SECONDS", "POLL_SECONDS", "readiness", "wait_ready",
-           "failing_error", "version_threshold", "sample_ok", "within_limits", "counted_samples",
+           "failing_error", "version_threshold", "sample_ok", "within_limits", "counted_samples", "growing",
            "catchup_limits", "catchup_rule_text", "ENDED"]
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ _NEVER_CAUGHT_UP = frozenset({VersionState.CREATED, VersionState.STARTING, Versi
 CATCHUP_DEADLINE_SECONDS = 7200.0
 #: Seconds between two lag samples of a wait.
 POLL_SECONDS = 2.0
+#: A rise of the lag across the counted samples up to this share of the threshold is the live tail's noise.
+GROWTH_NOISE = 0.1
 
 
 class Readiness(BaseModel):
@@ -146,7 +150,7 @@ def catchup_rule_text(threshold: int, seconds: float, samples: int) -> str:
     """The whole rule with its numbers, as every decision records it."""
     return (f"{catchup_limits(threshold, seconds)} in {samples} samples a micro-batch apart (or "
             f"{TRIGGER_SECONDS:g} s apart with nothing to read), all after a micro-batch committed since "
-            f"the job started, the lag not growing across them")
+            f"the job started, the lag not growing across them (by more than a tenth of the threshold)")
 
 
 def _sample_dict(s: Any) -> dict[str, Any]:
@@ -173,6 +177,15 @@ def _spaced(older: dict[str, Any], newer: dict[str, Any]) -> bool:
     if b_old is not None and b_new is not None and b_new > b_old:
         return True
     return older.get("total") == 0 and newer.get("total") == 0 and newer["at"] - older["at"] >= TRIGGER_SECONDS
+
+
+def growing(counted: list[dict[str, Any]], threshold: int) -> bool:
+    """Does the lag grow across the counted samples (newest first)? It rose from each one to the next,
+    by more than `GROWTH_NOISE` of the threshold (at least one record) in all: 677 -> 783 -> 799 under a
+    threshold of 1,000 grows; 16 -> 30, or 40 -> 12 -> 30, is a live tail's noise."""
+    lags = [s["total"] for s in reversed(counted)]
+    rising = len(lags) >= 2 and all(a < b for a, b in zip(lags, lags[1:]))
+    return rising and lags[-1] - lags[0] > max(1.0, GROWTH_NOISE * threshold)
 
 
 def counted_samples(history: list[dict[str, Any]], threshold: int, max_seconds: float,
@@ -216,7 +229,7 @@ def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, thr
     history = [current, *history]
     basis = counted_samples(history, threshold, max_seconds, needed)
     consecutive = len(basis)
-    growing = consecutive >= 2 and basis[0]["total"] > basis[-1]["total"]
+    grows = growing(basis, threshold)
     eta = None if reading.floored else eta_seconds(history, threshold, since=since)
 
     if job.failed:
@@ -234,20 +247,20 @@ def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, thr
     elif reading.lag_seconds is None and job.health == "running":
         state = "hydrating" if rec.state in _NEVER_CAUGHT_UP else "lagging"
         why = "lag in seconds unknown (the oldest unprocessed records could not be fetched); it never counts"
-    elif consecutive >= needed and not growing and job.health == "running":
+    elif consecutive >= needed and not grows and job.health == "running":
         state, why = "ready", (f"{catchup_limits(threshold, max_seconds)} in {consecutive} samples a micro-batch "
                                f"apart, not growing, {batches if batches is not None else 'no'} micro-batches "
                                f"since the job started, job running")
     else:
         state = "hydrating" if rec.state in _NEVER_CAUGHT_UP else "lagging"
-        why = _why_not(job, reading, threshold, max_seconds, batches, basis, needed, growing)
+        why = _why_not(job, reading, threshold, max_seconds, batches, basis, needed, grows)
 
     r = Readiness(pipeline=pipeline, version=version, state=state, total_lag=reading.total,
                   partitions=dict(reading.partitions), eta_seconds=eta, consecutive_ok=consecutive,
                   required_samples=needed, threshold=threshold, job_health=job.health, reason=why, at=reading.at,
                   registry_state=rec.state, lag_error=reading.error, lag_source=reading.source, samples=basis,
                   job=job.model_dump(mode="json"), lag_seconds=reading.lag_seconds, catchup_seconds=max_seconds,
-                  batches=batches, growing=growing, floored=reading.floored, unread=reading.unread)
+                  batches=batches, growing=grows, floored=reading.floored, unread=reading.unread)
     if record:
         _advance_state(k, rec, r, job, actor)
     return r

@@ -259,11 +259,24 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 page.goto(client.ui_run_url("kappa_reprocess", rid))
                 page.get_by_text(re.compile("standardize v2 is ready and NOT promoted")).first.wait_for(timeout=60_000)
                 page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_run.png"), full_page=True)
-                page.get_by_role("link", name="full report").first.click()   # from the run page to the whole report
-                page.get_by_text("validation report: standardize v2 (rules v2) against serving v1").first.wait_for(
-                    timeout=60_000)
-                page.get_by_text("top changes of title: v1 -> v2").first.wait_for(timeout=10_000)   # its tables too
-                page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_report.png"), full_page=True)
+                link = page.get_by_role("link", name="full report").first
+                assert link.get_attribute("href").endswith(f"/tasks/validation_report"), link.get_attribute("href")
+                report_page = page                           # from the run page to the whole report
+                if link.get_attribute("target") == "_blank":  # Airflow opens a note's links in a new tab
+                    with context.expect_page() as opened:
+                        link.click()
+                    report_page = opened.value
+                else:
+                    link.click()
+                try:
+                    report_page.wait_for_url(re.compile(r"/tasks/validation_report"), timeout=30_000)
+                    report_page.get_by_text("validation report: standardize v2 (rules v2) against serving v1").first \
+                        .wait_for(timeout=60_000)
+                    report_page.get_by_text("top changes of title: v1 -> v2").first.wait_for(timeout=10_000)  # tables
+                finally:
+                    report_page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_report.png"), full_page=True)
+                if report_page is not page:
+                    report_page.close()
                 rejects_before = status_of(home, bootstrap, 1)["rejects"]
                 assert rejects_before > 0
 
@@ -305,16 +318,23 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 assert not [r for r in samples if r.get("readiness") == "failing"], samples
                 assert all(r["readiness"] is None for r in samples if r["state"] == "stopped")
                 assert samples[-1]["job"]["health"] == "stopped"              # not failed: it was asked to stop
-                with kappa_of(home, bootstrap) as k:
-                    stop = k.registry.audit_log("standardize", version=1, action="stop")[-1]
+                def stop_recorded():
+                    with kappa_of(home, bootstrap) as k:
+                        return (k.registry.audit_log("standardize", version=1, action="stop") or [None])[-1]
+                stop = wait_until(stop_recorded, "the monitor to record v1's stop", 120, poll=1)
                 assert (stop.details["how"], stop.details["killed_at_bound"]) == ("graceful", False), stop.details
-                # the monitor task says what it did, in words (it was a raw JSON line)
-                said = []
-                for mrun in client.list_runs("kappa_monitor")["dag_runs"]:
-                    if task_states(client, "kappa_monitor", mrun["dag_run_id"]).get("monitor") in ("success", "failed"):
-                        said += task_log_text(client, "kappa_monitor", mrun["dag_run_id"], "monitor").splitlines()
+
+                def monitor_said():   # the monitor task says what it did, in words (it was a raw JSON line)
+                    said = []
+                    for mrun in client.list_runs("kappa_monitor")["dag_runs"]:
+                        if task_states(client, "kappa_monitor", mrun["dag_run_id"]).get("monitor") in ("success",
+                                                                                                      "failed"):
+                            said += task_log_text(client, "kappa_monitor", mrun["dag_run_id"], "monitor").splitlines()
+                    return said if any("standby grace period over: stopped standardize v1 (pid " in s
+                                       for s in said) else None
+                said = wait_until(monitor_said, "the monitor task's log to say it stopped v1", 120, poll=2)
                 stopped_line = [s for s in said if "standby grace period over: stopped standardize v1 (pid " in s]
-                assert stopped_line and ", within its bound of 60 s (" in stopped_line[0], said[-20:]
+                assert ", within its bound of 60 s (" in stopped_line[0], stopped_line
                 assert not any(s.lstrip().startswith("{") for s in said), said[-20:]
 
                 # 5. kappa_rollback: v1 restarts from its checkpoint; the note shows its progress; rejects kept

@@ -72,7 +72,8 @@ def test_ready_moves_to_caught_up_and_records_the_rule_and_the_samples_behind_it
             entry.details["counted"], entry.details["batches"], entry.details["growing"]) == (0, 60.0, 3, 3, 7, False)
     assert entry.details["rule"] == r.rule == (
         "lag <= 0 records and <= 60 s behind in 3 samples a micro-batch apart (or 1 s apart with nothing to "
-        "read), all after a micro-batch committed since the job started, the lag not growing across them")
+        "read), all after a micro-batch committed since the job started, the lag not growing across them (by more "
+        "than a tenth of the threshold)")
 
 
 def test_unknown_lag_breaks_the_run_and_never_counts(k, fake_log):

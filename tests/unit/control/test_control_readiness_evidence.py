@@ -65,3 +65,15 @@ def test_a_growing_lag_is_not_caught_up_even_under_the_threshold(k, fake_log):
         fake_log.ends[(TOPIC, 0)] += lag
         r = readiness(k, PIPELINE, v, threshold=1000)
     assert (r.state, r.growing, [s["total"] for s in r.samples]) == ("ready", False, [650, 700, 799])
+
+
+def test_a_live_tails_lag_moving_by_a_few_records_is_not_growing(k, fake_log):
+    """The kappa up walk's promote was refused for '16 -> 30 records' under a threshold of 1,000: noise."""
+    v = _restarted(k, fake_log, behind=0)
+    rs = []
+    for lag in (16, 22, 30, 40, 12, 30):
+        _commit(k, v)
+        fake_log.read_all()
+        fake_log.ends[(TOPIC, 0)] += lag
+        rs.append(readiness(k, PIPELINE, v, threshold=1000))
+    assert [(r.ready, r.growing) for r in rs] == [(False, False), (False, False)] + [(True, False)] * 4
