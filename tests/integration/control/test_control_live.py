@@ -340,6 +340,9 @@ def test_a_restarting_rollback_flips_only_after_a_micro_batch_commits_since_the_
     quiesce(live, 1)
     ok, why = served_equals_expected(live, "v1")
     assert ok, why
+    # the story goes on from where the test before left it: v2 serving, v1 its standby, the producer stopped
+    assert wait_ready(k, PIPELINE, 2, deadline_seconds=DEADLINE, poll_seconds=1).ready
+    assert promote(k, PIPELINE, 2, actor="dave", reason="roll forward").flipped
 
 
 def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_serving):
