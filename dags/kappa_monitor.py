@@ -10,13 +10,15 @@ Then **monitor** (it runs whatever watch did), which:
   `kappa lag-plot` and the ETA come from these samples);
 - detects failed jobs (exited, failed status, stale heartbeat) and records them;
 - reconciles aliases (a flip interrupted before its publish is published) and stops standby
-  versions whose grace period is over;
+  versions whose grace period is over (after their micro-batch in flight, within the pipeline's
+  `stop_timeout_seconds`);
 - **fails** when a serving version's job is failing or its lag is beyond its pipeline's
   threshold, with a message naming the version and the lag, so that Airflow's failure
   alerting (e-mail, callbacks, the red square in the grid) tells the operator; it also fails
   after an automatic rollback, naming the pipeline, the version and the cause.
 
-Its actions are recorded in the audit log as `airflow:scheduler`.
+Each task's log says what it did, one line in words per action (what it sampled, restarted or
+stopped, and how). Its actions are recorded in the audit log as `airflow:scheduler`.
 """
 
 from __future__ import annotations
