@@ -149,7 +149,8 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     assert {(v["version"], v["state"], v["readiness"]) for v in report["versions"]} == {(1, "serving", "ready"),
                                                                                       (2, "standby", "ready")}
 
-    # 7. the serving version's job dies: kappa_monitor fails loudly, naming it
+    # 7. the serving version's job is stopped (forced, as a crash would leave the alias): kappa_monitor fails
+    # loudly, naming it and saying it was a stop, not a failure of the job
     from orchestrator.jobctl import stop_version
 
     with bed.kappa() as k:
@@ -159,4 +160,5 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     with bed.kappa() as k:
         alert = k.registry.audit_log(action="monitor")[-1]
         assert alert.outcome == "alert" and alert.actor == "airflow:dag_test"
-        assert alert.details["problems"][0].startswith(f"{PIPELINE} v1 serves alias '{alias}' but is failing")
+        assert alert.details["problems"][0].startswith(f"{PIPELINE} v1 serves alias '{alias}' but its job stopped "
+                                                       f"on a request")
