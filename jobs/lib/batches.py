@@ -180,4 +180,4 @@ class MicroBatches:
                 self.rejects_total = count_rows(self.tables.rejects_uri) if self.tables.rejects_uri else 0
             else:
                 self.rejects_total += p.n_rejects
-            self.on_batch(batch_id, p.rows_in, p.rows_out, p.n_rejects, self.rejects_total)
+            self.on_batch(batch_id, p.rows_in, p.rows_out, p.n_rejects, self.rejects_total, timing=self.timings[-1])

@@ -9,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRIVER_MEMORY, KAPPA_SPARK_LOG_LEVEL,
-                                     KAPPA_SPARK_MASTER)
+from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRIVER_MEMORY, KAPPA_SPARK_EVENT_LOG_DIR,
+                                     KAPPA_SPARK_LOG_LEVEL, KAPPA_SPARK_MASTER)
 
 __all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
            "cds_archive_path", "driver_java_options", "runs_tasks", "create_cds_archive", "connector_jars", "DELTA_CONF", "REDACTION",
@@ -272,6 +272,10 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
     )
     if local_dir:
         builder = builder.config("spark.local.dir", local_dir)
+    events = os.environ.get(KAPPA_SPARK_EVENT_LOG_DIR)
+    if events:   # a benchmark reads the job's executor CPU from it (`jobs.lib.runtime.sparkwork`)
+        Path(events).mkdir(parents=True, exist_ok=True)
+        builder = builder.config("spark.eventLog.enabled", "true").config("spark.eventLog.dir", Path(events).as_uri())
     extra = dict(extra or {})
     own_jars = [j for j in str(extra.pop("spark.jars", "")).split(",") if j]
     builder = builder.config("spark.jars", ",".join(jars + own_jars))

@@ -213,6 +213,8 @@ def bench_flip(
         return
     cli.out.print(f"flip latency over {figures.get('flips')} flips: p50 {figures.get('p50_ms')} ms, "
                   f"p99 {figures.get('p99_ms')} ms; reader errors: {figures.get('reader_errors')}")
+    cli.out.print(f"CPU: the flips took {figures.get('flipper_cpu_seconds')} s of this process's CPU in "
+                  f"{figures.get('seconds')} s of wall time (no Spark: no executor CPU)")
     rest = {k: v for k, v in figures.items() if k not in ("p50_ms", "p99_ms", "reader_errors", "flips")}
     cli.out.print(to_json(rest), markup=False)
     if out is not None:

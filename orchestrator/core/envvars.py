@@ -22,7 +22,7 @@ __all__ = ["CATALOGUE", "EnvVar", "SETTINGS_VARS",
            "KAPPA_CHECKPOINTS", "KAPPA_CONFIG", "KAPPA_GROUP_PREFIX", "KAPPA_HOME", "KAPPA_JOB_PATH", "KAPPA_KAFKA_CONFIG",
            "KAPPA_LAG_SAMPLE_RETENTION_SECONDS", "KAPPA_LAUNCH_ID", "KAPPA_PIPELINES",
            "KAPPA_READINESS_WINDOW_SECONDS", "KAPPA_REGISTRY_URL", "KAPPA_RULES", "KAPPA_SHUFFLE_PARTITIONS",
-           "KAPPA_SPARK_DRIVER_MEMORY", "KAPPA_SPARK_LOG_LEVEL", "KAPPA_SPARK_MASTER", "KAPPA_STATE_DIR",
+           "KAPPA_SPARK_DRIVER_MEMORY", "KAPPA_SPARK_EVENT_LOG_DIR", "KAPPA_SPARK_LOG_LEVEL", "KAPPA_SPARK_MASTER", "KAPPA_STATE_DIR",
            "KAPPA_WAREHOUSE"]
 
 
@@ -65,6 +65,7 @@ KAPPA_AIRFLOW_KAFKA_CONN_ID: Final = "KAPPA_AIRFLOW_KAFKA_CONN_ID"
 KAPPA_SHUFFLE_PARTITIONS: Final = "KAPPA_SHUFFLE_PARTITIONS"
 KAPPA_SPARK_DRIVER_MEMORY: Final = "KAPPA_SPARK_DRIVER_MEMORY"
 KAPPA_SPARK_LOG_LEVEL: Final = "KAPPA_SPARK_LOG_LEVEL"
+KAPPA_SPARK_EVENT_LOG_DIR: Final = "KAPPA_SPARK_EVENT_LOG_DIR"
 
 # -- internal --------------------------------------------------------------------------------------
 KAPPA_LAUNCH_ID: Final = "KAPPA_LAUNCH_ID"
@@ -114,6 +115,8 @@ CATALOGUE: dict[str, EnvVar] = {v.name: v for v in (
            "else 2)"),
     EnvVar(KAPPA_SPARK_DRIVER_MEMORY, "jobs and bench: Spark driver memory (default 2g)"),
     EnvVar(KAPPA_SPARK_LOG_LEVEL, "jobs and bench: Spark log level (default WARN)"),
+    EnvVar(KAPPA_SPARK_EVENT_LOG_DIR, "jobs: write Spark's event log into this folder (the benchmarks read "
+           "executor CPU seconds from it; default: none)"),
     EnvVar(KAPPA_LAUNCH_ID, "internal: set by kappa in a job's environment to find its processes; "
            "do not set"),
 )}

@@ -344,6 +344,11 @@ def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partition
 
     from rich.console import Console
 
+    import os
+
+    from jobs.lib.runtime.sparkwork import event_log_time
+    from orchestrator.core.envvars import KAPPA_SPARK_EVENT_LOG_DIR
+    from orchestrator.dev.benchutil import process_cpu_seconds
     from orchestrator.dev.demo import ACTOR, PIPELINE, Demo, DemoOptions
     from orchestrator.lifecycle.await_ready import wait_ready
     from orchestrator.lifecycle.deploy import deploy
@@ -357,8 +362,11 @@ def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partition
     figures: dict[str, Any] = {"params": {"records": records, "keys": keys, "partitions": partitions,
                                           "value_size": value_size, "rules": rules, "poll_seconds": poll}}
     ok = False
+    events_env = os.environ.get(KAPPA_SPARK_EVENT_LOG_DIR)
     try:
         bench.home = bench._make_home()
+        events = bench.home / "spark-events"
+        os.environ[KAPPA_SPARK_EVENT_LOG_DIR] = str(events)     # the version's job inherits it
         bench.section("Embedded broker and a compacted topic")
         bench.start_broker()
         bench.fill_topic()
@@ -386,6 +394,7 @@ def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partition
         marks["ready"] = perf_counter()
         res = promote(bench.k, PIPELINE, info.version, actor=ACTOR, reason="deploy-to-promote benchmark")
         marks["promoted"] = perf_counter()
+        job_cpu = process_cpu_seconds(info.pid) if info.pid else None
         bench.say(res.message)
         running = marks.get("running", marks["deployed"])
         caught = marks.get("caught_up", marks["ready"])
@@ -401,12 +410,19 @@ def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partition
             "backfill_records_per_s": round(records / max(caught - running, 1e-9)),
             "catchup_samples": spec.catchup_samples,
             "version": info.version,
+            "job_process_cpu_seconds": job_cpu,
         })
         ok = True
     finally:
         stopped = bench.cleanup()
         for what, pid in stopped:
             console.print(f"stopped {what} (pid {pid})", highlight=False)
+        if ok:
+            figures["executor"] = event_log_time(events).as_dict()
+        if events_env is None:
+            os.environ.pop(KAPPA_SPARK_EVENT_LOG_DIR, None)
+        else:
+            os.environ[KAPPA_SPARK_EVENT_LOG_DIR] = events_env
         if bench.home is not None:
             shutil.rmtree(bench.home, ignore_errors=True)
     if ok:
@@ -416,6 +432,11 @@ def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partition
                       f"{ph['backfill']:.1f} s = {figures['backfill_records_per_s']:,} records/s, readiness "
                       f"confirmation {ph['readiness_confirmation']:.1f} s ({spec.catchup_samples} samples every "
                       f"{poll:g} s), promote {ph['promote']:.1f} s)", highlight=False)
+        ex = figures["executor"]
+        console.print(f"CPU: the job's executor CPU {ex['cpu_seconds']:.1f} s (run time {ex['run_seconds']:.1f} s, "
+                      f"Spark's event log) and its processes {figures['job_process_cpu_seconds'] or 0:.1f} s of CPU "
+                      f"until the promote, beside {figures['deploy_to_promote_seconds']:.1f} s of wall time",
+                      highlight=False)
     return figures
 
 

@@ -119,8 +119,8 @@ def _bench_context(args, spark, status, emit: Callable[[str], None], total: int)
             self.rejects_total: int | None = None
             self.batch_ids: set[int] = set()
 
-        def record_batch(self, batch_id, rows_in, rows_out, rejects=0, rejects_total=None) -> None:
-            super().record_batch(batch_id, rows_in, rows_out, rejects, rejects_total)
+        def record_batch(self, batch_id, rows_in, rows_out, rejects=0, rejects_total=None, timing=None) -> None:
+            super().record_batch(batch_id, rows_in, rows_out, rejects, rejects_total, timing)
             self.rows_in += int(rows_in)
             self.batch_ids.add(int(batch_id))
             if rejects_total is not None:

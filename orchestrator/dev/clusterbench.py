@@ -49,6 +49,8 @@ def scaling_rows(runs: list[dict]) -> list[dict[str, Any]]:
         by = {r["workers"]: r for r in runs if r["size"] == size}
         first, last = by.get(min(by)), by.get(max(by))
         rows.append({"size": size, "records_per_s": {w: by[w]["records_per_s"] for w in sorted(by)},
+                     "seconds": {w: by[w].get("seconds") for w in sorted(by)},
+                     "executor_cpu_seconds": {w: by[w].get("executor_cpu_seconds") for w in sorted(by)},
                      "driver_peak_mb": {w: by[w]["driver_peak_mb"] for w in sorted(by)},
                      "ratio": ratio(last["records_per_s"], first["records_per_s"], 2) if len(by) > 1 else None})
     return rows
@@ -62,7 +64,10 @@ def cluster_lines(f: dict) -> list[str]:
         mem = ", ".join(f"{v:,} MB with {w}" for w, v in row["driver_peak_mb"].items())
         verdict = "" if row["ratio"] is None else (
             f"; ratio {row['ratio']:.2f} ({'goal met' if row['ratio'] >= GOAL else 'goal NOT met'}: >= {GOAL})")
-        lines.append(f"{row['size']:,} records: {rps}{verdict}; driver peak memory {mem}")
+        cpu = ", ".join(f"{row['seconds'][w]:.1f} s wall / {row['executor_cpu_seconds'][w]:.1f} s executor CPU with {w}"
+                        for w in row.get("executor_cpu_seconds", {}) if row["executor_cpu_seconds"][w] is not None
+                        and row["seconds"].get(w) is not None)
+        lines.append(f"{row['size']:,} records: {rps}{verdict}; driver peak memory {mem}" + (f"; {cpu}" if cpu else ""))
     sizes = f["scaling"]
     if len(sizes) > 1:
         lo, hi = sizes[0], sizes[-1]
@@ -143,13 +148,15 @@ def run_cluster_bench(sizes: list[int] | tuple[int, ...] = (1_000_000, 4_000_000
                 figures["pids_started"].append(job["child_pid"])
                 run = {"size": size, "workers": workers, **rate(size, nbytes, job["seconds"]),
                        "startup_seconds": job["startup"], "executors": job["executors"], "batches": job["batches"],
-                       "driver_peak_mb": round(job["peak_memory_bytes"] / 1e6), "spark": job["spark"]}
+                       "driver_peak_mb": round(job["peak_memory_bytes"] / 1e6), "spark": job["spark"],
+                       "executor_cpu_seconds": (job.get("executor") or {}).get("cpu_seconds")}
                 if verify:
                     if size not in expected:
                         expected[size] = expected_raw(generate_changelog(**gen[size]))
                     run["check"] = compare_raw(read_table(job["output"]), count_rows(job["rejects"]), *expected[size])
                 console.print(f"  {run['records_per_s']:,} records/s, {run['mb_per_s']:.1f} MB/s in "
-                              f"{run['seconds']:.1f} s (start-up {job['startup']:.1f} s); driver peak "
+                              f"{run['seconds']:.1f} s (start-up {job['startup']:.1f} s; executor CPU "
+                              f"{run['executor_cpu_seconds'] or 0:.1f} s); driver peak "
                               f"{run['driver_peak_mb']:,} MB"
                               + ("" if not verify else f"; output {'matches' if run['check']['raw_columns_match'] and run['check']['rejects_match'] else 'DOES NOT match'}"),
                               highlight=False)

@@ -159,7 +159,7 @@ def flip_benchmark(k, pipeline: str, *, versions: tuple[int, int] | None = None,
             t.start()
     latencies: list[float] = []
     current = start_version
-    t_start = time.perf_counter()
+    t_start, cpu0 = time.perf_counter(), time.process_time()
     try:
         deadline = time.monotonic() + 120
         while len(list(control.glob("ready.*"))) < readers:   # every reader is reading before the first flip
@@ -168,7 +168,7 @@ def flip_benchmark(k, pipeline: str, *, versions: tuple[int, int] | None = None,
                                     f"{spec.alias!r} within 120 s")
             time.sleep(0.05)
         time.sleep(warmup_seconds)
-        t_start = time.perf_counter()
+        t_start, cpu0 = time.perf_counter(), time.process_time()
         for _ in range(flips):
             target = b if current == a else a
             t0 = time.perf_counter()
@@ -179,6 +179,7 @@ def flip_benchmark(k, pipeline: str, *, versions: tuple[int, int] | None = None,
             current = target
     finally:
         elapsed = time.perf_counter() - t_start
+        cpu = time.process_time() - cpu0
         if current != start_version:
             reg.flip_alias(spec.alias, pipeline, expected_version=current, new_version=start_version,
                            actor=actor, reason="flip latency benchmark: back to the start", audit=False)
@@ -208,6 +209,7 @@ def flip_benchmark(k, pipeline: str, *, versions: tuple[int, int] | None = None,
         "max_ms": round(max(latencies), 3), "mean_ms": round(statistics.fmean(latencies), 3),
         "readers": readers, "reader_mode": reader_mode, "reads": reads, "reads_by_version": seen,
         "reader_errors": errors, "reader_error_samples": samples, "seconds": round(elapsed, 3),
+        "flipper_cpu_seconds": round(cpu, 3),
         "goal": {"p99_ms_under": 20, "reader_errors": 0},
     }
     figures["goal_met"] = figures["p99_ms"] < 20 and errors == 0

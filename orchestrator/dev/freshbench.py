@@ -80,6 +80,11 @@ def freshness_lines(f: dict) -> list[str]:
         lines.append(f"reference: the job's trigger interval {fmt_seconds(f['trigger_interval_seconds'])}; "
                      f"p50 = {f['p50_to_interval']:.2f} x interval, p99 = {f['p99_to_interval']:.2f} x interval "
                      f"(latencies include up to one poll, {fmt_seconds(f['poll_seconds'])}, of the reader)")
+    ex, jobs = f.get("executor"), f.get("spark_jobs_per_batch")
+    if ex and jobs:
+        lines.append(f"CPU over the {f['live_seconds']:.1f} s of live updates: the job's executor CPU {ex['cpu_seconds']:.1f} s "
+                     f"(Spark's event log), its processes {f['job_process_cpu_seconds']:.1f} s; {jobs['batches']} "
+                     f"micro-batches, {jobs['median'] or 0:g} Spark jobs each (median; at most {jobs['max']})")
     return lines
 
 
@@ -179,8 +184,13 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
                         deadline: float = 600.0, console=None, overrides: dict[str, Any] | None = None,
                         json_out=None) -> dict[str, Any]:
     """Run the freshness benchmark (module docstring); print and return its figures."""
+    import os
+
     from rich.console import Console
 
+    from jobs.lib.runtime.sparkwork import event_log_jobs, event_log_time
+    from orchestrator.core.envvars import KAPPA_SPARK_EVENT_LOG_DIR
+    from orchestrator.dev.benchutil import process_cpu_seconds
     from orchestrator.dev.demo import ACTOR, PIPELINE, Demo, DemoOptions
     from orchestrator.jobctl import read_launch
     from orchestrator.lifecycle.await_ready import wait_ready
@@ -198,8 +208,12 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
     stop, errors, probes = threading.Event(), [], Probes()
     producer = None
     ok = False
+    events_env = os.environ.get(KAPPA_SPARK_EVENT_LOG_DIR)
+    live_from = cpu0 = None
     try:
         bench.home = bench._make_home()
+        events = bench.home / "spark-events"
+        os.environ[KAPPA_SPARK_EVENT_LOG_DIR] = str(events)     # the version's job inherits it
         bench.section("Embedded broker and a compacted topic")
         bench.start_broker()
         figures["pids_started"].append(bench.started.broker_pid)
@@ -222,6 +236,7 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         producer = threading.Thread(target=_produce, name="kappa-bench-fresh-producer", daemon=True,
                                     args=(bench.k.bootstrap_servers, spec.topics[0], rate, seconds, keys, run,
                                           probes, stop, errors))
+        live_from, cpu0 = time.time(), process_cpu_seconds(info.pid)
         producer.start()
         state: dict[str, Any] = {}
         t0 = last_line = time.monotonic()
@@ -245,6 +260,8 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         figures.update(freshness_figures(probes.latencies, probes.produced, probes.superseded,
                                          len(probes.pending), interval, poll))
         figures["version"] = info.version
+        figures["live_seconds"] = round(time.time() - live_from, 2)
+        figures["job_process_cpu_seconds"] = round(process_cpu_seconds(info.pid) - cpu0, 2)
         ok = True
     finally:
         stop.set()
@@ -253,6 +270,15 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         stopped = bench.cleanup()
         for what, pid in stopped:
             console.print(f"stopped {what} (pid {pid})", highlight=False)
+        if ok:
+            figures["executor"] = event_log_time(events, since=live_from).as_dict()
+            jobs = sorted(event_log_jobs(events, since=live_from).values())
+            figures["spark_jobs_per_batch"] = {"batches": len(jobs), "median": percentile(jobs, 50),
+                                               "max": max(jobs) if jobs else None}
+        if events_env is None:
+            os.environ.pop(KAPPA_SPARK_EVENT_LOG_DIR, None)
+        else:
+            os.environ[KAPPA_SPARK_EVENT_LOG_DIR] = events_env
         if bench.home is not None and bench.temp_home:
             shutil.rmtree(bench.home, ignore_errors=True)
     if ok:

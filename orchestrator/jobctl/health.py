@@ -72,6 +72,9 @@ class JobStatus(BaseModel):
     #: While a long micro-batch (the backfill) runs: {"batch_id", "records_read", "records_total"}.
     #: The checkpoint and the consumer group move only when the batch commits; this moves meanwhile.
     reading: dict[str, Any] | None = None
+    #: The last micro-batch the job wrote: {"batch_id", "records", "spark_jobs", and seconds per stage:
+    #: "read_transform_count", "rejects", "write", "upkeep"} (`jobs.lib.batches`).
+    last_batch: dict[str, Any] | None = None
     exit_code: int | None = None
     error: str | None = None
     log_file: str | None = None
@@ -164,7 +167,7 @@ def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
         heartbeat_age=None if hb is None else max(0.0, now - hb),
         **{name: status.get(name) for name in
            ("batch_id", "batches", "rows_in", "rows_out", "rejects", "rejects_total", "end_offsets", "rules_hash",
-            "reading")},
+            "reading", "last_batch")},
     )
 
     def fail(why: str) -> JobStatus:

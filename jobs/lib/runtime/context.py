@@ -71,10 +71,11 @@ class JobContext:
         return {"processingTime": f"{max(1, int(round(self.args.interval_seconds * 1000)))} milliseconds"}
 
     def record_batch(self, batch_id: int, rows_in: int, rows_out: int, rejects: int = 0,
-                     rejects_total: int | None = None) -> None:
+                     rejects_total: int | None = None, timing: dict[str, float] | None = None) -> None:
         """Called by the job (from foreachBatch, on the driver) once a batch's output is written.
 
-        Re-reporting a batch replaces its counts. Writes status.json at once.
+        Re-reporting a batch replaces its counts. `timing` (the batch's seconds per stage and its Spark
+        job count, `jobs.lib.batches`) becomes the status's ``last_batch``. Writes status.json at once.
         """
         batch_id = int(batch_id)
         with self._lock:
@@ -88,6 +89,10 @@ class JobContext:
                 fields["rows_in"] = d["rows_in"] + new[0] - old[0]
             if rejects_total is not None:
                 fields["rejects_total"] = int(rejects_total)
+            if timing is not None:
+                fields["last_batch"] = {"batch_id": batch_id, "records": new[0],
+                                        **{k: round(v, 3) if isinstance(v, float) else v for k, v in timing.items()
+                                           if k != "batch_id"}}
             self.status.update(**fields)
 
     def on_progress(self, progress: dict) -> None:

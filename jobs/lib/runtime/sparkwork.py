@@ -5,15 +5,18 @@ or not the UI runs; `executor_time` reads the completed stages from it, so a job
 test can report the executor CPU seconds beside the wall time. On a busy machine wall time stretches
 several-fold while CPU seconds hardly move, so the two together say whether a run was slow or only
 starved. Stages the store has evicted (``spark.ui.retainedStages``, 1000 by default) are not counted:
-read it often enough (every micro-batch does) or raise that setting for long runs.
+read it often enough or raise that setting for long runs. A job in a process of its own (a version's
+job that a benchmark deployed) writes Spark's event log instead (`KAPPA_SPARK_EVENT_LOG_DIR`), and
+`event_log_time` sums its tasks' metrics.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["StageTime", "ExecutorTime", "executor_time"]
+__all__ = ["StageTime", "ExecutorTime", "executor_time", "event_log_time", "event_log_jobs"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,50 @@ def executor_time(spark: Any, top: int = 0, wait_seconds: float = 5.0) -> Execut
     rows.sort(key=lambda r: -r.run_seconds)
     return ExecutorTime(cpu_seconds=round(cpu / 1e9, 3), run_seconds=round(run / 1e3, 3),
                         gc_seconds=round(gc / 1e3, 3), stages=n, top=rows[:top])
+
+
+def _events(folder: str | Path, kinds: tuple[str, ...]):
+    import json
+
+    for path in sorted(Path(folder).glob("*")):
+        if not path.is_file():
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not any(f'"{k}"' in line for k in kinds):
+                    continue
+                try:
+                    yield path.name, json.loads(line)
+                except ValueError:
+                    continue          # the last line of a log still being written
+
+
+def event_log_time(folder: str | Path, since: float | None = None) -> ExecutorTime:
+    """Executor time of the tasks in the Spark event logs under `folder` (finished or still being
+    written: a run in progress counts what it has flushed), of those that ended after `since` (epoch
+    seconds) if given."""
+    cpu = run = gc = 0
+    stages: set[tuple[str, int]] = set()
+    for name, event in _events(folder, ("SparkListenerTaskEnd",)):
+        if since is not None and (event.get("Task Info") or {}).get("Finish Time", 0) / 1000.0 < since:
+            continue
+        m = event.get("Task Metrics") or {}
+        cpu += int(m.get("Executor CPU Time") or 0)
+        run += int(m.get("Executor Run Time") or 0)
+        gc += int(m.get("JVM GC Time") or 0)
+        stages.add((name, int(event.get("Stage ID", -1))))
+    return ExecutorTime(cpu_seconds=round(cpu / 1e9, 3), run_seconds=round(run / 1e3, 3),
+                        gc_seconds=round(gc / 1e3, 3), stages=len(stages))
+
+
+def event_log_jobs(folder: str | Path, since: float | None = None) -> dict[str, int]:
+    """Spark jobs per job group in the event logs under `folder` (a kappa micro-batch runs as the group
+    ``kappa-<app id>-batch-<id>``), of those submitted after `since` (epoch seconds) if given."""
+    jobs: dict[str, int] = {}
+    for _, event in _events(folder, ("SparkListenerJobStart",)):
+        if since is not None and event.get("Submission Time", 0) / 1000.0 < since:
+            continue
+        group = (event.get("Properties") or {}).get("spark.jobGroup.id")
+        if group:
+            jobs[group] = jobs.get(group, 0) + 1
+    return jobs

@@ -67,6 +67,7 @@ def test_readers_records_show_only_whole_pointers_and_matching_tables(tmp_path, 
     assert {where.split(":")[0] for where, _ in seen} == {"reader-0.jsonl", "reader-1.jsonl"}
     assert len(seen) == figures["reads"] + figures["reader_errors"] and figures["reader_errors"] == 0
     assert figures["flips"] == 21 and figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+    assert 0 < figures["flipper_cpu_seconds"]
     assert kk.registry.get_alias(ALIAS).version == v2 and resolve_alias(ALIAS, kk.settings)["version"] == v2
     assert kk.registry.audit_log(PIPELINE, action="flipbench")[-1].details["flips"] == 21
 

@@ -109,6 +109,22 @@ def test_batch_accounting_from_listener_and_job(tmp_path, group_commits):
     assert group_commits[0] and group_commits[0][-1] == ("kappa.standardize.v3", {"a": {"0": 15}})
 
 
+def test_the_last_batch_s_stage_times_and_spark_jobs_reach_the_status_and_kappa_status(tmp_path, group_commits):
+    from orchestrator.cli.status import last_batch_line
+
+    ctx = _ctx(tmp_path)
+    assert read_status(tmp_path) is None or read_status(tmp_path)["last_batch"] is None
+    ctx.record_batch(41, rows_in=20, rows_out=19, rejects=1, timing={
+        "batch_id": 41, "read_transform_count": 0.9041, "rejects": 0.0, "write": 1.5, "upkeep": 0.01, "spark_jobs": 12})
+    last = read_status(tmp_path)["last_batch"]
+    assert last == {"batch_id": 41, "records": 20, "read_transform_count": 0.904, "rejects": 0.0, "write": 1.5,
+                    "upkeep": 0.01, "spark_jobs": 12}
+    row = {"version": 2, "job": {"pid": 123, "last_batch": last}}
+    assert last_batch_line(row) == ("v2 last micro-batch 41: 20 records in 2.41 s, 12 Spark jobs (read and transform "
+                                    "0.90 s, rejects 0.00 s, write 1.50 s, upkeep 0.01 s)")
+    assert last_batch_line({"version": 2, "job": {"pid": None, "last_batch": last}}) is None   # not running
+
+
 def test_batches_that_end_during_a_slow_group_commit_start_no_second_commit(tmp_path, group_commits):
     """With the broker down a commit waits for the coordinator until it gives up (45 s here: librdkafka
     waits a session timeout), and every batch meanwhile started one more thread, blocked behind it. Now one commit runs at a time

@@ -35,6 +35,11 @@ def test_freshness_figures_and_lines():
     assert lines[0] == ("freshness, produce -> readable through the alias: p50 1.20 s, p99 2.94 s, max 3.00 s over "
                         "5 records (of 7 produced; 1 superseded before readable, 1 never seen)")
     assert lines[1].startswith("reference: the job's trigger interval 1.00 s; p50 = 1.20 x interval, p99 = 2.94")
+    assert len(lines) == 2
+    f.update(live_seconds=30.04, job_process_cpu_seconds=21.5, spark_jobs_per_batch={"batches": 12, "median": 11, "max": 14},
+             executor={"cpu_seconds": 9.25, "run_seconds": 20.0, "gc_seconds": 0.1, "stages": 90, "top": []})
+    assert freshness_lines(f)[2] == ("CPU over the 30.0 s of live updates: the job's executor CPU 9.2 s (Spark's event "
+                                     "log), its processes 21.5 s; 12 micro-batches, 11 Spark jobs each (median; at most 14)")
     empty = freshness_figures([], produced=3, superseded=0, unseen=3, interval=1.0, poll=0.05)
     assert empty["p50_seconds"] is None and len(freshness_lines(empty)) == 1
 
@@ -81,16 +86,19 @@ RUNS = [{"size": 1_000_000, "workers": 1, "records_per_s": 100_000, "driver_peak
 def test_scaling_rows_and_lines():
     rows = scaling_rows(RUNS)
     assert rows == [
-        {"size": 1_000_000, "records_per_s": {1: 100_000, 2: 180_000}, "driver_peak_mb": {1: 900, 2: 950},
-         "ratio": 1.8},
-        {"size": 4_000_000, "records_per_s": {1: 110_000, 2: 170_500}, "driver_peak_mb": {1: 1000, 2: 2000},
-         "ratio": 1.55}]
+        {"size": 1_000_000, "records_per_s": {1: 100_000, 2: 180_000}, "seconds": {1: None, 2: None},
+         "executor_cpu_seconds": {1: None, 2: None}, "driver_peak_mb": {1: 900, 2: 950}, "ratio": 1.8},
+        {"size": 4_000_000, "records_per_s": {1: 110_000, 2: 170_500}, "seconds": {1: None, 2: None},
+         "executor_cpu_seconds": {1: None, 2: None}, "driver_peak_mb": {1: 1000, 2: 2000}, "ratio": 1.55}]
     lines = cluster_lines({"scaling": rows})
     assert lines[0] == ("1,000,000 records: 1 worker 100,000 records/s, 2 workers 180,000 records/s; ratio 1.80 "
                         "(goal met: >= 1.7); driver peak memory 900 MB with 1, 950 MB with 2")
     assert "ratio 1.55 (goal NOT met: >= 1.7)" in lines[1]
     assert lines[3] == ("driver peak memory with 2 workers: 950 MB at 1,000,000 records, 2,000 MB at 4,000,000 "
                         "records (x2.11 for x4.0 the records)")
+    timed = scaling_rows([{**r, "seconds": 10.0 * r["workers"], "executor_cpu_seconds": 8.25} for r in RUNS])
+    assert cluster_lines({"scaling": timed})[0].endswith(
+        "; 10.0 s wall / 8.2 s executor CPU with 1, 20.0 s wall / 8.2 s executor CPU with 2")
     one = scaling_rows([RUNS[0]])
     assert one[0]["ratio"] is None and "ratio" not in cluster_lines({"scaling": one})[0]
 
