@@ -39,6 +39,9 @@ from orchestrator.core.exceptions import SourceError
 __all__ = ["Prepared", "MicroBatches", "batch_start_offsets", "hold_if_asked", "HOLD_HOOK", "HOLD_FILE"]
 
 HOLD_HOOK = "KAPPA_TEST_HOLD_BEFORE_COMMIT"
+#: A batch of at most this many records (its offset range) is small: one shuffle partition.
+SMALL_BATCH_RECORDS = 10_000
+_SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 HOLD_FILE = "KAPPA_TEST_HOLD_FILE"
 
 
@@ -101,6 +104,7 @@ class MicroBatches:
         self.fail_on_data_loss = fail_on_data_loss(extra.get("source_options") or {})
         self.upkeep = Upkeep.from_options([tables.table_uri, tables.rejects_uri], extra.get("upkeep"), self.log)
         self.skipped: list[int] = []
+        self.known_through: int | None = None      # batches up to this one are known to be in the output table
         self.timings: list[dict[str, float]] = []
         self.rejects_total: int | None = None
 
@@ -130,8 +134,41 @@ class MicroBatches:
         self.log.warning("micro-batch %d: records lost before the version read them (failOnDataLoss=false, "
                          "going on): %s", batch_id, "; ".join(lost))
 
+    def _committed(self, batch_id: int) -> bool:
+        """Whether the output table holds `batch_id` already. Read from the table once per process: after
+        that, this process is the version's only writer (its lease), so a batch after the last one it
+        wrote is new, and the table's log is not read again for it. A write that did not return (an
+        error mid-write) leaves it unknown, and the next batch reads the table again."""
+        if self.known_through is not None and batch_id > self.known_through:
+            return False
+        done = self.tables.committed(batch_id)
+        self.known_through = batch_id if done else batch_id - 1
+        return done
+
+    def _planned_records(self, batch_id: int, end: dict | None) -> int | None:
+        """The records the batch's offset range holds at most (compaction gaps make it fewer)."""
+        start = batch_start_offsets(self.checkpoint, batch_id)
+        if not start or not end:
+            return None
+        return sum(max(0, int(o) - int(start.get(t, {}).get(p, 0))) for t, parts in end.items() for p, o in parts.items())
+
+    @contextlib.contextmanager
+    def _sized(self, spark: Any, planned: int | None):
+        """A small batch (a live one) shuffles into one partition: a task per partition costs more than
+        its rows. The backfill keeps the session's partitions (the cores)."""
+        if planned is None or planned > SMALL_BATCH_RECORDS:
+            yield
+            return
+        conf = spark.conf
+        before = conf.get(_SHUFFLE_PARTITIONS)
+        conf.set(_SHUFFLE_PARTITIONS, "1")
+        try:
+            yield
+        finally:
+            conf.set(_SHUFFLE_PARTITIONS, before)
+
     def __call__(self, batch: Any, batch_id: int) -> None:
-        if self.tables.committed(batch_id):
+        if self._committed(batch_id):
             self.log.warning("micro-batch %d is in %s already (app transaction %s): not written again "
                              "(a replay after a restart)", batch_id, self.tables.table_uri, self.tables.app_id)
             if self.stateful:
@@ -149,7 +186,7 @@ class MicroBatches:
             progress = BackfillProgress(spark, self.checkpoint, group, end)   # lag moves while batch 0 is read
         held: list = []
         try:
-            with progress:
+            with progress, self._sized(spark, self._planned_records(batch_id, end)):
                 p = self.prepare(batch, batch_id)
                 held = p.held
                 if isinstance(progress, BackfillProgress):
@@ -161,7 +198,9 @@ class MicroBatches:
                 self.tables.write_rejects(batch_id, p.rejects, p.n_rejects)
                 t2 = time.perf_counter()
                 pause_if_asked("commit", batch_id)
+                self.known_through = None          # unknown until the write returns: a retry reads the table
                 self.write(batch_id, p.output, p.rows_out)
+                self.known_through = batch_id
                 t3 = time.perf_counter()
         finally:
             for df in held:

@@ -29,3 +29,20 @@ def test_bench_upsert_refuses_a_bad_count():
 
     result = CliRunner().invoke(app, ["bench", "upsert", "--changed", "0"])
     assert result.exit_code == 2 and "--changed" in result.output
+
+
+def test_a_small_batch_merged_from_the_driver_updates_keys_with_quotes_backslashes_and_nulls(spark, tmp_path):
+    """The batch's keys become SQL literals in the MERGE's condition on the table: keys that need escaping
+    are updated in place (no second row), a null key too, a tombstone deletes."""
+    from jobs.lib.sink import DeltaTables
+
+    schema = "k string, v string, source_partition int, source_offset long, source_timestamp timestamp, _deleted boolean"
+    keys = ["o'b", "c\\d", "plain", None, "gone"]
+    tables = DeltaTables(str(tmp_path / "t"), None, "kappa.test.v1", "k")
+    tables.upsert(0, spark.createDataFrame([(k, "old", 0, i, None, False) for i, k in enumerate(keys)], schema), "_deleted",
+                  rows=len(keys))
+    batch = [("o'b", "new", 0, 10, None, False), ("c\\d", "new", 0, 11, None, False), (None, "new", 0, 12, None, False),
+             ("gone", None, 0, 13, None, True), ("fresh", "new", 0, 14, None, False)]
+    tables.upsert(1, spark.createDataFrame(batch, schema), "_deleted", rows=len(batch))
+    got = sorted((r["k"] or "", r["v"]) for r in spark.read.format("delta").load(str(tmp_path / "t")).collect())
+    assert got == [("", "new"), ("c\\d", "new"), ("fresh", "new"), ("o'b", "new"), ("plain", "old")]
