@@ -50,7 +50,7 @@ def versions(uri: str) -> list[int]:
 def test_upsert_split_order_and_replay(spark, tmp_path):
     reported = []
     writer = SeedBatches(args(tmp_path), HOURLY_SCHEMA, mode="upsert", key_columns=["member_id", "window_start"],
-                         name="pageviews_hourly", on_batch=lambda *a: reported.append(a))
+                         name="pageviews_hourly", on_batch=lambda *a, timing: reported.append(a))
     writer(spark.createDataFrame(hourly_rows(3)), 0)
     out, rejects = read_table(str(tmp_path / "out")), read_table(str(tmp_path / "out__rejects"))
     assert out.to_pylist() == [{"member_id": "m1", "window_start": START, "window_end": START, "views": 3}]
