@@ -275,7 +275,8 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
     events = os.environ.get(KAPPA_SPARK_EVENT_LOG_DIR)
     if events:   # a benchmark reads the job's executor CPU from it (`jobs.lib.runtime.sparkwork`)
         Path(events).mkdir(parents=True, exist_ok=True)
-        builder = builder.config("spark.eventLog.enabled", "true").config("spark.eventLog.dir", Path(events).as_uri())
+        builder = (builder.config("spark.eventLog.enabled", "true").config("spark.eventLog.dir", Path(events).as_uri())
+                   .config("spark.eventLog.compress", "false"))   # Spark 4 compresses with zstd by default
     extra = dict(extra or {})
     own_jars = [j for j in str(extra.pop("spark.jars", "")).split(",") if j]
     builder = builder.config("spark.jars", ",".join(jars + own_jars))

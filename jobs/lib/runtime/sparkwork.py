@@ -80,18 +80,32 @@ def executor_time(spark: Any, top: int = 0, wait_seconds: float = 5.0) -> Execut
                         gc_seconds=round(gc / 1e3, 3), stages=n, top=rows[:top])
 
 
+#: Codecs Spark may compress an event log with (its file name ends with one, then maybe ".inprogress").
+_COMPRESSED = (".zstd", ".lz4", ".lzf", ".snappy")
+
+
+def _app_name(path: Path, folder: Path) -> str:
+    """One application's name: its file (v1 layout) or its folder of rolled files (v2, `eventlog_v2_<app>`)."""
+    rel = path.relative_to(folder)
+    return rel.parts[0].removesuffix(".inprogress")
+
+
 def _events(folder: str | Path, kinds: tuple[str, ...]):
     import json
 
-    for path in sorted(Path(folder).glob("*")):
-        if not path.is_file():
+    folder = Path(folder)
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file() or path.name.startswith("appstatus_"):
             continue
+        if path.name.removesuffix(".inprogress").endswith(_COMPRESSED):
+            raise ValueError(f"Spark event log {path} is compressed, and the benchmarks read it as text: run the job "
+                             f"with spark.eventLog.compress=false (kappa's sessions set it)")
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 if not any(f'"{k}"' in line for k in kinds):
                     continue
                 try:
-                    yield path.name, json.loads(line)
+                    yield _app_name(path, folder), json.loads(line)
                 except ValueError:
                     continue          # the last line of a log still being written
 
