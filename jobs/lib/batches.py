@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from jobs.lib.runtime.backfill import BackfillProgress, initial_offsets
 from jobs.lib.runtime.stream import fail_on_data_loss, lost_offsets, needs_backfill
+from jobs.lib.session import session_settings
 from jobs.lib.sink import DeltaTables, batch_end_offsets, crash_if_asked, pause_if_asked
 from jobs.lib.upkeep import Upkeep
 from orchestrator.core.exceptions import SourceError
@@ -152,20 +153,12 @@ class MicroBatches:
             return None
         return sum(max(0, int(o) - int(start.get(t, {}).get(p, 0))) for t, parts in end.items() for p, o in parts.items())
 
-    @contextlib.contextmanager
     def _sized(self, spark: Any, planned: int | None):
         """A small batch (a live one) shuffles into one partition: a task per partition costs more than
         its rows. The backfill keeps the session's partitions (the cores)."""
         if planned is None or planned > SMALL_BATCH_RECORDS:
-            yield
-            return
-        conf = spark.conf
-        before = conf.get(_SHUFFLE_PARTITIONS)
-        conf.set(_SHUFFLE_PARTITIONS, "1")
-        try:
-            yield
-        finally:
-            conf.set(_SHUFFLE_PARTITIONS, before)
+            return contextlib.nullcontext()
+        return session_settings(spark, {_SHUFFLE_PARTITIONS: "1"})
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         if self._committed(batch_id):

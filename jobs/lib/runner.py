@@ -30,7 +30,7 @@ from jobs.lib.batches import MicroBatches, Prepared
 from jobs.lib.contract import DELETED, ERROR, SOURCE_COLUMNS, JobInput, Upserts, check_result, load_job
 from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
 from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, kafka_reader, start_stream
-from jobs.lib.sink import KEY_ORDERS, MAX_CONFLICTS, DeltaTables
+from jobs.lib.sink import KEY_ORDERS, MAX_CONFLICTS, DeltaTables, key_order_columns
 from jobs.lib.upkeep import Upkeep
 from orchestrator.core.exceptions import ConfigError, ContractError, KappaError
 from orchestrator.core.names import app_id
@@ -74,13 +74,8 @@ def output_columns(rows: Any) -> list[str]:
 #: One row per key of a micro-batch (`group_batch`): its latest valid row, whether its valid rows came
 #: from more than one partition, its rejects, and how many records it had.
 LATEST, MOVED, REJECTS, RECORDS = "__latest", "__moved", "__rejects", "__records"
-
-
-def _order(key_order: str) -> Any:
-    from pyspark.sql import functions as F
-
-    cols = ["partition", "offset"] if key_order == "partition" else ["timestamp", "partition", "offset"]
-    return F.struct(*[F.coalesce(F.col(c).cast("long"), F.lit(-2**62)).alias(c) for c in cols])
+#: The key order's columns as the source names them (`jobs.lib.sink.key_order_columns`).
+SOURCE_ORDER = ("timestamp", "partition", "offset")
 
 
 def group_batch(b: Any, output: list[str], key: str, key_order: str) -> Any:
@@ -104,7 +99,8 @@ def group_batch(b: Any, output: list[str], key: str, key_order: str) -> Any:
                       F.col("offset").cast("long").alias("offset"), error.alias(ERROR))
     partition = F.when(valid, F.col("partition"))
     moved = (F.min(partition) != F.max(partition)) if key_order == "partition" else F.lit(False)
-    return b.groupBy(key).agg(F.max_by(F.when(valid, row), F.when(valid, _order(key_order))).alias(LATEST),
+    order = F.struct(*key_order_columns("", key_order, SOURCE_ORDER))
+    return b.groupBy(key).agg(F.max_by(F.when(valid, row), F.when(valid, order)).alias(LATEST),
                               F.coalesce(moved, F.lit(False)).alias(MOVED),
                               F.collect_list(F.when(~valid, reject)).alias(REJECTS),
                               F.count(F.lit(1)).alias(RECORDS))

@@ -27,6 +27,7 @@ from jobs.lib.batches import MicroBatches, Prepared
 from jobs.lib.profiles import DELETED
 from jobs.lib.runtime import JobContext
 from jobs.lib.runtime.stream import BACKFILL_MODES, start_stream
+from jobs.lib.session import session_settings
 from jobs.lib.sink import DeltaTables
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import app_id
@@ -203,19 +204,11 @@ def start_query(ctx: JobContext, build: Callable[..., Any], writer: SeedBatches,
     The query takes the session's SQL settings when it starts, so the number of state partitions is
     set for the start only and the session's own value restored (tests share one session)."""
     partitions = state_partitions(ctx, job)
-    conf = ctx.spark.conf
-    key = "spark.sql.shuffle.partitions"
-    before = conf.get(key)
-    if partitions is not None:
-        conf.set(key, str(partitions))
     ctx.stage_timings = writer.timings
-    try:
+    with session_settings(ctx.spark, {"spark.sql.shuffle.partitions": None if partitions is None else str(partitions)}):
         return start_stream(ctx.spark, ctx.kafka_options(), writer, checkpoint=str(ctx.args.checkpoint),
                             trigger=ctx.trigger_kwargs(), name=f"{job}_{ctx.args.pipeline}_v{ctx.args.version}",
                             build=build, output_mode=output_mode, backfill=backfill_mode(ctx))
-    finally:
-        if partitions is not None:
-            conf.set(key, before)
 
 
 def start_stateful(ctx: JobContext, ref: str, probe: Any, make: Callable[..., Any], key: tuple[str, ...],

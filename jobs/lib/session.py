@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, Iterator
 
 from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRIVER_MEMORY, KAPPA_SPARK_EVENT_LOG_DIR,
                                      KAPPA_SPARK_LOG_LEVEL, KAPPA_SPARK_MASTER)
 
 __all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
            "cds_archive_path", "driver_java_options", "runs_tasks", "create_cds_archive", "connector_jars", "DELTA_CONF", "REDACTION",
-           "build_session"]
+           "build_session", "session_settings"]
 
 JAVA17_CANDIDATES = (
     "/usr/lib/jvm/java-17-openjdk-amd64",
@@ -139,6 +141,26 @@ def prepare_environment() -> None:
         home = worker_spark_home()
         if home:
             os.environ["SPARK_HOME"] = home
+
+
+@contextlib.contextmanager
+def session_settings(spark: Any, settings: dict[str, str | None]) -> Iterator[None]:
+    """Set Spark SQL settings on `spark` (a session) for the block, then put each back as it was
+    (unset if it was not set). A value of None leaves that setting alone but restores it after the
+    block, for a block that may set it itself."""
+    conf = spark.conf
+    before = {k: conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        if v is not None:
+            conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                conf.unset(k)
+            else:
+                conf.set(k, v)
 
 
 def default_shuffle_partitions(master: str) -> int:

@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from jobs.lib.session import session_settings
 from orchestrator.core.exceptions import SinkError
 
-__all__ = ["KEY_ORDERS", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables",
+__all__ = ["KEY_ORDERS", "TABLE_ORDER", "key_order_columns", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables",
            "batch_end_offsets", "pause_if_asked", "crash_if_asked"]
 
 log = logging.getLogger("kappa.sink")
@@ -99,12 +100,16 @@ def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict | None:
     return merged or None
 
 
-def _order(prefix: str, key_order: str) -> list[Any]:
+#: The columns that order a key's records, by their names in the table (`key_order_columns`).
+TABLE_ORDER = ("source_timestamp", "source_partition", "source_offset")
+
+
+def key_order_columns(prefix: str, key_order: str, names: tuple[str, str, str] = TABLE_ORDER) -> list[Any]:
+    """The key order as columns to compare in turn (see the module), a missing value first: (record
+    timestamp,) partition, offset, named `names` (timestamp, partition, offset) after `prefix`."""
     from pyspark.sql import functions as F
 
-    cols = ["source_partition", "source_offset"]
-    if key_order == "timestamp":
-        cols = ["source_timestamp", *cols]
+    cols = list(names if key_order == "timestamp" else names[1:])
     return [F.coalesce(F.col(f"{prefix}{c}").cast("long"), F.lit(-2**62)) for c in cols]
 
 
@@ -200,18 +205,12 @@ class DeltaTables:
     def _transaction(self, session: Any, batch_id: int) -> Iterator[None]:
         """Delta's idempotent-write settings and the commit's metadata for one write, in `session`: the
         micro-batch's own (foreachBatch hands a clone of the query's session)."""
-        conf = session.conf
         meta = {**self.metadata, "batch_id": batch_id}
         if self.checkpoint:
             meta["end_offsets"] = batch_end_offsets(self.checkpoint, batch_id)
-        conf.set(_TXN_APP, self.app_id)
-        conf.set(_TXN_VERSION, str(batch_id))
-        conf.set(_USER_METADATA, json.dumps(meta, sort_keys=True, separators=(",", ":")))
-        try:
+        with session_settings(session, {_TXN_APP: self.app_id, _TXN_VERSION: str(batch_id),
+                                        _USER_METADATA: json.dumps(meta, sort_keys=True, separators=(",", ":"))}):
             yield
-        finally:
-            for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
-                conf.unset(k)
 
     # -- writing ----------------------------------------------------------------------------------
     def write_rejects(self, batch_id: int, rejects: Any, count: int) -> None:
@@ -276,7 +275,8 @@ class DeltaTables:
             later = F.lit(True)
             merge = DeltaTable.forPath(session, self.table_uri).alias("t").merge(source.alias("s"), on)
             if self.key_order == "timestamp":
-                later = F.struct(*_order("s.", "timestamp")) > F.struct(*_order("t.", "timestamp"))
+                later = (F.struct(*key_order_columns("s.", "timestamp"))
+                         > F.struct(*key_order_columns("t.", "timestamp")))
             elif self.key_order == "partition":
                 moved = F.concat(F.lit(_MOVED), F.col(f"s.`{self.key}`").cast("string"), F.lit(" (partition "),
                                  F.col("t.source_partition").cast("string"), F.lit(" in the table, "),
@@ -288,18 +288,14 @@ class DeltaTables:
                                         set={c: F.col(f"s.`{c}`") for c in columns})
                      .whenNotMatchedInsert(condition=~F.col(f"s.{deleted}"),
                                            values={c: F.col(f"s.`{c}`") for c in columns}))
-            if local:
-                session.conf.set(_MATERIALIZE_SOURCE, "none")
             try:
-                merge.execute()
+                with session_settings(session, {_MATERIALIZE_SOURCE: "none" if local else None}):
+                    merge.execute()
             except Exception as e:
                 text = str(e)
                 if _MOVED not in text:
                     raise
                 self.refuse(batch_id, [text.split(_MOVED, 1)[1].split(")", 1)[0] + ")"])
-            finally:
-                if local:
-                    session.conf.unset(_MATERIALIZE_SOURCE)
 
     def append(self, batch_id: int, rows: Any) -> None:
         """Append the batch's rows (an append-only output: joined events, closed windows)."""

@@ -86,11 +86,10 @@ class Upkeep:
         full VACUUM when the log no longer covers the last one, listing with as many tasks as cores
         (Spark's default of 10,000 listing tasks took a minute on a table of four files)."""
         path = uri.replace("`", "``")
-        settings = {_CHECK: str(self.retention_hours >= DEFAULT_RETENTION_HOURS).lower()}
-        before = {k: spark.conf.get(k, None) for k in (*settings, _LISTING)}
-        for k, v in settings.items():
-            spark.conf.set(k, v)
-        try:
+        from jobs.lib.session import session_settings
+
+        check = str(self.retention_hours >= DEFAULT_RETENTION_HOURS).lower()
+        with session_settings(spark, {_CHECK: check, _LISTING: None}):
             try:
                 spark.sql(f"VACUUM delta.`{path}` RETAIN {self.retention_hours:g} HOURS LITE").collect()
             except Exception as e:  # noqa: BLE001 - LITE needs the log since the last VACUUM
@@ -98,12 +97,6 @@ class Upkeep:
                               str(e).splitlines()[0] if str(e) else type(e).__name__)
                 spark.conf.set(_LISTING, str(max(1, spark.sparkContext.defaultParallelism)))
                 spark.sql(f"VACUUM delta.`{path}` RETAIN {self.retention_hours:g} HOURS").collect()
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    spark.conf.unset(k)
-                else:
-                    spark.conf.set(k, v)
 
     def run(self, spark: Any) -> None:
         from delta.tables import DeltaTable
