@@ -57,12 +57,15 @@ def test_state_partitions_is_a_pipeline_option_applied_when_the_query_starts(mon
                                               r"pipeline's options.state_partitions\), got"):
             kappa_options({"state_partitions": bad})
 
-    class Conf(dict):
-        def get(self, k):
-            return self[k]
+    class Conf(dict):       # Spark's RuntimeConfig: get(key, default), set, unset
+        def get(self, k, default=None):
+            return dict.get(self, k, default)
 
         def set(self, k, v):
             self[k] = v
+
+        def unset(self, k):
+            self.pop(k, None)
 
     conf = Conf({"spark.sql.shuffle.partitions": "2"})
     # the query starts with the session's setting as it is at start_stream
