@@ -226,8 +226,11 @@ class DeltaTables:
             return
         if count == 0:
             if not self.exists(self.rejects_uri):
-                DeltaTable.createIfNotExists(rejects.sparkSession).location(self.rejects_uri) \
-                    .addColumns(rejects.schema).execute()
+                # Delta compares the location with the table's identifier in Hadoop's form: given
+                # `file:///x` it would see `file:/x` and refuse the two as different locations
+                session = rejects.sparkSession
+                location = session._jvm.org.apache.hadoop.fs.Path(self.rejects_uri).toString()
+                DeltaTable.createIfNotExists(session).location(location).addColumns(rejects.schema).execute()
             return
         done = self._txn_version(self.rejects_uri)
         if done is not None and done >= batch_id:
