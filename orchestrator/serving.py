@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core.exceptions import ConflictError, NotFoundError, SinkError
 from orchestrator.core import uris
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.paths import ALIASES_DIR, alias_pointer_path
 from orchestrator.core.settings import Settings, resolve_settings
 from orchestrator.core.states import VersionState

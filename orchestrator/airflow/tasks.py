@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 from orchestrator.core.exceptions import ConfigError, ConflictError, KappaError, NotReadyError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.lifecycle.await_ready import Readiness
 

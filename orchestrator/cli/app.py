@@ -29,7 +29,7 @@ from orchestrator.core.envvars import CATALOGUE
 from orchestrator.core.exceptions import KappaError, is_refusal
 
 if TYPE_CHECKING:
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.core.settings import Settings
 
 __all__ = ["Actor", "AsJson", "Cli", "EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "KappaGroup", "KappaRootGroup",
@@ -147,7 +147,7 @@ class Cli:
 
     def kappa(self) -> Kappa:
         if self._kappa is None:
-            from orchestrator.core.kappa import Kappa
+            from orchestrator.context import Kappa
 
             self._kappa = Kappa(self.settings())
         return self._kappa

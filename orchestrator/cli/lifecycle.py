@@ -17,7 +17,7 @@ from orchestrator.cli.render import json_ready, print_json, print_result
 from orchestrator.core.exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.lifecycle.await_ready import Readiness
 
 __all__ = ["wait_with_progress"]

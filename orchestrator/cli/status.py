@@ -18,7 +18,7 @@ from orchestrator.core.exceptions import ConfigError, KappaError
 from orchestrator.core.states import LIVE, VersionState
 
 if TYPE_CHECKING:
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.registry import AliasRecord, VersionRecord
 
 __all__ = ["pipelines_data", "status_data", "version_status"]

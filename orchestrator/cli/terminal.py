@@ -19,7 +19,7 @@ from orchestrator.core.exceptions import NotFoundError
 from orchestrator.core.secrets import mask_secrets
 
 if TYPE_CHECKING:
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
 
 __all__ = ["follow_log", "last_lines"]
 

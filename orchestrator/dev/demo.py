@@ -190,7 +190,7 @@ class Demo:
         self.started.broker_pid = broker.proc.pid
         write_broker_file(self.home, broker.proc.pid, broker.port, broker.log_path, owner="kappa demo")
         settings = self._settings(broker.bootstrap_servers)
-        from orchestrator.core.kappa import Kappa
+        from orchestrator.context import Kappa
 
         from orchestrator.core.pipelines import load_pipelines
 

@@ -50,7 +50,7 @@ from pydantic import BaseModel, Field, computed_field
 
 from jobs.lib.runtime.args import TRIGGER_SECONDS
 from orchestrator.core.exceptions import ConflictError, NotReadyError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.states import LIVE, VersionState
 from orchestrator.core.files import tail as log_tail
 from orchestrator.core.secrets import mask_secrets

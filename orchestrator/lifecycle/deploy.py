@@ -26,7 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.exceptions import ConfigError, KappaError, SourceRefusedError, is_refusal
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import IN_FLIGHT, VersionState
 from orchestrator.jobctl import inspect_version, mark_failed, start_version

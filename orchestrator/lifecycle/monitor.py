@@ -20,7 +20,7 @@ from typing import Any, Iterable
 from pydantic import BaseModel, Field
 
 from orchestrator.core.exceptions import ConflictError, KappaError, LifecycleError, NotReadyError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import RUNNING, VersionState
 from orchestrator.jobctl import stop_version

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError, SinkError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.tables import read_table
 from orchestrator.lifecycle.diff import TOP_CHANGES, compare_tables
 

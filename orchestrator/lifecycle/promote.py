@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.core.checks import CheckResult, result
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import ConfigError, ConflictError, KappaError, NotFoundError, NotReadyError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl import inspect_version, mark_failed
 from orchestrator.lifecycle.await_ready import Readiness, readiness

@@ -24,7 +24,7 @@ import logging
 from typing import Any, Iterable
 
 from orchestrator.core.exceptions import ConflictError, KappaError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import RUNNING, VersionState
 from orchestrator.jobctl import inspect_version, stop_version

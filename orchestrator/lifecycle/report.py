@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field, computed_field, field_serializer
 from orchestrator.core.checks import CheckResult, result, run_checks
 from orchestrator.core.exceptions import ConfigError, KappaError, SinkError
 from orchestrator.core.files import write_json_atomic
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.lifecycle.diff import POSITION, compare_tables, diff_rows, schema_changes
 from orchestrator.observe.render import key_counts
 

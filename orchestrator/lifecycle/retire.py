@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from orchestrator.core import uris
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import BrokerError, KappaError, LifecycleError, RefusedError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl import stop_version
 

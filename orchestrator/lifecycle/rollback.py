@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict
 from orchestrator.core import uris
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import ConfigError, KappaError, LifecycleError, NotFoundError, NotReadyError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.states import FLIP_TARGETS, VersionState
 from orchestrator.jobctl import inspect_version, restart_version, start_version, stop_version
 from orchestrator.jobctl.stop import stop_under_way, wait_stop_finished

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.states import VersionState
 
 __all__ = ["standby_since", "standby_until", "standby_grace", "standby_expired"]

@@ -32,7 +32,7 @@ from typing import Any
 from orchestrator.core.checks import run_checks
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import ConflictError, KappaError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.states import VersionState
 
 __all__ = ["ACTOR", "watch_pass", "watch_of", "describe_watch"]

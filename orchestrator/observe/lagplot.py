@@ -154,7 +154,7 @@ def plot_pipeline_lag(k: Any, pipeline: str, out: Path | str, versions: list[int
                       limit: int = 100_000) -> Path:
     """Plot the catch-up curves of a pipeline's versions (default: all with samples) from the registry.
 
-    `k` is an `orchestrator.core.kappa.Kappa`.
+    `k` is an `orchestrator.context.Kappa`.
     """
     spec = k.pipeline(pipeline)
     known = {v.version: v for v in k.registry.list_versions(pipeline)}

@@ -34,7 +34,7 @@ class AirflowTestBed:
         return {**kappa_env(self.settings), "KAPPA_AIRFLOW_POKE_SECONDS": POKE_SECONDS}
 
     def kappa(self):
-        from orchestrator.core.kappa import Kappa
+        from orchestrator.context import Kappa
 
         return Kappa(self.settings)
 

@@ -24,7 +24,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
 from orchestrator.jobctl import inspect_version, stop_version

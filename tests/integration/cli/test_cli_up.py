@@ -111,7 +111,7 @@ def version_record(home: Path, version: int):
 
 def kappa_of(home: Path, bootstrap: str):
     """kappa for the home `kappa up` made (its registry, tables and broker), in this process."""
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.core.settings import resolve_settings
 
     return Kappa(resolve_settings(None, env={}, home=str(home), bootstrap_servers=bootstrap))

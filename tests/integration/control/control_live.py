@@ -18,7 +18,7 @@ from orchestrator.dev import datagen
 import orchestrator.jobctl as lifecycle
 from orchestrator.jobctl.health import CHILDREN
 from orchestrator.core.settings import Settings
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from tests.served import served_diff, version_diff
 

@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 from control_live import DEADLINE, PARTITIONS, PIPELINE, make_spec
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
 from orchestrator.dev.broker import FAST_COMPACTION

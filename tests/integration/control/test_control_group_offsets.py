@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CHILD = textwrap.dedent("""
     import json, sys
     from confluent_kafka import Consumer, TopicPartition
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.core.settings import Settings
     from orchestrator.dev import datagen
     from orchestrator.dev.broker import EmbeddedBroker

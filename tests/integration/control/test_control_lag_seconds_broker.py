@@ -7,7 +7,7 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.observe.lag import PartitionLag
 from orchestrator.observe.lagtime import oldest_unread_age, record_timestamps

@@ -33,7 +33,7 @@ from orchestrator.dev import datagen
 from orchestrator.lifecycle.await_ready import readiness, wait_ready
 from orchestrator.dev.broker import free_port
 from orchestrator.core.settings import Settings
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.core.exceptions import ConflictError, LifecycleError, NotReadyError
 from orchestrator.observe.lag import measure_lag, partition_key

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.settings import resolve_settings
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.dev import datagen
 from orchestrator.dev.broker import SCRAM_MECHANISM
 from orchestrator.jobctl import inspect_version, stop_version

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import resolve_settings
 from orchestrator.registry import Registry
 

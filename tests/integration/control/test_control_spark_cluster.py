@@ -23,7 +23,7 @@ from orchestrator.dev import datagen
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.dev.broker import free_port
 from orchestrator.core.settings import Settings
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.jobctl import inspect_version, read_launch, stop_version
 from orchestrator.lifecycle.promote import promote

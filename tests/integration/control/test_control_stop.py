@@ -16,7 +16,7 @@ import pytest
 
 from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec
 from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.names import app_id
 from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import pytest
 
 from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RUNNING
 from orchestrator.dev import datagen

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from orchestrator.core.exceptions import ConfigError, NotReadyError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.settings import Settings
 from orchestrator.core.tables import read_table

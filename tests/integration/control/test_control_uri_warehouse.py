@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from orchestrator.core import uris
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
 from orchestrator.jobctl import inspect_version, stop_version

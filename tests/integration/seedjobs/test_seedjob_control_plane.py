@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.pipelines import load_pipelines
 from orchestrator.core.settings import Settings
 from orchestrator.dev import seedgen

@@ -18,7 +18,7 @@ import pytest
 
 from jobs.lib.kafka.progress import progress_dir
 from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.pipelines import load_pipelines
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import VersionState

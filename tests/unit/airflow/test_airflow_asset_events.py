@@ -26,7 +26,7 @@ TAG = "[airflow kappa_promote run manual__1]"
 @pytest.fixture
 def k(tmp_path, monkeypatch):
     """A kappa home whose registry has std_a v1 serving and v2 allocated (no jobs, no broker)."""
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.core.settings import Settings
 
     pipelines = tmp_path / "pipelines.toml"

@@ -240,7 +240,7 @@ def test_stop_previous_stops_only_a_standby_whose_grace_period_is_over(kappa_env
 
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
 
     from orchestrator.airflow import notes
     from orchestrator.lifecycle.monitor import standby_until

@@ -43,7 +43,7 @@ def run(home):
 @pytest.fixture
 def kappa(home):
     from orchestrator.core.settings import resolve_settings
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
 
     k = Kappa(resolve_settings(home=str(home), env={}))
     yield k

@@ -177,7 +177,7 @@ def test_resolve_shows_a_flip_not_yet_published(run, served):
 
 
 def test_resolve_from_the_pointer_alone_creates_no_registry(run, home, tmp_path):
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.core.settings import resolve_settings
     from tests.unit.control.control_helpers import profiles, write_table
 

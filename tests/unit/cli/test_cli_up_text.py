@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.airflow.stack import kappa_env
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.pipelines import load_pipelines
 from orchestrator.core.resources import default_pipelines_file
 from orchestrator.core.settings import Settings

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from typer.testing import CliRunner
 
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import resolve_settings
 from orchestrator.jobctl import inspect_version, start_version
 from orchestrator.lifecycle import deploy as deploy_mod

@@ -16,7 +16,7 @@ from orchestrator.observe import lag as lag_mod
 from orchestrator.jobctl import launch
 from orchestrator.jobctl.health import CHILDREN
 from orchestrator.core.settings import Settings
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.exceptions import BrokerError
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.registry import Registry

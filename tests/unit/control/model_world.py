@@ -41,7 +41,7 @@ from orchestrator.core import crashpoints
 from orchestrator.core.crashpoints import KappaCrashed
 from orchestrator.core.files import read_json
 from orchestrator.core.exceptions import BrokerError, KappaError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.jobctl import launch, stop_version
 from orchestrator.jobctl.health import CHILDREN

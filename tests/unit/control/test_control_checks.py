@@ -105,7 +105,7 @@ def test_a_removed_column_is_refused_unless_allowed(k, fake_log):
 
 
 def test_checks_that_do_not_parse_or_name_unknown_columns_are_refused_in_one_line(k, fake_log):
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
 
     assert check_pipeline_checks(k, PIPELINE) == "3 checks parse (no table yet to check their columns against)"
     v1 = ready_version(k, fake_log, ROWS_V1)

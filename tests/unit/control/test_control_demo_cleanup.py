@@ -19,7 +19,7 @@ from control_helpers import allocate, end_children, make_spec, wait_for
 from orchestrator.dev.demo import Demo, DemoOptions
 from orchestrator.dev.demo_stop import report_stopped
 from orchestrator.dev.up import Up, UpOptions
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.jobctl import inspect_version, start_version
 from orchestrator.jobctl.health import CHILDREN

@@ -6,7 +6,7 @@ import pytest
 
 from control_helpers import PIPELINE, TOPIC, make_spec
 from orchestrator.lifecycle import deploy as deploy_mod
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.lifecycle.deploy import check_request, deploy
 from orchestrator.core.exceptions import ConfigError, ConflictError, NotFoundError, RulesError, SourceError
 

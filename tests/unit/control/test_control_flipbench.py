@@ -11,7 +11,7 @@ import pytest
 
 import orchestrator.serving as serving
 from control_helpers import ALIAS, PIPELINE, allocate, make_spec, profiles, wait_for, write_table
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.dev.flipbench import flip_benchmark
 from orchestrator.serving import publish_current, resolve_alias
 

@@ -8,7 +8,7 @@ import pytest
 from control_helpers import (ALIAS, PIPELINE, Clock, allocate, fake_running, make_spec, profiles, ready_version,
                              wait_for, write_table)
 from orchestrator import serving
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.exceptions import LifecycleError, NotReadyError
 from orchestrator.jobctl import inspect_version, start_version
 from orchestrator.lifecycle import monitor as monitor_mod

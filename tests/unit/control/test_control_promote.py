@@ -449,7 +449,7 @@ def test_a_promotes_own_grace_period_is_said_and_stored_with_its_flip_and_its_wa
     """`grace_seconds` (the kappa_promote form's override): the texts, the watch and the standby's end
     all use it, from the same flip; the pipeline's grace period (60 s) is not used."""
     from control_helpers import Clock, make_spec
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.lifecycle import watch as watch_mod
     kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: make_spec(auto_rollback=True)})
     v1 = ready_version(kk, fake_log, ROWS_V1)

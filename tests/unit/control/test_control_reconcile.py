@@ -15,7 +15,7 @@ import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, fake_running, make_spec, wait_for
 from orchestrator.core.exceptions import SinkError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.jobctl import inspect_version, start_version
 from orchestrator.jobctl.health import CHILDREN
 from orchestrator.lifecycle import reconcile as reconcile_mod

@@ -18,7 +18,7 @@ import pytest
 
 from control_helpers import ALIAS, PIPELINE, allocate, make_spec, wait_for
 from orchestrator.core.exceptions import ConflictError, LifecycleError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.jobctl import inspect_version, start_version
 from orchestrator.lifecycle import supervise as sup
 from orchestrator.lifecycle.monitor import monitor

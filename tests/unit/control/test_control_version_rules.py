@@ -16,7 +16,7 @@ import pytest
 from control_helpers import FAKE_JOB, PIPELINE, make_spec
 from jobs.lib.rules import RULES_DIR, load_rules
 from orchestrator.core.exceptions import ConfigError, LifecycleError, NotFoundError, RulesError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.settings import resolve_settings
 from orchestrator.jobctl import launch, start_version, stop_version
 from orchestrator.lifecycle import deploy as deploy_mod

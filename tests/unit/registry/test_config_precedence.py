@@ -9,7 +9,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from orchestrator.core.exceptions import ConfigError
-from orchestrator.core.kappa import Kappa
+from orchestrator.context import Kappa
 from orchestrator.core.paths import alias_pointer_path, version_paths
 from orchestrator.core.resources import default_pipelines_file
 from orchestrator.core.settings import CLI_FLAGS, ENV_VARS, Settings, resolve_settings

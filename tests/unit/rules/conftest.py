@@ -19,7 +19,7 @@ def home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def k(home):
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.core.settings import resolve_settings
 
     kk = Kappa(resolve_settings(home=str(home), env={}))

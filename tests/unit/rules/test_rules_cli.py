@@ -153,7 +153,7 @@ def team(home, tmp_path, monkeypatch):
 
 
 def _deploy(home, rules_version: str) -> int:
-    from orchestrator.core.kappa import Kappa
+    from orchestrator.context import Kappa
     from orchestrator.core.settings import resolve_settings
     from orchestrator.lifecycle.deploy import deploy
 

@@ -1,15 +1,23 @@
-"""The facade every verb takes first: settings, registry, pipelines, paths and Kafka clients.
+"""The facade every verb takes first, and the version handle it resolves once.
 
-One `Kappa` object per process (CLI command, Airflow task, test) is enough: it opens the
-registry (migrating it on first use), loads the pipelines file, and hands out one cached
-AdminClient. Everything that depends on a broker connects lazily, so building a `Kappa`
-never touches Kafka or Spark.
+`Kappa`: one object per process (CLI command, Airflow task, test) is enough: it opens the registry
+(migrating it on first use), loads the pipelines file, and hands out one cached AdminClient.
+Everything that depends on a broker connects lazily, so building a `Kappa` never touches Kafka or
+Spark.
+
+`VersionRef` (`Kappa.version(pipeline, n)`): one version of one pipeline, resolved once at a verb's
+entry and passed down. It holds what every layer below the verb needs: the pipeline's spec (looked
+up by name once), the version number, its paths (derived once), its registry record as read when it
+was resolved, and the `Kappa`. Nothing below the verb looks the spec up or derives the paths again.
+The record is a snapshot: a verb that must see the registry as it is now (a compare-and-swap, a
+state another process may have changed) says so with `reread()`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError
@@ -21,8 +29,9 @@ if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
     from orchestrator.registry import Registry
+    from orchestrator.registry.records import VersionRecord
 
-__all__ = ["KAFKA_LOGGER", "Kappa"]
+__all__ = ["KAFKA_LOGGER", "Kappa", "VersionRef"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,10 @@ class Kappa:
                 f"{self.settings.pipelines_file} are {known}; declare it there or pick one of those"
             )
         return spec
+
+    def version(self, pipeline: str, n: int) -> VersionRef:
+        """Resolve version `n` of `pipeline` once, for a verb's entry to pass down (`VersionRef`)."""
+        return VersionRef.resolve(self, pipeline, n)
 
     # -- paths ------------------------------------------------------------------------------
     def paths(self, pipeline: str, n: int) -> VersionPaths:
@@ -137,3 +150,58 @@ class Kappa:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class VersionRef:
+    """Version `version` of pipeline `spec.name`: spec, paths, record (as read at `resolve`), context."""
+
+    k: Kappa
+    spec: PipelineSpec
+    version: int
+    paths: VersionPaths
+    record: VersionRecord
+
+    @classmethod
+    def resolve(cls, k: Kappa, pipeline: str | PipelineSpec, version: int) -> VersionRef:
+        """The one lookup: the spec by name (NotFoundError naming the declared pipelines), the paths,
+        and the registry record (NotFoundError naming the pipeline's versions)."""
+        spec = k.pipeline(pipeline) if isinstance(pipeline, str) else pipeline
+        paths = k.paths(spec.name, version)
+        return cls(k=k, spec=spec, version=version, paths=paths, record=k.registry.get_version(spec.name, version))
+
+    @property
+    def pipeline(self) -> str:
+        return self.spec.name
+
+    @property
+    def settings(self) -> Settings:
+        return self.k.settings
+
+    @property
+    def registry(self) -> Registry:
+        return self.k.registry
+
+    @property
+    def alias(self) -> str:
+        return self.spec.alias
+
+    @property
+    def rules_version(self) -> str | None:
+        """The rules version it was deployed with (None for a job without rules)."""
+        return self.record.rules_version
+
+    def reread(self) -> VersionRef:
+        """The same version with its registry record read again: for a verb that decides on the
+        record as it is now (a compare-and-swap, a state another process may have changed)."""
+        return replace(self, record=self.k.registry.get_version(self.pipeline, self.version))
+
+    def sibling(self, version: int) -> VersionRef:
+        """Another version of the same pipeline (the serving one, the standby): the spec is shared,
+        its paths and record are its own."""
+        if version == self.version:
+            return self
+        return VersionRef.resolve(self.k, self.spec, version)
+
+    def __str__(self) -> str:
+        return f"{self.pipeline} v{self.version}"
