@@ -30,6 +30,7 @@ from orchestrator.core.exceptions import ConflictError, NotFoundError, SinkError
 from orchestrator.core import uris
 from orchestrator.context import Kappa
 from orchestrator.core.paths import ALIASES_DIR, alias_pointer_path
+from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.settings import Settings, resolve_settings
 from orchestrator.core.states import VersionState
 from orchestrator.registry.values import STANDBY_KEYS
@@ -241,7 +242,7 @@ def publish_current(k: Kappa, alias: str) -> dict[str, Any] | None:
         return pointer
 
 
-def set_serving_states(k: Kappa, pipeline: str, new_version: int, old_version: int | None) -> None:
+def set_serving_states(k: Kappa, spec: PipelineSpec, new_version: int, old_version: int | None) -> None:
     """Repair the states after a flip whose transaction did not move them (a flip made by an older kappa).
 
     A flip made with `flip_alias(serve=True)` moved them itself. Each move here is a
@@ -250,8 +251,8 @@ def set_serving_states(k: Kappa, pipeline: str, new_version: int, old_version: i
     the alias and the move must not be undone by it (two versions serving). A move that loses a
     race is left to whoever won it. A recorded error is kept, never erased.
     """
-    reg = k.registry
-    name = k.pipeline(pipeline).alias
+    reg, pipeline = k.registry, spec.name
+    name = spec.alias
     alias = reg.get_alias(name)
     if alias is None or alias.pipeline != pipeline or alias.version != new_version:
         return
@@ -266,7 +267,7 @@ def set_serving_states(k: Kappa, pipeline: str, new_version: int, old_version: i
             if old.state == VersionState.SERVING:
                 now = time.time()
                 details = {**old.details, "standby_since": now,
-                           "standby_until": now + k.pipeline(pipeline).grace_period_seconds}
+                           "standby_until": now + spec.grace_period_seconds}
                 reg.set_state(pipeline, old_version, VersionState.STANDBY, expected=VersionState.SERVING,
                               details=details, served_by=(name, False))
     except ConflictError:

@@ -4,7 +4,7 @@ A rules file is `<rules location>/<ruleset>/<version>.toml` (standardize: rulese
 "v1", "v2", ...); the location is the setting `rules_location` (a local folder or file:// URI such
 as a team's repository), else the examples kappa ships in `jobs/rules/`. A file is validated before
 a job starts, so a bad file fails the deploy naming the file, the line or the rule, and nothing is
-written. Deploy stores the text with the version (`orchestrator.lifecycle.version_rules`); every
+written. Deploy stores the text with the version (`orchestrator.jobctl.version_rules`); every
 later start of that version uses it, never the file as it is by then.
 
 Format (format_version 2; 1 is read too)::

@@ -5,7 +5,7 @@ shows, in seconds and before any reprocess, what would change (the validation re
 section: rows changed per field, the most frequent changes). `check` validates rules files the
 way `deploy` does, for CI: exit 0 and one `ok` line per file, or one error line per bad file
 and exit 1. `diff` shows what changed between the rules two deployed versions run, as stored at
-their deploys (`orchestrator.lifecycle.version_rules`), whatever the files say now.
+their deploys (`orchestrator.jobctl.version_rules`), whatever the files say now.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def diff_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Show what changed between the rules two deployed versions run (as stored at their deploys)."""
-    from orchestrator.lifecycle.version_rules import rules_diff
+    from orchestrator.jobctl.version_rules import rules_diff
 
     d = rules_diff(cli_of(ctx).kappa(), pipeline, _version(old, "OLD"), _version(new, "NEW"))
     if as_json:

@@ -72,7 +72,7 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
     from orchestrator.jobctl import inspect_version
     from orchestrator.jobctl.health import rejects_of
     from orchestrator.lifecycle.await_ready import readiness
-    from orchestrator.lifecycle.version_rules import file_state
+    from orchestrator.jobctl.version_rules import file_state
 
     n = rec.version
     row: dict[str, Any] = {
@@ -289,5 +289,5 @@ def lag_plot_cmd(
 
     cli = cli_of(ctx)
     path = out or Path(cli.settings().home) / "plots" / f"{pipeline}-lag.png"
-    written = plot_pipeline_lag(cli.kappa(), pipeline, path, versions=version or None)
+    written = plot_pipeline_lag(cli.kappa().versions(pipeline, version or None), path)
     cli.out.print(f"wrote {written}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError
 from orchestrator.core.paths import VersionPaths, alias_pointer_path, version_paths
@@ -83,9 +83,26 @@ class Kappa:
             )
         return spec
 
-    def version(self, pipeline: str, n: int) -> VersionRef:
+    def version(self, pipeline: str | PipelineSpec, n: int) -> VersionRef:
         """Resolve version `n` of `pipeline` once, for a verb's entry to pass down (`VersionRef`)."""
         return VersionRef.resolve(self, pipeline, n)
+
+    def specs(self, names: Iterable[str] | None = None) -> list[PipelineSpec]:
+        """The specs of the pipelines `names` names (all declared ones by default), each looked up once."""
+        return [self.pipeline(n) for n in (self.pipelines if names is None else names)]
+
+    def versions(self, pipeline: str | PipelineSpec, numbers: list[int] | None = None) -> list[VersionRef]:
+        """The versions of `pipeline` (all of them, or those `numbers` name, in that order), resolved
+        from one read of the registry; NotFoundError naming the versions it has."""
+        spec = self.pipeline(pipeline) if isinstance(pipeline, str) else pipeline
+        known = {rec.version: rec for rec in self.registry.list_versions(spec.name)}
+        wanted = sorted(known) if numbers is None else list(numbers)
+        for n in wanted:
+            if n not in known:
+                raise NotFoundError(
+                    f"pipeline {pipeline!r} has no version {n}; it has "
+                    f"{', '.join(f'v{m}' for m in sorted(known)) or 'none'} (see `kappa status {pipeline}`)")
+        return [VersionRef.of_record(self, spec, known[n]) for n in wanted]
 
     # -- paths ------------------------------------------------------------------------------
     def paths(self, pipeline: str, n: int) -> VersionPaths:
@@ -169,6 +186,11 @@ class VersionRef:
         spec = k.pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         paths = k.paths(spec.name, version)
         return cls(k=k, spec=spec, version=version, paths=paths, record=k.registry.get_version(spec.name, version))
+
+    @classmethod
+    def of_record(cls, k: Kappa, spec: PipelineSpec, record: VersionRecord) -> VersionRef:
+        """The version of a record just read (a listing of the pipeline's versions): no second read."""
+        return cls(k=k, spec=spec, version=record.version, paths=k.paths(spec.name, record.version), record=record)
 
     @property
     def pipeline(self) -> str:

@@ -173,7 +173,7 @@ class Demo:
         self.section("The catch-up curve")
         from orchestrator.observe.lagplot import plot_pipeline_lag
 
-        png = plot_pipeline_lag(self.k, self.pipeline, self.home / "catchup.png")
+        png = plot_pipeline_lag(self.k.versions(self.pipeline), self.home / "catchup.png")
         self.say(f"wrote {png} ({png.stat().st_size:,} bytes): the lag of v1 and v2 over time")
 
         self.section("Audit log")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
@@ -22,6 +22,9 @@ from orchestrator.core.secrets import mask_secrets
 from orchestrator.core.states import ENDED_RUNS, RunState, VersionState
 from orchestrator.core.times import to_seconds
 from orchestrator.jobctl.process import CREATE_TIME_TOLERANCE, find_launched, is_ours
+
+if TYPE_CHECKING:
+    from orchestrator.context import VersionRef
 
 __all__ = ["JobHealth", "JobStatus", "STALE_HEARTBEAT_SECONDS", "STARTUP_TIMEOUT_SECONDS", "LEGACY_START_TOLERANCE",
            "read_launch", "read_status", "inspect_version", "mark_failed", "ensure_failed_recorded",
@@ -103,12 +106,12 @@ class JobStatus(BaseModel):
         return self.health + (f" ({', '.join(bits)})" if bits else "")
 
 
-def read_launch(k, pipeline: str, version: int) -> dict[str, Any] | None:
-    return read_json(k.paths(pipeline, version).launch_file)
+def read_launch(v: VersionRef) -> dict[str, Any] | None:
+    return read_json(v.paths.launch_file)
 
 
-def read_status(k, pipeline: str, version: int) -> dict[str, Any] | None:
-    return read_json(k.paths(pipeline, version).status_file)
+def read_status(v: VersionRef) -> dict[str, Any] | None:
+    return read_json(v.paths.status_file)
 
 
 def launch_identity(launch: dict[str, Any] | None) -> tuple[float | None, float]:
@@ -137,15 +140,15 @@ def job_alive(pid: int | None, launch: dict[str, Any] | None) -> tuple[bool, int
     return is_ours(pid, created, tolerance=tolerance), None
 
 
-def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
+def inspect_version(v: VersionRef, *, now: float | None = None,
                     stale_after: float = STALE_HEARTBEAT_SECONDS,
                     startup_timeout: float = STARTUP_TIMEOUT_SECONDS) -> JobStatus:
     """The job's health from its process (by PID) and its status.json."""
-    paths = k.paths(pipeline, version)
+    paths = v.paths
     now = time.time() if now is None else now
     launch = read_json(paths.launch_file)
     status = read_json(paths.status_file)
-    base: dict[str, Any] = {"pipeline": pipeline, "version": version, "log_file": str(paths.log_file)}
+    base: dict[str, Any] = {"pipeline": v.pipeline, "version": v.version, "log_file": str(paths.log_file)}
     if launch is None and status is None:
         return JobStatus(health="not_started", **base)
     status = status or {}
@@ -173,7 +176,7 @@ def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
     def fail(why: str) -> JobStatus:
         # The job's error and log are not kappa's text: mask any secret of the settings in them,
         # since they go on into the registry, the audit log, statuses and error messages.
-        settings = getattr(k, "settings", None)
+        settings = v.settings
         return JobStatus(health="failed", error=mask_secrets(why, settings),
                          log_tail=mask_secrets(tail(paths.log_file), settings), **base)
 
@@ -199,7 +202,7 @@ def inspect_version(k, pipeline: str, version: int, *, now: float | None = None,
     return JobStatus(health="running" if state == RunState.RUNNING else "starting", **base)
 
 
-def rejects_of(k, pipeline: str, version: int, job: JobStatus | None = None) -> tuple[int | None, str | None]:
+def rejects_of(v: VersionRef, job: JobStatus | None = None) -> tuple[int | None, str | None]:
     """A version's rejects, the rows of its rejects table, as (count, "job" | "table").
 
     A running job that reports `rejects_total` keeps that count up to date. Otherwise (a job just
@@ -211,14 +214,14 @@ def rejects_of(k, pipeline: str, version: int, job: JobStatus | None = None) -> 
 
     from orchestrator.core.tables import count_rows_from_log
 
-    job = inspect_version(k, pipeline, version) if job is None else job
+    job = inspect_version(v) if job is None else job
     if job.alive and job.rejects_total is not None:
         return job.rejects_total, "job"
-    uri = k.paths(pipeline, version).rejects
+    uri = v.paths.rejects
     try:
         return count_rows_from_log(uri), "table"
     except (DeltaError, OSError) as e:
-        log.warning("cannot count the rejects of %s v%s in %s: %s", pipeline, version, uri, e)
+        log.warning("cannot count the rejects of %s in %s: %s", v, uri, e)
         return None, None
 
 
@@ -240,12 +243,12 @@ def mark_failed(k, status: JobStatus, *, actor: str = "kappa") -> bool:
     return True
 
 
-def ensure_failed_recorded(k, pipeline: str, version: int, *, actor: str = "kappa") -> JobStatus:
+def ensure_failed_recorded(v: VersionRef, *, actor: str = "kappa") -> JobStatus:
     """inspect_version, and record a failure in the registry if there is one."""
-    st = inspect_version(k, pipeline, version)
+    st = inspect_version(v)
     if st.failed:
         try:
-            mark_failed(k, st, actor=actor)
+            mark_failed(v.k, st, actor=actor)
         except KappaError as e:
-            log.warning("cannot record failure of %s v%s: %s", pipeline, version, e)
+            log.warning("cannot record failure of %s: %s", v, e)
     return st

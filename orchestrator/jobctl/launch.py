@@ -40,7 +40,7 @@ from orchestrator.jobctl.process import LAUNCH_ENV, create_time, end_group
 from orchestrator.jobctl.stop import stop_version
 
 if TYPE_CHECKING:
-    from orchestrator.registry import VersionRecord
+    from orchestrator.context import VersionRef
 
 __all__ = ["StartResult", "start_version", "restart_version", "job_command", "lease_owner", "LEASE_SECONDS",
            "STARTABLE", "reap_children"]
@@ -102,16 +102,15 @@ def _kafka_config_file(k, paths) -> Path | None:
     return path
 
 
-def _job_args(k, pipeline: str, version: int, *, trigger: str = "continuous",
-             rules_file: str | Path | None = None, master: str | None = None) -> list[str]:
+def _job_args(v: VersionRef, *, trigger: str = "continuous",
+              rules_file: str | Path | None = None, master: str | None = None) -> list[str]:
     """The job's command-line arguments (see jobs/lib/runtime.py); no secret among them."""
-    spec = k.pipeline(pipeline)
-    paths = k.paths(pipeline, version)
+    k, spec, paths = v.k, v.spec, v.paths
     from jobs.lib.contract import resolve_job
 
     args = [
         "--job", resolve_job(spec.job), "--key", ",".join(spec.key_columns),
-        "--pipeline", pipeline, "--version", str(version),
+        "--pipeline", v.pipeline, "--version", str(v.version),
         "--bootstrap-servers", k.bootstrap_servers,
         "--topics", ",".join(spec.topics),
         "--output", str(paths.table), "--rejects", str(paths.rejects),
@@ -131,21 +130,14 @@ def _job_args(k, pipeline: str, version: int, *, trigger: str = "continuous",
     return args
 
 
-def _rules_file(k, pipeline: str, version_record: VersionRecord) -> Path | None:
-    """The rules file this start of a version runs with: the rules stored at its deploy, written to
-    its run dir (`orchestrator.lifecycle.version_rules`); None for a job without rules."""
-    from orchestrator.lifecycle.version_rules import materialize
-
-    return materialize(k, pipeline, version_record)
-
-
-def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
+def job_command(v: VersionRef, *, trigger: str = "continuous",
                 rules_file: str | Path | None = None, master: str | None = None) -> tuple[list[str], str]:
     """(argv, mode) that runs the version's job: `python -m jobs.run --job ...` or spark-submit of jobs/run.py."""
+    k = v.k
     master = master or k.settings.spark_master
     from jobs.lib.session import connector_jars, driver_java_options, runs_tasks, spark_env
 
-    args = _job_args(k, pipeline, version, trigger=trigger, rules_file=rules_file, master=master)
+    args = _job_args(v, trigger=trigger, rules_file=rules_file, master=master)
     if runs_tasks(master):
         return [sys.executable, "-m", "jobs.run", *args], "local"
 
@@ -161,7 +153,7 @@ def job_command(k, pipeline: str, version: int, *, trigger: str = "continuous",
     # spark-submit starts the driver JVM before the job's Python: the connector JARs must be on its
     # command line to reach the driver's classpath (a session's own spark.jars only ships them)
     cmd = [str(_spark_submit_path()), "--master", master, "--deploy-mode", "client",
-           "--name", f"kappa.{pipeline}.v{version}", "--jars", ",".join(connector_jars())]
+           "--name", f"kappa.{v.pipeline}.v{v.version}", "--jars", ",".join(connector_jars())]
     for key, value in conf.items():
         if value:
             cmd += ["--conf", f"{key}={value}"]
@@ -205,15 +197,15 @@ def lease_owner(actor: str) -> str:
     return f"{actor} (pid {os.getpid()} on {socket.gethostname()}, {uuid.uuid4().hex[:8]})"[:200]
 
 
-def _noop(k, pipeline: str, version: int, *, actor: str, reason: str | None, msg: str, pid: int | None,
+def _noop(v: VersionRef, *, actor: str, reason: str | None, msg: str, pid: int | None,
           mode: str | None) -> StartResult:
-    k.registry.audit("start", actor=actor, pipeline=pipeline, version=version, reason=reason,
+    v.registry.audit("start", actor=actor, pipeline=v.pipeline, version=v.version, reason=reason,
                      outcome="noop", details={"pid": pid, "message": msg})
-    return StartResult(pipeline=pipeline, version=version, started=False, pid=pid, mode=mode, message=msg,
-                       log_file=str(k.paths(pipeline, version).log_file))
+    return StartResult(pipeline=v.pipeline, version=v.version, started=False, pid=pid, mode=mode, message=msg,
+                       log_file=str(v.paths.log_file))
 
 
-def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
+def start_version(v: VersionRef, *, actor: str, reason: str | None = None,
                   trigger: str = "continuous", master: str | None = None,
                   check_exit_seconds: float = 0.5, restart: bool = False) -> StartResult:
     """Start the version's job from its own checkpoint. A second start is a no-op that says so.
@@ -223,20 +215,21 @@ def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | N
     concurrent starts exactly one spawns a job; the other returns a no-op naming the first. The
     lease is released, with the job's PID, only once launch.json is written; if the state was
     changed meanwhile (a stop, a retire), the job just spawned is stopped again. With `restart`,
-    a running job is stopped first, under the same lease.
+    a running job is stopped first, under the same lease. The start decides on the registry as it
+    is now (`v.reread()`), not as the verb that called it found it.
     """
-    reg = k.registry
-    rec = reg.get_version(pipeline, version)
+    v = v.reread()
+    reg, rec, pipeline, version = v.registry, v.record, v.pipeline, v.version
     if rec.state in (VersionState.RETIRED, VersionState.RETIRING):
         raise LifecycleError(f"{pipeline} v{version} is {rec.state} (its table and checkpoint are deleted); "
                              f"deploy a new version with `kappa deploy {pipeline}`")
-    current = inspect_version(k, pipeline, version)
+    current = inspect_version(v)
     if current.alive and current.failed and not restart:
         raise LifecycleError(f"the job of {pipeline} v{version} (pid {current.pid}) is still alive but failing: "
                              f"{current.error}. Stop it first (`kappa stop {pipeline} {version} --force`) or "
                              f"restart it")
     if current.alive and not restart:
-        return _noop(k, pipeline, version, actor=actor, reason=reason, pid=current.pid, mode=current.mode,
+        return _noop(v, actor=actor, reason=reason, pid=current.pid, mode=current.mode,
                      msg=f"{pipeline} v{version} is already running (pid {current.pid}, {current.health}); "
                          f"not starting a second job")
     owner = lease_owner(actor)
@@ -250,30 +243,31 @@ def start_version(k, pipeline: str, version: int, *, actor: str, reason: str | N
     except ConflictError as e:
         now = reg.get_version(pipeline, version)
         if now.lease_held():
-            return _noop(k, pipeline, version, actor=actor, reason=reason, pid=now.pid, mode=None,
+            return _noop(v, actor=actor, reason=reason, pid=now.pid, mode=None,
                          msg=f"{pipeline} v{version}'s job is being started by {now.lease_owner}; not starting "
                              f"a second job")
         raise LifecycleError(f"cannot start {pipeline} v{version}: {e}") from None
     crashpoint("start.leased")
     try:
-        return _spawn(k, pipeline, leased, owner=owner, actor=actor, reason=reason, trigger=trigger,
+        return _spawn(v, leased, owner=owner, actor=actor, reason=reason, trigger=trigger,
                       master=master, check_exit_seconds=check_exit_seconds, stop_first=current.alive)
     except Exception:
         reg.release_lease(pipeline, version, owner=owner, epoch=leased.lease_epoch)
         raise
 
 
-def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None, trigger: str,
+def _spawn(v: VersionRef, rec, *, owner: str, actor: str, reason: str | None, trigger: str,
            master: str | None, check_exit_seconds: float, stop_first: bool) -> StartResult:
-    """Under the lease: (stop the old job,) spawn the job, write launch.json, release the lease."""
-    reg = k.registry
-    version = rec.version
-    paths = k.paths(pipeline, version)
+    """Under the lease (`rec`, the record the lease was taken with): (stop the old job,) spawn the
+    job, write launch.json, release the lease."""
+    from orchestrator.jobctl.version_rules import materialize
+
+    k, reg, pipeline, version, paths = v.k, v.registry, v.pipeline, v.version, v.paths
     if stop_first:
-        stop_version(k, pipeline, version, actor=actor, reason=reason, force=True, final_state=None)
+        stop_version(v, actor=actor, reason=reason, force=True, final_state=None)
     master = master or k.settings.spark_master
-    rules = _rules_file(k, pipeline, rec)
-    cmd, mode = job_command(k, pipeline, version, trigger=trigger, rules_file=rules, master=master)
+    rules = materialize(v)      # the rules stored at its deploy, written to its run dir
+    cmd, mode = job_command(v, trigger=trigger, rules_file=rules, master=master)
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     for stale in (paths.stop_file, paths.status_file):
         stale.unlink(missing_ok=True)
@@ -324,7 +318,7 @@ def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None,
     if check_exit_seconds:
         time.sleep(check_exit_seconds)
         if proc.poll() is not None:
-            st = inspect_version(k, pipeline, version)
+            st = inspect_version(v)
             if st.failed:
                 mark_failed(k, st, actor=actor)
             raise LifecycleError(
@@ -336,10 +330,10 @@ def _spawn(k, pipeline: str, rec, *, owner: str, actor: str, reason: str | None,
                        command=cmd, log_file=str(paths.log_file))
 
 
-def restart_version(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
+def restart_version(v: VersionRef, *, actor: str, reason: str | None = None,
                     trigger: str = "continuous") -> StartResult:
     """Stop (if running) and start again from the version's own checkpoint, under one lease."""
-    return start_version(k, pipeline, version, actor=actor, reason=reason, trigger=trigger, restart=True)
+    return start_version(v, actor=actor, reason=reason, trigger=trigger, restart=True)
 
 
 def reap_children() -> list[int]:

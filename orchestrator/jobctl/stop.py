@@ -19,7 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -30,6 +30,10 @@ from orchestrator.core.states import RunState, VersionState
 from orchestrator.jobctl.health import CHILDREN, inspect_version, launch_identity, read_status
 from orchestrator.jobctl.process import end_group, signal_group, wait_gone
 
+if TYPE_CHECKING:
+    from orchestrator.context import VersionRef
+    from orchestrator.core.pipelines import PipelineSpec
+
 __all__ = ["StopResult", "StopRequest", "StopUnderWay", "stop_version", "request_stop", "finish_stop",
            "stop_under_way", "wait_stop_finished", "stop_bound", "TERM_TIMEOUT", "KILL_TIMEOUT",
            "stop_wait_seconds"]
@@ -39,15 +43,15 @@ TERM_TIMEOUT = 20.0
 KILL_TIMEOUT = 10.0
 
 
-def stop_bound(k, pipeline: str) -> float:
+def stop_bound(spec: PipelineSpec) -> float:
     """The bound of a requested stop of the pipeline's jobs: its `stop_timeout_seconds`."""
-    return float(k.pipeline(pipeline).stop_timeout_seconds)
+    return float(spec.stop_timeout_seconds)
 
 
-def stop_wait_seconds(k, pipeline: str) -> float:
+def stop_wait_seconds(spec: PipelineSpec) -> float:
     """How long one may wait for a stop someone else is carrying out: its bound, the steps after it,
     ending the job's process group, and a margin."""
-    return stop_bound(k, pipeline) + TERM_TIMEOUT + KILL_TIMEOUT + TERM_TIMEOUT + 5.0
+    return stop_bound(spec) + TERM_TIMEOUT + KILL_TIMEOUT + TERM_TIMEOUT + 5.0
 
 
 class StopResult(BaseModel):
@@ -81,7 +85,7 @@ def _wait_dead(pid: int, launch: dict[str, Any], timeout: float) -> bool:
     return wait_gone(pid, created, timeout, poll=0.2, tolerance=tolerance)
 
 
-def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | None = None,
+def stop_version(v: VersionRef, *, actor: str, reason: str | None = None,
                  force: bool = False, graceful_timeout: float | None = None,
                  term_timeout: float = TERM_TIMEOUT, kill_timeout: float = KILL_TIMEOUT,
                  final_state: str | None = VersionState.STOPPED,
@@ -97,39 +101,46 @@ def stop_version(k, pipeline: str, version: int, *, actor: str, reason: str | No
 
     It is `request_stop` then `finish_stop`; to stop several jobs at once, request each, then finish each.
     """
-    req = request_stop(k, pipeline, version, actor=actor, reason=reason, force=force, final_state=final_state,
+    req = request_stop(v, actor=actor, reason=reason, force=force, final_state=final_state,
                        expected_state=expected_state, bound=graceful_timeout)
-    return finish_stop(k, req, term_timeout=term_timeout, kill_timeout=kill_timeout)
+    return finish_stop(req, term_timeout=term_timeout, kill_timeout=kill_timeout)
 
 
 @dataclass(frozen=True)
 class StopRequest:
     """A stop `request_stop` asked for (the STOP file written if the job runs); `finish_stop` ends it."""
 
-    pipeline: str
-    version: int
+    v: VersionRef
     actor: str
     reason: str | None
     st: Any                           # the job's health when the stop was requested
     launch: dict[str, Any]
-    paths: Any
     t0: float                         # time.monotonic() when the stop was requested
     bound: float                      # seconds from the request to SIGTERM
 
+    @property
+    def pipeline(self) -> str:
+        return self.v.pipeline
 
-def request_stop(k, pipeline: str, version: int, *, actor: str, reason: str | None = None, force: bool = False,
+    @property
+    def version(self) -> int:
+        return self.v.version
+
+
+def request_stop(v: VersionRef, *, actor: str, reason: str | None = None, force: bool = False,
                  final_state: str | None = VersionState.STOPPED,
                  expected_state: str | None = None, bound: float | None = None) -> StopRequest:
     """The first half of `stop_version`: the checks, the registry state and `stop_requested`, the STOP file.
-    `bound`: seconds until the job is stopped at once (None: the pipeline's `stop_timeout_seconds`)."""
-    reg = k.registry
-    bound = stop_bound(k, pipeline) if bound is None else float(bound)
-    rec = reg.get_version(pipeline, version)
+    `bound`: seconds until the job is stopped at once (None: the pipeline's `stop_timeout_seconds`).
+    It decides on the registry as it is now (`v.reread()`): its state change is a compare-and-swap."""
+    v = v.reread()
+    reg, rec, pipeline, version = v.registry, v.record, v.pipeline, v.version
+    bound = stop_bound(v.spec) if bound is None else float(bound)
     if expected_state is not None and rec.state != expected_state:
         raise ConflictError(f"{pipeline} v{version} is {rec.state} now, not {expected_state}: another operation "
                             f"changed it; not stopping it")
     if not force:
-        alias_name = k.pipeline(pipeline).alias
+        alias_name = v.alias
         alias = reg.get_alias(alias_name)
         if alias is not None and alias.version == version and alias.pipeline == pipeline:
             raise RefusedError(
@@ -143,8 +154,8 @@ def request_stop(k, pipeline: str, version: int, *, actor: str, reason: str | No
                              "details": {"from": rec.state, "to": final_state, "pid": rec.pid,
                                          "bound_seconds": bound}})
         crashpoint("stop.marked")
-    paths = k.paths(pipeline, version)
-    st = inspect_version(k, pipeline, version)
+    paths = v.paths
+    st = inspect_version(v)
     launch = read_json(paths.launch_file) or {}
     t0 = time.monotonic()
     if st.alive and st.pid == os.getpid():
@@ -154,8 +165,7 @@ def request_stop(k, pipeline: str, version: int, *, actor: str, reason: str | No
         paths.run_dir.mkdir(parents=True, exist_ok=True)
         paths.stop_file.write_text(f"stop requested by {actor} at {datetime.now(timezone.utc).isoformat()}, bound "
                                    f"{bound:g} s: {reason or 'no reason given'}\n")
-    return StopRequest(pipeline=pipeline, version=version, actor=actor, reason=reason, st=st, launch=launch,
-                       paths=paths, t0=t0, bound=bound)
+    return StopRequest(v=v, actor=actor, reason=reason, st=st, launch=launch, t0=t0, bound=bound)
 
 
 def _record_killed(paths: Any, how: str, bound: float) -> None:
@@ -169,12 +179,12 @@ def _record_killed(paths: Any, how: str, bound: float) -> None:
     write_json_atomic(paths.status_file, status)
 
 
-def finish_stop(k, req: StopRequest, *, term_timeout: float = TERM_TIMEOUT,
+def finish_stop(req: StopRequest, *, term_timeout: float = TERM_TIMEOUT,
                 kill_timeout: float = KILL_TIMEOUT) -> StopResult:
     """The second half of `stop_version`: wait for the job (until the request's bound, counted from the
     request), escalate to SIGTERM and SIGKILL, end its process group, audit the `stop`."""
-    reg, pipeline, version, actor, reason = k.registry, req.pipeline, req.version, req.actor, req.reason
-    st, launch, paths, t0 = req.st, req.launch, req.paths, req.t0
+    reg, pipeline, version, actor, reason = req.v.registry, req.pipeline, req.version, req.actor, req.reason
+    st, launch, paths, t0 = req.st, req.launch, req.v.paths, req.t0
     how = "not-running"
     if st.alive and st.pid:
         how = "graceful"
@@ -198,7 +208,7 @@ def finish_stop(k, req: StopRequest, *, term_timeout: float = TERM_TIMEOUT,
     ended_at = time.time()  # the audit entry may come later (a slow registry): when the job had ended
     paths.stop_file.unlink(missing_ok=True)
     seconds = time.monotonic() - t0
-    after = read_status(k, pipeline, version) or {}
+    after = read_status(req.v) or {}
     job_state = after.get("state")
     if how == "not-running":
         msg = f"{pipeline} v{version} was not running"
@@ -223,23 +233,22 @@ def finish_stop(k, req: StopRequest, *, term_timeout: float = TERM_TIMEOUT,
 class StopUnderWay:
     """A stop another actor is carrying out: the STOP file is written, the job has not ended yet."""
 
-    pipeline: str
-    version: int
+    v: VersionRef
     by: str                           # the actor of the last `stop_requested` (or the STOP file's)
     after_id: int                     # the audit id its `stop` entry will come after
     waited: float = 0.0               # seconds `wait_stop_finished` waited
     finished: bool = False            # the job ended and the stopper audited its `stop`
 
 
-def stop_under_way(k, pipeline: str, version: int) -> StopUnderWay | None:
+def stop_under_way(v: VersionRef) -> StopUnderWay | None:
     """The stop under way of the version's job (its STOP file exists and the job still runs), or None.
 
     Whoever restarts or starts the job meanwhile would stop it a second time, and its `start` would
     be audited before the first stopper's `stop`: wait for it instead (`wait_stop_finished`)."""
-    paths = k.paths(pipeline, version)
-    if not paths.stop_file.exists() or not inspect_version(k, pipeline, version).alive:
+    paths = v.paths
+    if not paths.stop_file.exists() or not inspect_version(v).alive:
         return None
-    entries = k.registry.audit_log(pipeline, limit=50, version=version)
+    entries = v.registry.audit_log(v.pipeline, limit=50, version=v.version)
     by = next((e.actor for e in reversed(entries) if e.action == "stop_requested"), None)
     if by is None:
         try:
@@ -247,22 +256,23 @@ def stop_under_way(k, pipeline: str, version: int) -> StopUnderWay | None:
         except OSError:
             text = ""
         by = text.split(" at ", 1)[0].removeprefix("stop requested by ").strip() or "another operation"
-    return StopUnderWay(pipeline=pipeline, version=version, by=by, after_id=entries[-1].id if entries else 0)
+    return StopUnderWay(v=v, by=by, after_id=entries[-1].id if entries else 0)
 
 
-def wait_stop_finished(k, stop: StopUnderWay, *, timeout: float | None = None,
+def wait_stop_finished(stop: StopUnderWay, *, timeout: float | None = None,
                        poll: float = 0.2) -> StopUnderWay:
     """Wait until the stop under way has ended: the job gone and its stopper's `stop` audited.
 
     Returns `stop` with `waited` and `finished` (False: not within `timeout` seconds, None:
     `stop_wait_seconds`); raises nothing.
     """
-    timeout = stop_wait_seconds(k, stop.pipeline) if timeout is None else timeout
+    v = stop.v
+    timeout = stop_wait_seconds(v.spec) if timeout is None else timeout
     t0 = time.monotonic()
     while True:
-        gone = not inspect_version(k, stop.pipeline, stop.version).alive
-        if gone and any(e.id > stop.after_id for e in k.registry.audit_log(stop.pipeline, limit=20,
-                                                                          version=stop.version, action="stop")):
+        gone = not inspect_version(v).alive
+        if gone and any(e.id > stop.after_id for e in v.registry.audit_log(v.pipeline, limit=20,
+                                                                          version=v.version, action="stop")):
             return replace(stop, waited=time.monotonic() - t0, finished=True)
         if time.monotonic() - t0 >= timeout:
             return replace(stop, waited=time.monotonic() - t0, finished=False)

@@ -49,17 +49,17 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, Field, computed_field
 
 from jobs.lib.runtime.args import TRIGGER_SECONDS
+from orchestrator.context import VersionRef
 from orchestrator.core.exceptions import ConflictError, NotReadyError
-from orchestrator.context import Kappa
 from orchestrator.core.states import LIVE, VersionState
 from orchestrator.core.files import tail as log_tail
 from orchestrator.core.secrets import mask_secrets
 from orchestrator.jobctl import JobStatus, inspect_version
 from orchestrator.observe.lag import (LagReading, eta_seconds, fmt_lag, fmt_seconds, format_partitions, measure_lag,
-                                      sample_lag, sample_seconds, sample_time)
+                                      sample_lag, sample_seconds, sample_time, version_threshold)
 
 __all__ = ["Readiness", "ReadinessState", "CATCHUP_DEADLINE_SECONDS", "POLL_SECONDS", "readiness", "wait_ready",
-           "failing_error", "version_threshold", "sample_ok", "within_limits", "counted_samples", "growing",
+           "failing_error", "sample_ok", "within_limits", "counted_samples", "growing",
            "catchup_limits", "catchup_rule_text", "ENDED"]
 
 log = logging.getLogger(__name__)
@@ -134,13 +134,6 @@ class Readiness(BaseModel):
                 f"samples with {self.limits()}; {self.reason}")
 
 
-def version_threshold(k: Kappa, pipeline: str, version: int, record: Any = None) -> int:
-    """The catch-up threshold of a version: the deploy's override, else the pipeline's."""
-    rec = record if record is not None else k.registry.get_version(pipeline, version)
-    override = (rec.details or {}).get("threshold")
-    return k.pipeline(pipeline).catchup_threshold if override is None else int(override)
-
-
 def catchup_limits(threshold: int, seconds: float) -> str:
     """The catch-up limits in words: 'lag <= 1,000 records and <= 60 s behind'."""
     return f"lag <= {threshold:,} records and <= {fmt_seconds(seconds)} behind"
@@ -203,20 +196,21 @@ def counted_samples(history: list[dict[str, Any]], threshold: int, max_seconds: 
     return counted
 
 
-def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, threshold: int | None = None,
+def readiness(v: VersionRef, record: bool = True, *, threshold: int | None = None,
               actor: str = "kappa") -> Readiness:
-    """Measure lag now and decide. `record=True` stores the sample and moves registry states."""
-    spec = k.pipeline(pipeline)
-    reg = k.registry
-    rec = reg.get_version(pipeline, version)
-    threshold = version_threshold(k, pipeline, version, rec) if threshold is None else threshold
+    """Measure lag now and decide. `record=True` stores the sample and moves registry states.
+
+    It decides on the registry's record as it is now (`v.reread()`): a wait polls it while the
+    version moves from starting to backfilling to caught up, and the move is a compare-and-swap."""
+    v = v.reread()
+    k, spec, reg, rec, pipeline, version = v.k, v.spec, v.registry, v.record, v.pipeline, v.version
+    threshold = version_threshold(v) if threshold is None else threshold
     needed, max_seconds = spec.catchup_samples, spec.catchup_seconds
     # A failed job is not recorded here: the supervisor (reconcile, inside monitor) decides whether
     # it is restarted from its checkpoint or, past its bound, failed.
-    job = inspect_version(k, pipeline, version)
+    job = inspect_version(v)
     batches = job.batches if job.alive else None
-    reading: LagReading = (sample_lag(k, pipeline, version, batches=batches) if record
-                           else measure_lag(k, pipeline, version))
+    reading: LagReading = sample_lag(v, batches=batches) if record else measure_lag(v)
 
     since = (job.started_at - 0.001) if job.started_at else None
     oldest = reading.at - k.settings.readiness_window_seconds
@@ -262,7 +256,7 @@ def readiness(k: Kappa, pipeline: str, version: int, record: bool = True, *, thr
                   job=job.model_dump(mode="json"), lag_seconds=reading.lag_seconds, catchup_seconds=max_seconds,
                   batches=batches, growing=grows, floored=reading.floored, unread=reading.unread)
     if record:
-        _advance_state(k, rec, r, job, actor)
+        _advance_state(v, r, job, actor)
     return r
 
 
@@ -288,9 +282,9 @@ def _why_not(job: JobStatus, reading: LagReading, threshold: int, max_seconds: f
     return (f"{len(basis)} of {needed} samples a micro-batch apart with {catchup_limits(threshold, max_seconds)}")
 
 
-def _advance_state(k: Kappa, rec: Any, r: Readiness, job: JobStatus, actor: str) -> None:
+def _advance_state(v: VersionRef, r: Readiness, job: JobStatus, actor: str) -> None:
     S = VersionState
-    reg = k.registry
+    reg, rec = v.registry, v.record
     try:
         if r.ready and rec.state in (S.STARTING, S.BACKFILLING):
             reg.set_state(r.pipeline, r.version, S.CAUGHT_UP, expected=rec.state)
@@ -307,8 +301,8 @@ def _advance_state(k: Kappa, rec: Any, r: Readiness, job: JobStatus, actor: str)
         log.info("state of %s v%s changed concurrently", r.pipeline, r.version)
 
 
-def _not_ready_message(k: Kappa, r: Readiness, waited: float) -> str:
-    paths = k.paths(r.pipeline, r.version)
+def _not_ready_message(v: VersionRef, r: Readiness, waited: float) -> str:
+    paths = v.paths
     if r.total_lag is None:
         lag = f"lag unknown ({r.lag_error})"
     else:
@@ -321,14 +315,14 @@ def _not_ready_message(k: Kappa, r: Readiness, waited: float) -> str:
             f"job (job {r.job_health}){eta}. Wait longer (raise the deadline) or check the job log {paths.log_file}")
 
 
-def failing_error(k: Kappa, r: Readiness) -> NotReadyError:
+def failing_error(v: VersionRef, r: Readiness) -> NotReadyError:
     """The error of a wait whose version is failing: why, and the last lines of its job log."""
-    tail = r.job.get("log_tail") or mask_secrets(log_tail(k.paths(r.pipeline, r.version).log_file, 15), k.settings)
+    tail = r.job.get("log_tail") or mask_secrets(log_tail(v.paths.log_file, 15), v.settings)
     return NotReadyError(f"{r.pipeline} v{r.version} cannot become ready: {r.reason}"
                          + (f"\nlast lines of the job log:\n{tail}" if tail else ""))
 
 
-def wait_ready(k: Kappa, pipeline: str, version: int, *, deadline_seconds: float = CATCHUP_DEADLINE_SECONDS,
+def wait_ready(v: VersionRef, *, deadline_seconds: float = CATCHUP_DEADLINE_SECONDS,
                poll_seconds: float = POLL_SECONDS,
                on_sample: Callable[[Readiness], None] | None = None, threshold: int | None = None,
                actor: str = "kappa") -> Readiness:
@@ -336,13 +330,13 @@ def wait_ready(k: Kappa, pipeline: str, version: int, *, deadline_seconds: float
     start = time.monotonic()
     deadline = start + deadline_seconds
     while True:
-        r = readiness(k, pipeline, version, record=True, threshold=threshold, actor=actor)
+        r = readiness(v, record=True, threshold=threshold, actor=actor)
         if on_sample is not None:
             on_sample(r)
         if r.ready:
             return r
         if r.state in ENDED:
-            raise failing_error(k, r)
+            raise failing_error(v, r)
         if time.monotonic() + poll_seconds > deadline:
-            raise NotReadyError(_not_ready_message(k, r, time.monotonic() - start))
+            raise NotReadyError(_not_ready_message(v, r, time.monotonic() - start))
         time.sleep(poll_seconds)

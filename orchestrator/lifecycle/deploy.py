@@ -22,16 +22,17 @@ from __future__ import annotations
 import logging
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.exceptions import ConfigError, KappaError, SourceRefusedError, is_refusal
-from orchestrator.context import Kappa
+from orchestrator.context import Kappa, VersionRef
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import IN_FLIGHT, VersionState
 from orchestrator.jobctl import inspect_version, mark_failed, start_version
 from orchestrator.core.checks import CheckResult as Check
-from orchestrator.lifecycle.version_rules import stored_rules
+from orchestrator.jobctl.version_rules import stored_rules
 
 __all__ = ["DeployPlan", "DeployPreview", "VersionInfo", "check_request", "check_topics", "deploy", "code_ref"]
 
@@ -119,7 +120,7 @@ def _topic_policies(k: Kappa, topics: tuple[str, ...]) -> dict[str, tuple[str | 
     """{topic: (cleanup.policy, whether it is the broker's default rather than the topic's own)}."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    from orchestrator.observe.lag import _kafka_error, topic_partitions
+    from orchestrator.observe.lag import kafka_error, topic_partitions
 
     topic_partitions(k, topics)  # BrokerError naming a missing topic
     try:
@@ -131,7 +132,7 @@ def _topic_policies(k: Kappa, topics: tuple[str, ...]) -> dict[str, tuple[str | 
             out[res.name] = (None, True) if entry is None else (entry.value, bool(getattr(entry, "is_default", False)))
         return out
     except Exception as e:
-        raise _kafka_error("topic configurations", k, e) from None
+        raise kafka_error("topic configurations", k, e) from None
 
 
 def check_topics(k: Kappa, spec: PipelineSpec, *, force: bool = False) -> list[str]:
@@ -153,22 +154,22 @@ def check_topics(k: Kappa, spec: PipelineSpec, *, force: bool = False) -> list[s
     return warnings
 
 
-def check_request(k: Kappa, pipeline: str, rules_version: str | None = None, *, force: bool = False,
+def check_request(k: Kappa, spec: PipelineSpec, rules_version: str | None = None, *, force: bool = False,
                   threshold: int | None = None) -> DeployPlan:
     """Validate a deploy request without changing anything."""
-    plan = _check_spec(k, pipeline, rules_version, threshold=threshold, force=force)
-    warnings = check_topics(k, k.pipeline(pipeline), force=force)
+    plan = _check_spec(k, spec, rules_version, threshold=threshold, force=force)
+    warnings = check_topics(k, spec, force=force)
     return plan.model_copy(update={"warnings": tuple(warnings)})
 
 
-def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold: int | None,
+def _check_spec(k: Kappa, spec: PipelineSpec, rules_version: str | None, *, threshold: int | None,
                 force: bool) -> DeployPlan:
     """The checks of a deploy request that need no broker: pipeline, job module, threshold, rules file."""
     from orchestrator.core.pipelines import check_job_exists, check_ruleset_exists
 
     from jobs.lib.rules import rules_root
 
-    spec = k.pipeline(pipeline)
+    pipeline = spec.name
     if _own_job(spec.job):
         check_job_exists(spec)
     check_ruleset_exists(spec, rules_dir=rules_root(k.settings.rules_location))
@@ -177,7 +178,7 @@ def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold
     rules_file = rules_hash = rules_text = None
     if spec.ruleset:
         from jobs.lib.rules import available_rules, rules_path
-        from orchestrator.lifecycle.version_rules import read_rules_file
+        from orchestrator.jobctl.version_rules import read_rules_file
 
         location = k.settings.rules_location
         if rules_version is None:
@@ -198,7 +199,7 @@ def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold
     if spec.checks:
         from orchestrator.lifecycle.report import check_pipeline_checks
 
-        check_pipeline_checks(k, pipeline)
+        check_pipeline_checks(k, spec)
     return DeployPlan(pipeline=pipeline, job=spec.job, topics=tuple(spec.topics), rules_version=rules_version,
                       rules_file=rules_file, rules_hash=rules_hash, rules_text=rules_text if spec.ruleset else None,
                       force=force,
@@ -211,33 +212,33 @@ def _own_job(job: str) -> bool:
     return parse_job_ref(job)[0].split(".")[0] == OWN_PACKAGE
 
 
-def _info(k: Kappa, rec, plan: DeployPlan, *, pid: int | None, started: bool, resumed: bool, message: str,
+def _info(v: VersionRef, plan: DeployPlan, *, pid: int | None, started: bool, resumed: bool, message: str,
           ref: str) -> VersionInfo:
-    paths = k.paths(rec.pipeline, rec.version)
+    paths = v.paths
     return VersionInfo(
-        pipeline=rec.pipeline, version=rec.version, state=k.registry.get_version(rec.pipeline, rec.version).state,
+        pipeline=v.pipeline, version=v.version, state=v.reread().record.state,   # as the start left it
         rules_version=plan.rules_version, rules_hash=plan.rules_hash, code_ref=ref, threshold=plan.threshold,
         table=str(paths.table), rejects=str(paths.rejects), checkpoint=str(paths.checkpoint),
         run_dir=str(paths.run_dir), group_id=paths.group_id, pid=pid, job_started=started, resumed=resumed,
         message=message, warnings=list(plan.warnings))
 
 
-def _resumable(k: Kappa, plan: DeployPlan, actor: str):
+def _resumable(k: Kappa, spec: PipelineSpec, plan: DeployPlan, actor: str) -> tuple[VersionRef | None, Any]:
     """An in-flight version with the same rules, for a re-run deploy to continue with."""
-    reg = k.registry
-    for rec in sorted(reg.list_versions(plan.pipeline), key=lambda r: r.version, reverse=True):
+    for v in sorted(k.versions(spec), key=lambda v: v.version, reverse=True):
+        rec = v.record
         if rec.state not in IN_FLIGHT:
             continue
-        st = inspect_version(k, plan.pipeline, rec.version)
+        st = inspect_version(v)
         if rec.state != VersionState.CREATED and st.failed:
             mark_failed(k, st, actor=actor)  # no longer in flight: a new version may be allocated
             continue
         if rec.rules_hash == plan.rules_hash and rec.rules_version == plan.rules_version:
-            return rec, st
+            return v, st
     return None, None
 
 
-def _preview(k: Kappa, pipeline: str, rules_version: str | None, *, actor: str, reason: str | None,
+def _preview(k: Kappa, spec: PipelineSpec, rules_version: str | None, *, actor: str, reason: str | None,
              threshold: int | None, force: bool, queue: bool) -> DeployPreview:
     """`deploy`'s checks and decisions, read-only: what it would allocate, resume or refuse.
 
@@ -247,8 +248,8 @@ def _preview(k: Kappa, pipeline: str, rules_version: str | None, *, actor: str, 
     """
     from orchestrator.serving import registry_file_missing
 
-    plan = _check_spec(k, pipeline, rules_version, threshold=threshold, force=force)
-    spec = k.pipeline(pipeline)
+    pipeline = spec.name
+    plan = _check_spec(k, spec, rules_version, threshold=threshold, force=force)
     rules = (f"rules {plan.rules_version} ({plan.rules_file}, hash {plan.rules_hash[:12]})" if plan.rules_version
              else f"no rules (job {plan.job!r} takes none)")
     checks = [Check(name="pipeline", ok=True, detail=f"{pipeline}: job {plan.job!r} on topics "
@@ -266,20 +267,22 @@ def _preview(k: Kappa, pipeline: str, rules_version: str | None, *, actor: str, 
         checks.append(Check(name="topics", ok=False, detail=str(e)))
         refusals.append(str(e))
     plan = plan.model_copy(update={"warnings": tuple(warnings)})
-    records = [] if registry_file_missing(k.settings) else k.registry.list_versions(pipeline)
+    refs = [] if registry_file_missing(k.settings) else k.versions(spec)
+    records = [v.record for v in refs]
     actions: list[str] = []
     dead: set[int] = set()
     if not queue:
-        for rec in sorted(records, key=lambda r: r.version, reverse=True):
+        for v in sorted(refs, key=lambda v: v.version, reverse=True):
+            rec = v.record
             if rec.state not in IN_FLIGHT:
                 continue
-            st = inspect_version(k, pipeline, rec.version)
+            st = inspect_version(v)
             if rec.state != VersionState.CREATED and st.failed:
                 actions.append(f"record {pipeline} v{rec.version} as failed ({st.error})")
                 dead.add(rec.version)
                 continue
             if rec.rules_hash == plan.rules_hash and rec.rules_version == plan.rules_version:
-                return _resume_preview(k, plan, rec, st, checks, actions, refusals, actor, reason)
+                return _resume_preview(v, plan, st, checks, actions, refusals, actor, reason)
     busy = [r for r in records if r.in_flight and r.version not in dead]
     if busy and not queue:
         b = busy[0]
@@ -294,7 +297,7 @@ def _preview(k: Kappa, pipeline: str, rules_version: str | None, *, actor: str, 
             "no other version of the pipeline is in flight")))
     last = [r.last_version for r in k.registry.list_pipelines() if r.name == pipeline] if records else []
     n = max([r.version for r in records] + last + [0]) + 1
-    paths = k.paths(pipeline, n)
+    paths = k.paths(pipeline, n)       # the paths of a version not allocated yet
     actions += [f"allocate {pipeline} v{n} with {rules}",
                 f"start its job from offset zero: table {paths.table}, checkpoint {paths.checkpoint}, consumer "
                 f"group {paths.group_id}, log {paths.log_file}",
@@ -303,16 +306,16 @@ def _preview(k: Kappa, pipeline: str, rules_version: str | None, *, actor: str, 
                            f"dry run: would deploy {pipeline} v{n} (rules {plan.rules_version or '-'})")
 
 
-def _resume_preview(k: Kappa, plan: DeployPlan, rec, st, checks: list[Check], actions: list[str],
+def _resume_preview(v: VersionRef, plan: DeployPlan, st, checks: list[Check], actions: list[str],
                     refusals: list[str], actor: str, reason: str | None) -> DeployPreview:
-    p, n = plan.pipeline, rec.version
+    p, n = plan.pipeline, v.version
     if st.alive:
         checks.append(Check(name="in_flight", ok=True, detail=f"v{n} has the same rules and its job runs"))
         return _preview_result(plan, n, True, checks, actions, refusals,
                                f"dry run: {p} v{n} with rules {plan.rules_version} is already deployed and its job "
                                f"runs (pid {st.pid}); deploy would do nothing")
     checks.append(Check(name="in_flight", ok=True, detail=f"v{n} has the same rules and was never started: resume it"))
-    actions += [f"start the job of {p} v{n} (resume its deploy; log {k.paths(p, n).log_file})",
+    actions += [f"start the job of {p} v{n} (resume its deploy; log {v.paths.log_file})",
                 f"record the deploy by {actor!r}: {reason or '(no reason given)'}"]
     return _preview_result(plan, n, True, checks, actions, refusals, f"dry run: would resume the deploy of {p} v{n}")
 
@@ -325,37 +328,37 @@ def _preview_result(plan: DeployPlan, n: int, resumed: bool, checks: list[Check]
                          actions=[] if error else actions, plan=plan, warnings=list(plan.warnings), error=error)
 
 
-def deploy(k: Kappa, pipeline: str, rules_version: str | None = None, *, actor: str, reason: str | None = None,
+def deploy(k: Kappa, spec: PipelineSpec, rules_version: str | None = None, *, actor: str, reason: str | None = None,
            threshold: int | None = None, force: bool = False, queue: bool = False,
            start: bool = True, dry_run: bool = False) -> VersionInfo | DeployPreview:
     """Check the request, allocate the next version, start its job from offset zero, audit.
 
     `dry_run` makes the same checks and returns a `DeployPreview` of what it would do, writing nothing."""
     if dry_run:
-        return _preview(k, pipeline, rules_version, actor=actor, reason=reason, threshold=threshold, force=force,
+        return _preview(k, spec, rules_version, actor=actor, reason=reason, threshold=threshold, force=force,
                         queue=queue)
-    reg = k.registry
+    reg, pipeline = k.registry, spec.name
     try:
-        plan = check_request(k, pipeline, rules_version, force=force, threshold=threshold)
+        plan = check_request(k, spec, rules_version, force=force, threshold=threshold)
     except KappaError as e:
         reg.audit("deploy", actor=actor, pipeline=pipeline, reason=reason, outcome="refused",
                   details={"rules_version": rules_version, "error": str(e)})
         raise
     ref = code_ref()
 
-    rec, st = (None, None) if queue else _resumable(k, plan, actor)
-    if rec is not None:
+    v, st = (None, None) if queue else _resumable(k, spec, plan, actor)
+    if v is not None:
         if st is not None and st.alive:
-            msg = (f"{pipeline} v{rec.version} with rules {plan.rules_version} is already deployed and its job "
+            msg = (f"{pipeline} v{v.version} with rules {plan.rules_version} is already deployed and its job "
                    f"runs (pid {st.pid}); not deploying it twice (pass queue to deploy another version)")
-            reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
+            reg.audit("deploy", actor=actor, pipeline=pipeline, version=v.version, reason=reason,
                       outcome="noop", details={"message": msg})
-            return _info(k, rec, plan, pid=st.pid, started=False, resumed=True, message=msg, ref=ref)
-        res = start_version(k, pipeline, rec.version, actor=actor, reason=reason or "resume deploy")
-        reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
+            return _info(v, plan, pid=st.pid, started=False, resumed=True, message=msg, ref=ref)
+        res = start_version(v, actor=actor, reason=reason or "resume deploy")
+        reg.audit("deploy", actor=actor, pipeline=pipeline, version=v.version, reason=reason,
                   details={"resumed": True, "pid": res.pid, **plan.model_dump(mode="json")})
-        return _info(k, rec, plan, pid=res.pid, started=res.started, resumed=True,
-                     message=f"resumed the deploy of {pipeline} v{rec.version}: {res.message}", ref=ref)
+        return _info(v, plan, pid=res.pid, started=res.started, resumed=True,
+                     message=f"resumed the deploy of {pipeline} v{v.version}: {res.message}", ref=ref)
 
     try:
         rec = _allocate(k, plan, ref, actor, reason, queue)
@@ -363,18 +366,19 @@ def deploy(k: Kappa, pipeline: str, rules_version: str | None = None, *, actor: 
         reg.audit("deploy", actor=actor, pipeline=pipeline, reason=reason, outcome="refused",
                   details={"rules_version": plan.rules_version, "error": str(e)})
         raise
+    v = VersionRef.of_record(k, spec, rec)     # the new version, resolved once from its allocation
     if not start:
-        return _info(k, rec, plan, pid=None, started=False, resumed=False,
+        return _info(v, plan, pid=None, started=False, resumed=False,
                      message=f"allocated {pipeline} v{rec.version}; its job is not started", ref=ref)
     try:
-        res = start_version(k, pipeline, rec.version, actor=actor, reason=reason)
+        res = start_version(v, actor=actor, reason=reason)
     except KappaError as e:
         reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
                   outcome="failed", details={"error": str(e)})
         raise
     reg.audit("deploy", actor=actor, pipeline=pipeline, version=rec.version, reason=reason,
               details={"pid": res.pid, "code_ref": ref, **plan.model_dump(mode="json")})
-    return _info(k, rec, plan, pid=res.pid, started=True, resumed=False,
+    return _info(v, plan, pid=res.pid, started=True, resumed=False,
                  message=f"deployed {pipeline} v{rec.version} (rules {plan.rules_version or '-'}): {res.message}",
                  ref=ref)
 

@@ -95,8 +95,8 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
     `watched`: the actions of a watch pass made already (Airflow's `watch` task); None runs it here."""
     from orchestrator.lifecycle.watch import watch_pass
     report = MonitorReport(at=time.time())
-    names = list(pipelines) if pipelines is not None else list(k.pipelines)
-    report.reconciled = reconcile(k, actor=actor, pipelines=names)
+    specs = k.specs(pipelines)
+    report.reconciled = reconcile(k, actor=actor, specs=specs)
     failing_serving = False
     supervised: set[tuple[str, int]] = set()
     for a in report.reconciled:
@@ -107,24 +107,25 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
             report.problems.append(a.get("error") or f"{a['pipeline']} v{a['version']}: its job was given up")
     if watched is None:
         watched = []
-        for name in names:
+        for spec in specs:
             try:
-                watched += watch_pass(k, name, actor=actor)
+                watched += watch_pass(k, spec, actor=actor)
             except KappaError as e:
-                report.errors.append(f"watch of {name}: {e}")
+                report.errors.append(f"watch of {spec.name}: {e}")
     report.watched = watched
     rolled = watch_problems(watched)
     failing_serving |= bool(rolled)
     report.problems += rolled
-    for name in names:
-        spec = k.pipeline(name)
+    for spec in specs:
+        name = spec.name
         alias = k.registry.get_alias(spec.alias)
         serving = alias.version if alias is not None and alias.pipeline == name else None
-        for rec in k.registry.list_versions(name):
+        for v in k.versions(spec):
+            rec = v.record
             if rec.state not in RUNNING and rec.version != serving:
                 continue
             try:
-                r = readiness(k, name, rec.version, record=True, actor=actor)
+                r = readiness(v, record=True, actor=actor)
             except KappaError as e:
                 report.errors.append(f"{name} v{rec.version}: {e}")
                 continue
@@ -137,13 +138,13 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
                     failing_serving |= r.state == "failing"
                     report.problems.append(problem)
             elif rec.state == VersionState.STANDBY:
-                over = standby_expired(k, name, rec, report.at)
+                over = standby_expired(v, report.at)
                 if over is not None:
                     try:
                         # a compare-and-swap from standby, before the job is signalled: a rollback
                         # that made it serve again meanwhile wins, and this stop is skipped
-                        res = stop_version(k, name, rec.version, actor=actor, expected_state=VersionState.STANDBY,
-                                           reason=f"standby grace period of {standby_grace(k, name, rec):.0f} s is over")
+                        res = stop_version(v, actor=actor, expected_state=VersionState.STANDBY,
+                                           reason=f"standby grace period of {standby_grace(v):.0f} s is over")
                         report.stopped.append(res.model_dump(mode="json"))
                     except ConflictError as e:
                         log.info("standby %s v%s not stopped: %s", name, rec.version, e)

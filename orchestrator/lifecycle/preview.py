@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError, SinkError
 from orchestrator.context import Kappa
+from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.tables import read_table
 from orchestrator.lifecycle.diff import TOP_CHANGES, compare_tables
 
@@ -58,14 +59,14 @@ class RulesPreview(BaseModel):
         return self.serving_rules_hash == self.rules_hash
 
 
-def served_pointer(k: Kappa, pipeline: str) -> dict[str, Any] | None:
+def served_pointer(k: Kappa, spec: PipelineSpec) -> dict[str, Any] | None:
     """The published pointer of the pipeline's alias; None when nothing is served yet.
 
     SinkError when the pointer file is damaged, ConfigError when it names another pipeline.
     """
     from orchestrator.serving import resolve_alias
 
-    spec = k.pipeline(pipeline)
+    pipeline = spec.name
     try:
         pointer = resolve_alias(spec.alias, k.settings)
     except NotFoundError:
@@ -77,14 +78,13 @@ def served_pointer(k: Kappa, pipeline: str) -> dict[str, Any] | None:
     return pointer
 
 
-def _load(k: Kappa, pipeline: str, rules_version: str):
-    """The pipeline's spec and the validated rules file, found and checked as deploy finds and checks it."""
+def _load(k: Kappa, spec: PipelineSpec, rules_version: str):
+    """The validated rules file, found and checked as deploy finds and checks it."""
     from jobs.lib.rules import load_rules, rules_path
 
-    spec = k.pipeline(pipeline)
     if not spec.ruleset:
-        raise ConfigError(f"pipeline {pipeline!r} (job {spec.job!r}) takes no rules: there is nothing to preview")
-    return spec, load_rules(rules_path(spec.ruleset, rules_version, k.settings.rules_location))
+        raise ConfigError(f"pipeline {spec.name!r} (job {spec.job!r}) takes no rules: there is nothing to preview")
+    return load_rules(rules_path(spec.ruleset, rules_version, k.settings.rules_location))
 
 
 def _open(pointer: dict[str, Any], alias: str):
@@ -99,7 +99,7 @@ def _open(pointer: dict[str, Any], alias: str):
             f"cannot be opened ({first}); see `kappa status {pointer['pipeline']}` or run `kappa reconcile`") from None
 
 
-def preview_rules(k: Kappa, pipeline: str, rules_version: str, *, top: int = TOP_CHANGES) -> RulesPreview:
+def preview_rules(k: Kappa, spec: PipelineSpec, rules_version: str, *, top: int = TOP_CHANGES) -> RulesPreview:
     """Apply `rules_version` to the raw columns of the table `pipeline`'s alias serves; count what changes.
 
     NotFoundError for an unknown pipeline or when nothing is served yet, RulesError for a rules
@@ -109,8 +109,9 @@ def preview_rules(k: Kappa, pipeline: str, rules_version: str, *, top: int = TOP
     import pyarrow as pa
 
     t0 = time.perf_counter()
-    spec, rules = _load(k, pipeline, rules_version)
-    pointer = served_pointer(k, pipeline)
+    pipeline = spec.name
+    rules = _load(k, spec, rules_version)
+    pointer = served_pointer(k, spec)
     if pointer is None:
         raise NotFoundError(
             f"pipeline {pipeline!r} serves nothing yet (alias {spec.alias!r} is not published), so there is no "

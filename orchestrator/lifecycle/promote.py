@@ -30,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.checks import CheckResult, result
 from orchestrator.core.crashpoints import crashpoint
+from orchestrator.context import Kappa, VersionRef
 from orchestrator.core.exceptions import ConfigError, ConflictError, KappaError, NotFoundError, NotReadyError
-from orchestrator.context import Kappa
+from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl import inspect_version, mark_failed
 from orchestrator.lifecycle.await_ready import Readiness, readiness
@@ -89,36 +90,36 @@ def _alias_versions(k: Kappa, alias: str) -> tuple[int | None, int | None, int |
     return rec.version, rec.previous_version, rec.published_version
 
 
-def finish_interrupted_flip(k: Kappa, alias: str, *, actor: str = "kappa") -> dict[str, Any] | None:
-    """If the registry moved the alias but the pointer was not published, publish it now."""
+def finish_interrupted_flip(k: Kappa, spec: PipelineSpec, *, actor: str = "kappa") -> dict[str, Any] | None:
+    """If the registry moved the pipeline's alias but the pointer was not published, publish it now."""
+    alias = spec.alias
     current, _prev, published = _alias_versions(k, alias)
     if current is None or published == current:
         return None
     pointer = publish_current(k, alias)
     rec = k.registry.get_alias(alias)
-    set_serving_states(k, rec.pipeline, rec.version, rec.previous_version)
+    set_serving_states(k, spec, rec.version, rec.previous_version)
     k.registry.audit("publish", actor=actor, pipeline=pointer["pipeline"] if pointer else None,
                      version=current, reason="finish a flip interrupted before its publish",
                      details={"alias": alias, "published_before": published, "pointer": pointer})
     return pointer
 
 
-def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: int, actor: str,
+def flip(v: VersionRef, *, expected_version: int | None, actor: str,
          reason: str | None, action: str, details: dict[str, Any] | None = None,
          watch: dict[str, Any] | None = None, grace_seconds: float | None = None,
          forced: bool = False) -> dict[str, Any]:
-    """Compare-and-swap the alias, publish the pointer, set serving/standby, audit. Returns the pointer.
+    """Compare-and-swap the alias to `v`, publish the pointer, set serving/standby, audit. Returns the pointer.
 
     `watch` is stored with the flip, in its transaction (`orchestrator.registry.watches`), and so is
     the end of the replaced version's standby: after `grace_seconds` (None: the pipeline's grace period).
     `forced`: a rollback forced at its deadline, whose target's running job has not caught up."""
-    spec = k.pipeline(pipeline)
-    reg = k.registry
+    k, spec, reg, pipeline, new_version = v.k, v.spec, v.registry, v.pipeline, v.version
     grace = spec.grace_period_seconds if grace_seconds is None else grace_seconds
     # The target's job must be healthy at flip time, not only when the checks ran: a job that
     # died since is recorded as failed (which the flip's own transaction then refuses).
-    st = inspect_version(k, pipeline, new_version)
-    if st.failed or (not st.alive and reg.get_version(pipeline, new_version).state != VersionState.SERVING):
+    st = inspect_version(v)
+    if st.failed or (not st.alive and v.reread().record.state != VersionState.SERVING):
         if st.failed:
             mark_failed(k, st, actor=actor)
         error = (f"{action} of {pipeline} v{new_version} refused at flip time: its job is {st.describe()}; "
@@ -158,21 +159,22 @@ def flip(k: Kappa, pipeline: str, *, expected_version: int | None, new_version: 
     return pointer or {}
 
 
-def _checks(k: Kappa, pipeline: str, version: int, serving: int | None, *, record: bool,
+def _checks(v: VersionRef, serving: VersionRef | None, *, record: bool,
             allow_schema_change: bool) -> tuple[list[CheckResult], Readiness, Report | None]:
     from orchestrator.lifecycle.report import validation_report
 
+    version = v.version
     checks: list[CheckResult] = []
-    r = readiness(k, pipeline, version, record=record)
+    r = readiness(v, record=record)
     checks.append(result("ready", r.ready, r.summary()))
-    watch = (k.registry.get_version(pipeline, version).details or {}).get("watch") or {}
+    watch = (v.record.details or {}).get("watch") or {}
     if watch.get("state") == "rolled_back":
         checks.append(result("auto_rollback", False,
                              f"v{version} was rolled back automatically after its promote ({watch.get('cause')}); "
                              f"promote it again only with --force and a reason, or deploy a new version"))
     report = None
     try:
-        report = validation_report(k, pipeline, version, save=record, serving_version=serving)
+        report = validation_report(v, save=record, serving=serving)
     except KappaError as e:
         checks.append(result("report", False, str(e)))
     if report is not None:
@@ -183,12 +185,12 @@ def _checks(k: Kappa, pipeline: str, version: int, serving: int | None, *, recor
     return checks, r, report
 
 
-def _new_watch(k: Kappa, pipeline: str, standby: int | None, now: float, grace: float,
+def _new_watch(v: VersionRef, standby: int | None, now: float, grace: float,
                checks: list[CheckResult]) -> dict | None:
     """The watch a promote stores with its flip: over the grace period, while `standby` is standby.
 
     It ends by `now` + `grace`, before the standby's own end (the same grace from the later flip)."""
-    spec = k.pipeline(pipeline)
+    spec = v.spec
     if not spec.auto_rollback or standby is None:
         return None
     return {"state": "watching", "standby": standby, "started_at": now, "until": now + grace,
@@ -197,7 +199,7 @@ def _new_watch(k: Kappa, pipeline: str, standby: int | None, now: float, grace: 
             "reject_rate_at_promote": next((c.value for c in checks if c.name == "reject_rate"), None)}
 
 
-def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, reason: str | None = None,
+def promote(v: VersionRef, *, actor: str, reason: str | None = None,
             dry_run: bool = False, force: bool = False, allow_schema_change: bool = False,
             grace_seconds: float | None = None) -> PromoteResult:
     """Check, report, flip (CAS), publish, record. `dry_run` says exactly what would happen.
@@ -205,12 +207,12 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
     The version replaced stays a running standby for `grace_seconds` (None: the pipeline's
     `grace_period_seconds`; 0: the monitor stops it at its next pass), stored with the flip.
 
-    `version` None promotes `promote_target(k, pipeline)`. `force` (with a reason, audited) promotes
+    A front end without a version promotes `promote_target(k, pipeline)`. `force` (with a reason, audited) promotes
     although checks failed (not `ready` nor `report`); `allow_schema_change` lets a version whose
     columns were removed or retyped pass the `schema` check. With `auto_rollback`, the flip stores
     the watch of the promoted version (`orchestrator.lifecycle.watch`).
     """
-    spec = k.pipeline(pipeline)
+    k, spec, pipeline, version = v.k, v.spec, v.pipeline, v.version
     if force and not (reason or "").strip():
         raise ConfigError(f"promote of {pipeline} with --force needs a reason (--reason \"...\"): it is recorded "
                           f"in the audit log with the checks it overrode")
@@ -220,9 +222,6 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
                           f"{grace_seconds!r} (--grace; empty for the pipeline's {spec.grace_period_seconds:.0f} s)")
     reg = k.registry
     alias = spec.alias
-    if version is None:
-        version = promote_target(k, pipeline)
-    reg.get_version(pipeline, version)  # NotFoundError for an unknown version
     now = time.time()
     current, _prev, published = _alias_versions(k, alias)
     actions: list[str] = []
@@ -230,13 +229,13 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
     if current is not None and published != current:
         actions.append(f"publish the interrupted flip to v{current} first (pointer {pointer_file})")
         if not dry_run:
-            finish_interrupted_flip(k, alias, actor=actor)
+            finish_interrupted_flip(k, spec, actor=actor)
 
     if current == version:
         msg = f"{pipeline} v{version} already serves alias {alias!r}; nothing to promote"
         if not dry_run:
             pointer = publish_current(k, alias)
-            set_serving_states(k, pipeline, version, None)
+            set_serving_states(k, spec, version, None)
             reg.audit("promote", actor=actor, pipeline=pipeline, version=version, reason=reason,
                       outcome="noop", details={"message": msg})
         else:
@@ -245,8 +244,8 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
                              dry_run=dry_run, flipped=False, published=not dry_run, would_succeed=True, message=msg,
                              actions=actions, pointer=pointer, actor=actor, reason=reason, at=now)
 
-    checks, r, report = _checks(k, pipeline, version, current, record=not dry_run,
-                                allow_schema_change=allow_schema_change)
+    serving = None if current is None else v.sibling(current)
+    checks, r, report = _checks(v, serving, record=not dry_run, allow_schema_change=allow_schema_change)
     failed = [c for c in checks if not c.ok]
     forced: list[str] = []
     if force and failed and not any(c.name in UNFORCEABLE for c in failed):
@@ -258,16 +257,16 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
                  + "; ".join(f"{c.name}: {c.detail}" for c in failed))
     from_txt = "nothing" if current is None else f"v{current}"
     if report is not None:
-        actions.append(f"write the validation report to {k.paths(pipeline, version).report_file}")
+        actions.append(f"write the validation report to {v.paths.report_file}")
     actions += [
         f"flip alias {alias!r} from {from_txt} to v{version} (compare-and-swap in the registry)",
-        f"publish pointer {pointer_file} -> {k.paths(pipeline, version).table}",
+        f"publish pointer {pointer_file} -> {v.paths.table}",
         f"set {pipeline} v{version} to serving",
     ]
     if current is not None:
         actions.append(f"keep v{current} running as standby for {grace:.0f} s, then stop "
                        f"its job (table and checkpoint kept)")
-    watch = _new_watch(k, pipeline, current, now, grace, checks)
+    watch = _new_watch(v, current, now, grace, checks)
     if watch is not None:
         actions.append(f"watch v{version} for {grace:.0f} s (auto_rollback): roll back to "
                        f"v{current} if it degrades")
@@ -287,7 +286,7 @@ def promote(k: Kappa, pipeline: str, version: int | None = None, *, actor: str, 
         reg.audit("promote", actor=actor, pipeline=pipeline, version=version, reason=reason, outcome="refused",
                   details={"error": error, "checks": audited_checks, "readiness": r.decision()})
         raise NotReadyError(error, failed_checks=[c.name for c in failed])
-    pointer = flip(k, pipeline, expected_version=current, new_version=version, actor=actor, reason=reason,
+    pointer = flip(v, expected_version=current, actor=actor, reason=reason,
                    action="promote", watch=watch, grace_seconds=grace,
                    details={"checks": audited_checks, "readiness": r.decision(), "forced": forced,
                             "report": report.model_dump(mode="json", exclude={"top_changes"}) if report else {}})

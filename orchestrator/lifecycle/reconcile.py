@@ -24,7 +24,7 @@ import logging
 from typing import Any, Iterable
 
 from orchestrator.core.exceptions import ConflictError, KappaError
-from orchestrator.context import Kappa
+from orchestrator.context import Kappa, VersionRef
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import RUNNING, VersionState
 from orchestrator.jobctl import inspect_version, stop_version
@@ -48,14 +48,14 @@ def _reconcile_alias(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str,
     if rec is None or rec.pipeline != spec.name:
         return []
     pointer = read_pointer(k.alias_file(spec.alias))
-    table = str(k.paths(rec.pipeline, rec.version).table)
+    table = str(k.version(spec, rec.version).paths.table)
     in_sync = (pointer is not None and pointer.get("version") == rec.version and pointer.get("table") == table
                and rec.published_version == rec.version)
     if in_sync:
         return []
     was = None if pointer is None else pointer.get("version")
     new = publish_current(k, spec.alias)
-    set_serving_states(k, rec.pipeline, rec.version, rec.previous_version)
+    set_serving_states(k, spec, rec.version, rec.previous_version)
     action = {"kind": "publish", "pipeline": spec.name, "alias": spec.alias, "version": rec.version,
               "pointer_was": was, "registry_published_was": rec.published_version, "pointer": new}
     k.registry.audit("reconcile", actor=actor, pipeline=spec.name, version=rec.version,
@@ -65,9 +65,10 @@ def _reconcile_alias(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str,
 
 def _reconcile_versions(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str, Any]]:
     out = []
-    for rec in k.registry.list_versions(spec.name):
+    for v in k.versions(spec):
+        rec = v.record
         try:
-            action = _reconcile_version(k, spec, rec, actor)
+            action = _reconcile_version(v, actor)
         except KappaError as e:  # reported; the other versions are still repaired
             log.warning("reconcile of %s v%s: %s", spec.name, rec.version, e)
             action = {"kind": "error", "pipeline": spec.name, "version": rec.version, "state": rec.state,
@@ -77,25 +78,26 @@ def _reconcile_versions(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[s
     return out
 
 
-def _reconcile_version(k: Kappa, spec: PipelineSpec, rec: Any, actor: str) -> dict[str, Any] | None:
+def _reconcile_version(v: VersionRef, actor: str) -> dict[str, Any] | None:
+    k, spec, rec = v.k, v.spec, v.record
     if rec.lease_held():
         return None  # its job is being started or stopped right now: the lease holder finishes that
     if rec.state == VersionState.RETIRING:
         from orchestrator.lifecycle.retire import retire
 
-        res = retire(k, spec.name, rec.version, actor=actor, reason="reconcile: finish an interrupted retire")
+        res = retire(v, actor=actor, reason="reconcile: finish an interrupted retire")
         action: dict[str, Any] | None = {"kind": "finish_retire", "done": res.done}
         return _audited(k, spec, rec, actor, action)
-    st = inspect_version(k, spec.name, rec.version)
+    st = inspect_version(v)
     action = None
     if rec.state in RUNNING:
         if st.failed:
-            action = _dead_job(k, spec, rec, st, actor)
+            action = supervise_version(v, st, actor=actor)
         elif st.health == "not_started" and rec.state == VersionState.STARTING:
             # its starter died after taking the lease and before launching the job
             st = st.model_copy(update={"health": "failed", "error": "its start was interrupted before the job "
                                        "was launched (the starting process died); start it again"})
-            action = _dead_job(k, spec, rec, st, actor)
+            action = supervise_version(v, st, actor=actor)
         elif st.health in ("stopped", "finished", "not_started") and rec.state != VersionState.SERVING:
             k.registry.set_state(spec.name, rec.version, VersionState.STOPPED, expected=rec.state, pid=None)
             action = {"kind": "mark_stopped", "was": rec.state, "job": st.health}
@@ -109,19 +111,14 @@ def _reconcile_version(k: Kappa, spec: PipelineSpec, rec: Any, actor: str) -> di
         except ConflictError:
             return None
         try:
-            if inspect_version(k, spec.name, rec.version).pid != st.pid:
+            if inspect_version(v).pid != st.pid:
                 return None  # a new job was launched since this one was inspected
-            res = stop_version(k, spec.name, rec.version, actor=actor, force=True, final_state=None,
+            res = stop_version(v, actor=actor, force=True, final_state=None,
                                reason=f"reconcile: the registry says {rec.state}, but its job was running")
         finally:
             k.registry.release_lease(spec.name, rec.version, owner=owner, epoch=leased.lease_epoch)
         action = {"kind": "stop_orphan_job", "state": rec.state, "pid": res.pid, "how": res.how}
     return _audited(k, spec, rec, actor, action)
-
-
-def _dead_job(k: Kappa, spec: PipelineSpec, rec: Any, st: Any, actor: str) -> dict[str, Any] | None:
-    """A version in a running state whose job is dead: restarted under supervision, or failed past its bound."""
-    return supervise_version(k, spec, rec, st, actor=actor)
 
 
 def _audited(k: Kappa, spec: PipelineSpec, rec: Any, actor: str,
@@ -134,12 +131,13 @@ def _audited(k: Kappa, spec: PipelineSpec, rec: Any, actor: str,
     return action
 
 
-def reconcile(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """Repair interrupted publishes and registry states that disagree with the processes."""
-    names = list(pipelines) if pipelines is not None else list(k.pipelines)
+def reconcile(k: Kappa, *, actor: str, specs: Iterable[PipelineSpec] | None = None) -> list[dict[str, Any]]:
+    """Repair interrupted publishes and registry states that disagree with the processes (of the
+    pipelines `specs`, default all). A dead job of a running version is supervised: restarted from
+    its checkpoint, or failed past its bound (`orchestrator.lifecycle.supervise`)."""
     actions: list[dict[str, Any]] = []
-    for name in names:
-        spec = k.pipeline(name)
+    for spec in (k.specs() if specs is None else specs):
+        name = spec.name
         try:
             actions += _reconcile_alias(k, spec, actor)
         except KappaError as e:  # reported; the versions are still repaired

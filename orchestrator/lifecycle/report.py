@@ -33,7 +33,8 @@ from pydantic import BaseModel, Field, computed_field, field_serializer
 from orchestrator.core.checks import CheckResult, result, run_checks
 from orchestrator.core.exceptions import ConfigError, KappaError, SinkError
 from orchestrator.core.files import write_json_atomic
-from orchestrator.context import Kappa
+from orchestrator.core.pipelines import PipelineSpec
+from orchestrator.context import Kappa, VersionRef
 from orchestrator.lifecycle.diff import POSITION, compare_tables, diff_rows, schema_changes
 from orchestrator.observe.render import key_counts
 
@@ -170,34 +171,33 @@ def _skewed(mine, other, keys: list[str], mine_next: dict[tuple[str, int], int] 
                if p is None or mine_next.get((topics[0], int(p))) != other_next.get((topics[0], int(p))))
 
 
-def _next_offsets(k: Kappa, pipeline: str, version: int) -> dict[tuple[str, int], int] | None:
+def _next_offsets(v: VersionRef) -> dict[tuple[str, int], int] | None:
     from orchestrator.observe.lag import checkpoint_next_offsets
 
-    return checkpoint_next_offsets(k.paths(pipeline, version).checkpoint)[0]
+    return checkpoint_next_offsets(v.paths.checkpoint)[0]
 
 
-def _offsets_read(k: Kappa, pipeline: str, version: int, ckpt: Any = _UNSET) -> int:
-    """Records `version` has read, by offsets; `ckpt`: its checkpoint's next offsets, if read already."""
+def offsets_read(v: VersionRef, ckpt: Any = _UNSET) -> int:
+    """Records the version has read, by offsets; `ckpt`: its checkpoint's next offsets, if read already."""
     from orchestrator.observe.lag import log_offsets
 
     if ckpt is _UNSET:
-        ckpt = _next_offsets(k, pipeline, version)
+        ckpt = _next_offsets(v)
     if not ckpt:
         return 0
     try:
-        starts = {tp: lo for tp, (lo, _hi) in log_offsets(k, k.pipeline(pipeline).topics).items()}
+        starts = {tp: lo for tp, (lo, _hi) in log_offsets(v.k, v.spec.topics).items()}
     except Exception:
         starts = {}
     return sum(max(0, nxt - starts.get(tp, 0)) for tp, nxt in ckpt.items())
 
 
-def check_tables(k: Kappa, pipeline: str, version: int, other: int | None, *,
+def check_tables(v: VersionRef, other: VersionRef | None, *,
                  checks: Any = ()) -> tuple[dict[str, Any], dict[str, int]]:
-    """The tables a check reads (`orchestrator.core.checks.TABLES`), with `version` as the candidate and
+    """The tables a check reads (`orchestrator.core.checks.TABLES`), with `v` as the candidate and
     `other` as the serving one, each read once; and the Delta version each was read at. The `diff`
     table (a join of the two) is made only when one of `checks` reads it."""
-    spec = k.pipeline(pipeline)
-    paths = k.paths(pipeline, version)
+    spec, paths, pipeline, version = v.spec, v.paths, v.pipeline, v.version
     snap = _snapshot(paths.table)
     if snap is None:
         raise SinkError(f"{pipeline} v{version} has no output table yet at {paths.table}: its job has not "
@@ -207,7 +207,7 @@ def check_tables(k: Kappa, pipeline: str, version: int, other: int | None, *,
     tables = {"candidate": new, "candidate_rejects": rejects_snap[0] if rejects_snap else None}
     old = old_rejects = None
     if other is not None:
-        old_paths = k.paths(pipeline, other)
+        old_paths = other.paths
         old_snap = _snapshot(old_paths.table)
         if old_snap is not None:
             old, versions_read["serving"] = old_snap
@@ -259,33 +259,34 @@ def _builtin_checks(report: Report) -> list[CheckResult]:
     return out
 
 
-def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = True,
-                      serving_version: int | None = _UNSET) -> Report:
-    """Compare version N with the version the alias serves now, run the checks; save the report beside N."""
-    spec = k.pipeline(pipeline)
-    reg = k.registry
-    rec = reg.get_version(pipeline, version)
-    if serving_version is _UNSET:
+def validation_report(v: VersionRef, *, save: bool = True, serving: VersionRef | None = _UNSET) -> Report:
+    """Compare the version with `serving` (default: the version the alias serves now), run the checks;
+    save the report beside the version."""
+    spec, reg, rec, pipeline, version, paths = v.spec, v.registry, v.record, v.pipeline, v.version, v.paths
+    if serving is _UNSET:
         alias = reg.get_alias(spec.alias)
-        serving_version = alias.version if alias is not None and alias.pipeline == pipeline else None
-    if serving_version == version:
+        serving_n = alias.version if alias is not None and alias.pipeline == pipeline else None
+        if serving_n == version:
+            serving_n = alias.previous_version
+        serving = None if serving_n is None else v.sibling(serving_n)
+    elif serving is not None and serving.version == version:
         alias_prev = reg.get_alias(spec.alias)
-        serving_version = alias_prev.previous_version if alias_prev is not None else None
-    paths = k.paths(pipeline, version)
-    tables, table_versions = check_tables(k, pipeline, version, serving_version, checks=spec.checks)
+        serving = v.sibling(alias_prev.previous_version) if alias_prev and alias_prev.previous_version else None
+    serving_version = None if serving is None else serving.version
+    tables, table_versions = check_tables(v, serving, checks=spec.checks)
     new, rejects = tables["candidate"], tables["candidate_rejects"]
-    new_next = _next_offsets(k, pipeline, version)
-    offsets_read = _offsets_read(k, pipeline, version, new_next)
-    reject_rate = rejects.num_rows / offsets_read if offsets_read else 0.0
+    new_next = _next_offsets(v)
+    n_read = offsets_read(v, new_next)
+    reject_rate = rejects.num_rows / n_read if n_read else 0.0
     report = Report(
         pipeline=pipeline, version=version, serving_version=serving_version, alias=spec.alias,
         generated_at=time.time(), keys_new=new.num_rows, keys_serving=None, key_delta_ratio=None,
-        key_count_tolerance=spec.key_count_tolerance, key_count_ok=None, offsets_read=offsets_read,
+        key_count_tolerance=spec.key_count_tolerance, key_count_ok=None, offsets_read=n_read,
         rejects=rejects.num_rows, reject_rate=reject_rate, max_reject_rate=spec.max_reject_rate,
         reject_rate_ok=reject_rate <= spec.max_reject_rate, rules_version=rec.rules_version,
         table_versions=table_versions)
-    if serving_version is not None:
-        report.serving_rules_version = reg.get_version(pipeline, serving_version).rules_version
+    if serving is not None:
+        report.serving_rules_version = serving.record.rules_version
         old = tables["serving"]
         keys = list(spec.key_columns)
         report.keys_serving = old.num_rows
@@ -296,7 +297,7 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
         lost = _keys_lost_to_compaction(new, old, keys, rejects)
         report.keys_lost_to_compaction = lost
         report.keys_only_serving -= lost
-        old_next = _next_offsets(k, pipeline, serving_version)
+        old_next = _next_offsets(serving)
         report.keys_only_serving_skewed = _skewed(old, new, keys, old_next, new_next, spec.topics)
         report.keys_only_new_skewed = _skewed(new, old, keys, new_next, old_next, spec.topics)
         kept_old = old.num_rows - lost - report.keys_only_serving_skewed
@@ -316,7 +317,7 @@ def validation_report(k: Kappa, pipeline: str, version: int, *, save: bool = Tru
     return report
 
 
-def check_pipeline_checks(k: Kappa, pipeline: str) -> str:
+def check_pipeline_checks(k: Kappa, spec: PipelineSpec) -> str:
     """Refuse (ConfigError, one line) a check of `pipeline` that does not parse or names an unknown table
     or column; what it was checked against. The columns are those of the newest version's table that
     exists (the one the alias serves, else the newest): a version about to be deployed is expected to
@@ -326,15 +327,16 @@ def check_pipeline_checks(k: Kappa, pipeline: str) -> str:
     from orchestrator.core.checks import validate_checks
     from orchestrator.core.tables import arrow_schema
 
-    spec = k.pipeline(pipeline)
+    pipeline = spec.name
     if not spec.checks:
         return "no checks declared"
     alias = k.registry.get_alias(spec.alias)
-    order = sorted((r.version for r in k.registry.list_versions(pipeline) if r.state != "retired"), reverse=True)
-    if alias is not None and alias.pipeline == pipeline:
+    live = {v.version: v for v in k.versions(spec) if v.record.state != "retired"}
+    order = sorted(live, reverse=True)
+    if alias is not None and alias.pipeline == pipeline and alias.version in live:
         order = [alias.version] + [n for n in order if n != alias.version]
     for n in order:
-        paths = k.paths(pipeline, n)
+        paths = live[n].paths
         table = arrow_schema(paths.table)
         if table is None:
             continue

@@ -19,7 +19,8 @@ from pydantic import BaseModel, Field
 from orchestrator.core import uris
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import BrokerError, KappaError, LifecycleError, RefusedError
-from orchestrator.context import Kappa
+from orchestrator.context import Kappa, VersionRef
+from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl import stop_version
 
@@ -53,9 +54,9 @@ class RetentionPlan(BaseModel):
     message: str = ""
 
 
-def protected_versions(k: Kappa, pipeline: str) -> dict[int, str]:
-    """{version: why} for the versions that must not be retired."""
-    spec = k.pipeline(pipeline)
+def protected_versions(k: Kappa, spec: PipelineSpec) -> dict[int, str]:
+    """{version: why} for the versions of the pipeline that must not be retired."""
+    pipeline = spec.name
     rec = k.registry.get_alias(spec.alias)
     out: dict[int, str] = {}
     if rec is not None and rec.pipeline == pipeline:
@@ -98,12 +99,11 @@ def _delete_group(k: Kappa, group_id: str) -> str:
                           f"with kafka-consumer-groups --delete --group {group_id}") from None
 
 
-def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | None = None,
-           dry_run: bool = False) -> RetireResult:
-    """Stop the job and delete table, rejects, checkpoint, run dir and consumer group of a version."""
-    reg = k.registry
-    rec = reg.get_version(pipeline, version)
-    protected = protected_versions(k, pipeline)
+def retire(v: VersionRef, *, actor: str, reason: str | None = None, dry_run: bool = False) -> RetireResult:
+    """Stop the job and delete table, rejects, checkpoint, run dir and consumer group of a version
+    (decided on its record as resolved: its state changes below are compare-and-swaps from it)."""
+    k, reg, rec, pipeline, version = v.k, v.registry, v.record, v.pipeline, v.version
+    protected = protected_versions(k, v.spec)
     if version in protected:
         msg = (f"cannot retire {pipeline} v{version}: {protected[version]}; promote or roll back to another "
                f"version first")
@@ -111,7 +111,7 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
             reg.audit("retire", actor=actor, pipeline=pipeline, version=version, reason=reason,
                       outcome="refused", details={"error": msg})
         raise RefusedError(msg)
-    paths = k.paths(pipeline, version)
+    paths = v.paths
     dirs = _locations(paths)
     actions = [f"stop the job of v{version} (if running)"]
     actions += [f"delete {what} {p} ({uris.size(p)} bytes)" for what, p in dirs if uris.exists(p)]
@@ -124,12 +124,12 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
     if rec.state not in (VersionState.STOPPED, VersionState.FAILED, VersionState.CREATED, VersionState.RETIRING,
                          VersionState.RETIRED):
         # a running version that serves nothing: stopped first (a compare-and-swap from its state)
-        stop_version(k, pipeline, version, actor=actor, reason=why, expected_state=rec.state)
+        stop_version(v, actor=actor, reason=why, expected_state=rec.state)
     if rec.state != VersionState.RETIRED:
         # From here no alias can be flipped to it: the registry refuses a retiring target.
         reg.begin_retire(pipeline, version, actor=actor, reason=reason)
         crashpoint("retire.marked")
-    stop_version(k, pipeline, version, actor=actor, reason=why, force=True, final_state=None)
+    stop_version(v, actor=actor, reason=why, force=True, final_state=None)
     result.done.append("job stopped")
     for what, p in dirs:
         if uris.exists(p):
@@ -153,18 +153,19 @@ def retire(k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | N
     return result
 
 
-def apply_retention(k: Kappa, pipeline: str, *, actor: str, dry_run: bool = True, keep: int | None = None,
+def apply_retention(k: Kappa, spec: PipelineSpec, *, actor: str, dry_run: bool = True, keep: int | None = None,
                     reason: str | None = None) -> RetentionPlan:
     """Retire every version older than the last `keep` (default: the pipeline's keep_versions)."""
-    spec = k.pipeline(pipeline)
+    pipeline = spec.name
     keep = spec.keep_versions if keep is None else keep
-    versions = sorted(k.registry.list_versions(pipeline), key=lambda r: r.version)
+    refs = {v.version: v for v in k.versions(spec)}
+    versions = [refs[n].record for n in sorted(refs)]
     live = [r for r in versions if r.state not in (VersionState.RETIRED, VersionState.RETIRING)]
     # Versions in flight (deployed, not yet served) are kept on top of the last `keep`: they do not
     # count among them, or a reprocess in progress would push a finished version out under it.
     settled = [r for r in live if not r.in_flight]
     kept = [r.version for r in settled[-keep:]] if keep > 0 else []
-    protected = protected_versions(k, pipeline)
+    protected = protected_versions(k, spec)
     for r in live:
         if r.in_flight and r.version not in protected:
             protected[r.version] = f"it is in flight ({r.state}): deployed and not yet served"
@@ -172,13 +173,13 @@ def apply_retention(k: Kappa, pipeline: str, *, actor: str, dry_run: bool = True
     to_retire = [v for v in candidates if v not in protected]
     plan = RetentionPlan(pipeline=pipeline, keep=keep, dry_run=dry_run, kept=kept, retire=to_retire,
                          protected={v: why for v, why in protected.items() if v in candidates})
-    for v in to_retire:
+    for n in to_retire:
         try:
-            res = retire(k, pipeline, v, actor=actor, reason=reason or f"retention: keep the last {keep}",
+            res = retire(refs[n], actor=actor, reason=reason or f"retention: keep the last {keep}",
                          dry_run=dry_run)
             plan.results.append(res.model_dump(mode="json"))
         except KappaError as e:
-            plan.results.append({"pipeline": pipeline, "version": v, "error": str(e)})
+            plan.results.append({"pipeline": pipeline, "version": n, "error": str(e)})
     verb = "would retire" if dry_run else "retired"
     plan.message = (f"{pipeline}: keep {kept}; {verb} {to_retire or 'nothing'}"
                     + (f"; protected {sorted(plan.protected)}" if plan.protected else ""))

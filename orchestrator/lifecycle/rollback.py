@@ -46,7 +46,8 @@ from pydantic import BaseModel, ConfigDict
 from orchestrator.core import uris
 from orchestrator.core.crashpoints import crashpoint
 from orchestrator.core.exceptions import ConfigError, KappaError, LifecycleError, NotFoundError, NotReadyError
-from orchestrator.context import Kappa
+from orchestrator.context import Kappa, VersionRef
+from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import FLIP_TARGETS, VersionState
 from orchestrator.jobctl import inspect_version, restart_version, start_version, stop_version
 from orchestrator.jobctl.stop import stop_under_way, wait_stop_finished
@@ -139,17 +140,17 @@ def _unpublished_flip_action(k: Kappa, alias: str) -> str | None:
     return None
 
 
-def _records_behind(k: Kappa, pipeline: str, version: int) -> tuple[int | None, str | None]:
+def _records_behind(v: VersionRef) -> tuple[int | None, str | None]:
     """The records a stopped version has to catch up: the log end minus its checkpoint (the whole log
     when it has committed nothing), and why it is unknown when it is."""
     try:
-        ckpt, _ = lag_mod.checkpoint_next_offsets(k.paths(pipeline, version).checkpoint)
-        logs = lag_mod.log_offsets(k, k.pipeline(pipeline).topics)
+        ckpt, _ = lag_mod.checkpoint_next_offsets(v.paths.checkpoint)
+        logs = lag_mod.log_offsets(v.k, v.spec.topics)
     except KappaError as e:
         return None, str(e)
     except Exception as e:  # noqa: BLE001 - a checkpoint being written or corrupt: the estimate says so
         return None, f"cannot read its checkpoint: {e}"
-    reading = lag_mod.lag_from_offsets(pipeline, version, logs, ckpt)
+    reading = lag_mod.lag_from_offsets(v.pipeline, v.version, logs, ckpt)
     return reading.total, reading.error
 
 
@@ -165,14 +166,15 @@ def _last_restart_seconds(k: Kappa, pipeline: str) -> float | None:
     return None
 
 
-def restart_estimate(k: Kappa, pipeline: str, version: int, *, restart: bool = True) -> RestartEstimate:
-    """What a rollback to `version` costs (`RestartEstimate`); `restart` False: its job runs, the flip is
+def restart_estimate(v: VersionRef, *, restart: bool = True) -> RestartEstimate:
+    """What a rollback to the version costs (`RestartEstimate`); `restart` False: its job runs, the flip is
     instant (nothing is measured then). Reads the Kafka log's end offsets for a restart."""
+    k, pipeline, version = v.k, v.pipeline, v.version
     last = _last_restart_seconds(k, pipeline)
     if not restart:
         return RestartEstimate(version=version, restart=False, last_restart_seconds=last,
-                               standby_until=standby_until(k, pipeline, version))
-    behind, error = _records_behind(k, pipeline, version)
+                               standby_until=standby_until(v))
+    behind, error = _records_behind(v)
     stop = None
     for e in reversed(k.registry.audit_log(pipeline, limit=100, version=version)):
         if e.action == "start" and e.outcome == "ok":
@@ -251,21 +253,20 @@ def restart_progress_line(version: int, lag: int | None, *, eta_seconds: float |
     return line
 
 
-def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str,
+def prepare_rollback(k: Kappa, spec: PipelineSpec, to_version: int | None = None, *, actor: str,
                      reason: str | None = None, stop_wait_seconds: float | None = None) -> RollbackPlan:
     """Pick the target (default: the previous serving version); restart its job from its checkpoint if stopped.
 
     If someone else is stopping the target's job, wait (at most `stop_wait_seconds`) until that stop
     has ended, then start it: a LifecycleError past that."""
-    spec = k.pipeline(pipeline)
-    reg = k.registry
+    pipeline, reg = spec.name, k.registry
     alias = spec.alias
     rec = reg.get_alias(alias)
     if rec is None or rec.version is None:
         raise NotFoundError(f"alias {alias!r} of {pipeline} serves nothing yet: nothing to roll back; "
                             f"promote a version first")
     interrupted_by = _unpublished_flip_action(k, alias) if rec.needs_publish else None
-    interrupted = finish_interrupted_flip(k, alias, actor=actor)
+    interrupted = finish_interrupted_flip(k, spec, actor=actor)
     if interrupted is not None and to_version is None and interrupted_by == "rollback":
         return RollbackPlan(pipeline=pipeline, alias=alias, from_version=rec.published_version,
                             to_version=rec.version, restarted=False, done=True, pointer=interrupted,
@@ -280,49 +281,50 @@ def prepare_rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, 
         return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
                             restarted=False, done=True, pointer=publish_current(k, alias),
                             message=f"{pipeline} v{target} already serves alias {alias!r}; nothing to roll back")
-    target_state = reg.get_version(pipeline, target).state
+    tv = k.version(spec, target)         # the target, resolved once
+    target_state = tv.record.state
     if target_state in (VersionState.RETIRED, VersionState.RETIRING):
         raise LifecycleError(f"cannot roll back to {pipeline} v{target}: it is retired (table and checkpoint "
                              f"deleted); pick another version or deploy a new one")
-    st = inspect_version(k, pipeline, target)
+    st = inspect_version(tv)
     if st.alive and not st.failed and target_state in FLIP_TARGETS:
-        est = restart_estimate(k, pipeline, target, restart=False)
+        est = restart_estimate(tv, restart=False)
         return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
                             restarted=False, done=False, estimate=est, message=_instant_message(pipeline, est))
-    checkpoint = k.paths(pipeline, target).checkpoint
+    checkpoint = tv.paths.checkpoint
     if not uris.exists(checkpoint):
         raise LifecycleError(f"cannot roll back to {pipeline} v{target}: its checkpoint {checkpoint} is "
                              f"missing, and a rollback never re-reads from offset zero; deploy a new version")
     waited = None
-    stop = stop_under_way(k, pipeline, target) if st.alive else None
+    stop = stop_under_way(tv) if st.alive else None
     if stop is not None:
         crashpoint("rollback.awaiting_stop")
-        stop = wait_stop_finished(k, stop, timeout=stop_wait_seconds)
+        stop = wait_stop_finished(stop, timeout=stop_wait_seconds)
         if not stop.finished:
             raise LifecycleError(f"cannot roll back alias {alias!r} to {pipeline} v{target} now: v{target} is still "
                                  f"being stopped by {stop.by}; retry the rollback (v{current} keeps serving)")
         waited = stop.waited
-        st = inspect_version(k, pipeline, target)
-    est = restart_estimate(k, pipeline, target)
+        st = inspect_version(tv)
+    est = restart_estimate(tv)
     down = f"has a failing job ({st.error or st.health})" if st.alive else f"is not running (it is {target_state})"
     message = _restart_message(pipeline, target, current, est, down=down, waited=waited)
     why = f"rollback of alias {alias!r} to v{target}" + (f": {reason}" if reason else "")
     restarted_at = time.time()
-    (restart_version if st.alive else start_version)(k, pipeline, target, actor=actor, reason=why)
+    (restart_version if st.alive else start_version)(tv, actor=actor, reason=why)
     crashpoint("rollback.restarted")
     return RollbackPlan(pipeline=pipeline, alias=alias, from_version=current, to_version=target, restarted=True,
                         done=False, message=message, estimate=est, restarted_at=restarted_at)
 
 
-def _stop_restarted(k: Kappa, plan: RollbackPlan, *, actor: str, why: str) -> None:
+def _stop_restarted(tv: VersionRef, plan: RollbackPlan, *, actor: str, why: str) -> None:
     """A target restarted for this rollback, which will not serve after all, is stopped again."""
     if not plan.restarted:
         return
-    rec = k.registry.get_version(plan.pipeline, plan.to_version)
+    k, rec = tv.k, tv.reread().record      # as it is now: someone may have made it serve meanwhile
     if rec.state in (VersionState.SERVING, VersionState.STANDBY):
         return  # someone else made it serve (or keep) meanwhile: not ours to stop
     try:
-        stop_version(k, plan.pipeline, plan.to_version, actor=actor, expected_state=rec.state,
+        stop_version(tv, actor=actor, expected_state=rec.state,
                      reason=f"rollback of alias {plan.alias!r} to v{plan.to_version} abandoned: {why}")
     except KappaError as e:
         k.registry.audit("rollback", actor=actor, pipeline=plan.pipeline, version=plan.to_version,
@@ -333,6 +335,9 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
                     deadline_seconds: float = ROLLBACK_DEADLINE_SECONDS, poll_seconds: float = POLL_SECONDS,
                     on_sample: Callable[[Readiness], None] | None = None, force: bool = False) -> RollbackResult:
     """Wait until the plan's target is ready, then flip the alias to it (CAS, publish, audit).
+
+    The entry of a rollback's second half (an Airflow task of its own): it resolves the plan's target
+    once (`k.version`) and passes it down.
 
     A target that has not caught up by the deadline is not flipped to: NotReadyError saying so (the
     current version keeps serving, a restarted target is stopped again). With `force` (and a reason)
@@ -347,6 +352,7 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
         return RollbackResult(pipeline=pipeline, alias=alias, from_version=current, to_version=target,
                               flipped=False, restarted=False, waited_seconds=0.0, message=plan.message,
                               pointer=plan.pointer, actor=actor, reason=reason, at=now)
+    tv = k.version(pipeline, target)
     t0 = time.monotonic()
     seen: list[Readiness] = []
 
@@ -356,7 +362,7 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
             on_sample(r)
     forced = False
     try:
-        r = wait_ready(k, pipeline, target, deadline_seconds=deadline_seconds, poll_seconds=poll_seconds,
+        r = wait_ready(tv, deadline_seconds=deadline_seconds, poll_seconds=poll_seconds,
                        on_sample=sampled, actor=actor)
     except NotReadyError as e:
         last = seen[0] if seen else None
@@ -367,7 +373,7 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
                              outcome="failed", details={"from_version": current, "error": str(e),
                                                         "restarted": plan.restarted,
                                                         "readiness": last.decision() if last else None})
-            _stop_restarted(k, plan, actor=actor, why="it did not become ready in time")
+            _stop_restarted(tv, plan, actor=actor, why="it did not become ready in time")
             ended = last is not None and last.state in ENDED
             hint = "" if ended else (f" Raise the deadline (--deadline, the form's catch-up deadline; it was "
                                      f"{deadline_seconds:.0f} s), or flip anyway with --force and a reason (audited).")
@@ -382,13 +388,13 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
                               message=f"alias {alias!r} already serves v{target} (rolled back before); published")
     restart = None if plan.restarted_at is None else max(0.0, time.time() - plan.restarted_at)
     try:
-        pointer = flip(k, pipeline, expected_version=current, new_version=target, actor=actor, reason=reason,
+        pointer = flip(tv, expected_version=current, actor=actor, reason=reason,
                        action="rollback", forced=forced, details={"restarted": plan.restarted, "readiness": r.decision(),
                                                    "forced": ["ready"] if forced else [],
                                                    "waited_seconds": round(waited, 3),
                                                    **({} if restart is None else {"restart_seconds": round(restart, 3)})})
     except KappaError:
-        _stop_restarted(k, plan, actor=actor, why="the flip was refused")
+        _stop_restarted(tv, plan, actor=actor, why="the flip was refused")
         raise
     if forced:
         msg = (f"rolled back alias {alias!r} from v{current} to v{target} at the deadline although v{target} had not "
@@ -402,14 +408,14 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
                           pointer=pointer, actor=actor, reason=reason, at=now, forced=forced)
 
 
-def rollback(k: Kappa, pipeline: str, to_version: int | None = None, *, actor: str, reason: str | None = None,
+def rollback(k: Kappa, spec: PipelineSpec, to_version: int | None = None, *, actor: str, reason: str | None = None,
              deadline_seconds: float = ROLLBACK_DEADLINE_SECONDS, poll_seconds: float = POLL_SECONDS,
              on_sample: Callable[[Readiness], None] | None = None, force: bool = False) -> RollbackResult:
     """Flip the alias to `to_version` (default: the previous serving version), restarting it if needed."""
     if force and not (reason or "").strip():
-        raise ConfigError(f"rollback of {pipeline} with --force needs a reason (--reason \"...\"): it is recorded in "
+        raise ConfigError(f"rollback of {spec.name} with --force needs a reason (--reason \"...\"): it is recorded in "
                           f"the audit log with the readiness it overrode")
-    plan = prepare_rollback(k, pipeline, to_version, actor=actor, reason=reason)
+    plan = prepare_rollback(k, spec, to_version, actor=actor, reason=reason)
     return finish_rollback(k, plan, actor=actor, reason=reason, deadline_seconds=deadline_seconds,
                            poll_seconds=poll_seconds, on_sample=on_sample, force=force)
 

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.context import VersionRef
 from orchestrator.core.exceptions import ConflictError, KappaError
 from orchestrator.core.states import RUNNING, RunState
 
@@ -79,9 +80,9 @@ class History:
         return [t for t in self.attempts if t > now - window]
 
 
-def restart_history(k, pipeline: str, version: int, *, limit: int = 500) -> History:
+def restart_history(v: VersionRef, *, limit: int = 500) -> History:
     """The version's restart history from the audit log (see the module)."""
-    entries = k.registry.audit_log(pipeline, limit=limit, version=version)
+    entries = v.registry.audit_log(v.pipeline, limit=limit, version=v.version)
     h = History()
     for e in entries:  # oldest first
         if e.action == "start" and e.outcome == "ok" and not (e.reason or "").startswith(REASON):
@@ -114,9 +115,10 @@ def backoff_seconds(spec: Any, restarts_in_window: int) -> float:
     return float(min(spec.restart_backoff_max_seconds, spec.restart_backoff_seconds * 2 ** (restarts_in_window - 1)))
 
 
-def _give_up(k, spec, rec, st, *, actor: str, why: str, kind: str, attempts: int) -> dict[str, Any]:
+def _give_up(v: VersionRef, st, *, actor: str, why: str, kind: str, attempts: int) -> dict[str, Any]:
     from orchestrator.jobctl import mark_failed
 
+    k, spec, rec = v.k, v.spec, v.record
     error = (f"{spec.name} v{rec.version}: {why}; last error: {st.error or 'none recorded'}. Fix the cause, then "
              f"start it again (`kappa rollback {spec.name} {rec.version}` for a version that served, or deploy)")
     try:
@@ -131,27 +133,29 @@ def _give_up(k, spec, rec, st, *, actor: str, why: str, kind: str, attempts: int
     return {"kind": "gave_up", "error": error, "failure": kind}
 
 
-def supervise_version(k, spec, rec, st, *, actor: str, now: float | None = None) -> dict[str, Any] | None:
+def supervise_version(v: VersionRef, st, *, actor: str, now: float | None = None) -> dict[str, Any] | None:
     """Decide about one version whose job failed (see the module); None when there is nothing to do.
 
-    `rec` is its VersionRecord, `st` its `JobStatus` (`st.failed`). The returned dict has a
-    ``kind`` (restart, restart_pending, gave_up, busy, restart_failed) and what it was decided from.
+    `v.record` is its registry record as the pass read it, `st` its `JobStatus` (`st.failed`). The
+    returned dict has a ``kind`` (restart, restart_pending, gave_up, busy, restart_failed) and what it
+    was decided from.
     """
+    spec, rec = v.spec, v.record
     if rec.state not in RUNNING or not st.failed:
         return None
     now = time.time() if now is None else now
     out: dict[str, Any] = {"pipeline": spec.name, "version": rec.version, "state": str(rec.state)}
-    hist = restart_history(k, spec.name, rec.version)
+    hist = restart_history(v)
     if hist.gave_up is not None:  # already given up (a serving version keeps its state): say it again
         return {**out, "kind": "gave_up", "error": hist.gave_up.reason, "since": hist.gave_up.at}
     kind, deterministic = failure_kind(st)
     recent = hist.within(now, spec.restart_window_seconds)
     n = len(recent)
     if deterministic:
-        return {**out, **_give_up(k, spec, rec, st, actor=actor, kind=kind, attempts=n,
+        return {**out, **_give_up(v, st, actor=actor, kind=kind, attempts=n,
                                   why=f"its job reported a {kind}, which a restart would repeat; not restarting it")}
     if n >= spec.max_restarts:
-        return {**out, **_give_up(k, spec, rec, st, actor=actor, kind=kind, attempts=n,
+        return {**out, **_give_up(v, st, actor=actor, kind=kind, attempts=n,
                                   why=(f"its job died again after {n} restarts within "
                                        f"{spec.restart_window_seconds:g} s (the bound is {spec.max_restarts} "
                                        f"restarts in restart_window_seconds={spec.restart_window_seconds:g}); "
@@ -161,23 +165,24 @@ def supervise_version(k, spec, rec, st, *, actor: str, now: float | None = None)
     if now < due:
         return {**out, "kind": "restart_pending", "in_seconds": round(due - now, 3), "attempt": n + 1,
                 "failure": kind, "error": st.error}
-    return _restart(k, spec, rec, st, actor=actor, kind=kind, attempt=n + 1, out=out)
+    return _restart(v, st, actor=actor, kind=kind, attempt=n + 1, out=out)
 
 
-def _restart(k, spec, rec, st, *, actor: str, kind: str, attempt: int, out: dict[str, Any]) -> dict[str, Any]:
+def _restart(v: VersionRef, st, *, actor: str, kind: str, attempt: int, out: dict[str, Any]) -> dict[str, Any]:
     from orchestrator.jobctl import read_launch, start_version, stop_version
 
-    trigger = (read_launch(k, spec.name, rec.version) or {}).get("trigger") or "continuous"
+    k, spec, rec = v.k, v.spec, v.record
+    trigger = (read_launch(v) or {}).get("trigger") or "continuous"
     reason = (f"{REASON} restart {attempt} of at most {spec.max_restarts} in {spec.restart_window_seconds:g} s "
               f"after the job {kind}: {(st.error or '')[:300]}")
     details = {"attempt": attempt, "failure": kind, "job_error": st.error, "dead_pid": st.pid, "state": rec.state}
     try:
         if st.alive:  # hung: it will not stop between micro-batches, so it gets SIGTERM soon
-            stop_version(k, spec.name, rec.version, actor=actor, reason=reason, force=True, final_state=None,
+            stop_version(v, actor=actor, reason=reason, force=True, final_state=None,
                          graceful_timeout=HUNG_STOP_SECONDS)
         # check_exit_seconds=0: a job that dies again at once is the next pass's decision (with
         # backoff), not a failure recorded here.
-        res = start_version(k, spec.name, rec.version, actor=actor, reason=reason, trigger=trigger,
+        res = start_version(v, actor=actor, reason=reason, trigger=trigger,
                             check_exit_seconds=0)
     except ConflictError as e:  # someone else holds the lease or moved the state: their decision stands
         return {**out, "kind": "busy", "error": str(e)}

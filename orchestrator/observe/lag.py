@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -46,6 +46,9 @@ from orchestrator.core import uris
 from orchestrator.core.exceptions import BrokerError, KappaError
 from orchestrator.core.times import to_seconds
 from orchestrator.observe.lagtime import oldest_unread_age
+
+if TYPE_CHECKING:
+    from orchestrator.context import VersionRef
 
 __all__ = ["KAFKA_TIMEOUT", "PartitionLag", "LagReading", "measure_lag", "sample_lag", "lag_from_offsets",
            "topic_partitions", "log_offsets", "group_offsets", "checkpoint_next_offsets", "eta_seconds",
@@ -122,7 +125,7 @@ class LagReading(BaseModel):
         return {p: lag for p, lag in self.partitions.items() if lag is not None and lag > threshold}
 
 
-def _kafka_error(what: str, k, e: Exception) -> BrokerError:
+def kafka_error(what: str, k, e: Exception) -> BrokerError:
     refused = k.authentication_failure() if hasattr(k, "authentication_failure") else None
     if refused:
         conf = k.settings.kafka_config or {}
@@ -145,7 +148,7 @@ def topic_partitions(k, topics: Iterable[str], timeout: float = KAFKA_TIMEOUT) -
     except KappaError:
         raise
     except Exception as e:
-        raise _kafka_error("topic metadata", k, e) from None
+        raise kafka_error("topic metadata", k, e) from None
     out: dict[str, list[int]] = {}
     for topic in topics:
         tm = md.topics.get(topic)
@@ -177,7 +180,7 @@ def log_offsets(k, topics: Iterable[str], timeout: float = KAFKA_TIMEOUT) -> dic
         ends = {(tp.topic, tp.partition): f.result().offset for tp, f in latest.items()}
         starts = {(tp.topic, tp.partition): f.result().offset for tp, f in earliest.items()}
     except Exception as e:
-        raise _kafka_error("log end offsets", k, e) from None
+        raise kafka_error("log end offsets", k, e) from None
     return {tp: (starts[tp], ends[tp]) for tp in tps}
 
 
@@ -226,7 +229,7 @@ def group_offsets(k, group_id: str, topics: Iterable[str], timeout: float = KAFK
     try:
         return committed_offsets(k.kafka_config(), group_id, [(t, p) for t, ps in parts.items() for p in ps], timeout)
     except Exception as e:
-        raise _kafka_error(f"the committed offsets of consumer group {group_id!r}", k, e) from None
+        raise kafka_error(f"the committed offsets of consumer group {group_id!r}", k, e) from None
 
 
 def checkpoint_next_offsets(checkpoint: str | Path) -> tuple[dict[tuple[str, int], int] | None, int | None]:
@@ -297,10 +300,9 @@ def lag_from_offsets(pipeline: str, version: int, logs: dict[tuple[str, int], tu
                       pending_commit=bool(reading))
 
 
-def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
+def measure_lag(v: VersionRef, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
     """Measure the version's lag now; unknown (total None, error set) if it cannot be read."""
-    spec = k.pipeline(pipeline)
-    paths = k.paths(pipeline, version)
+    k, spec, paths, pipeline, version = v.k, v.spec, v.paths, v.pipeline, v.version
     now = time.time()
     # The job's positions first, the log ends last: a running job only moves forward, so a batch it
     # commits in between makes the lag look larger for one sample, never its checkpoint "past the log
@@ -334,28 +336,31 @@ def measure_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOU
     age = 0.0 if reading.total == 0 else oldest_unread_age(k, reading.details, now=now,
                                                           timeout=min(timeout, LAG_SECONDS_TIMEOUT))
     reading = reading.model_copy(update={"lag_seconds": age})
-    return pending_floor(k, reading) if reading.pending_commit else reading
+    return pending_floor(v, reading) if reading.pending_commit else reading
 
 
-def uncommitted_limits(k, pipeline: str, version: int) -> tuple[int, float | None]:
+def version_threshold(v: VersionRef) -> int:
+    """The catch-up threshold of a version: its deploy's override, else the pipeline's."""
+    override = (v.record.details or {}).get("threshold")
+    return v.spec.catchup_threshold if override is None else int(override)
+
+
+def uncommitted_limits(v: VersionRef) -> tuple[int, float | None]:
     """(records, seconds) a reading of an uncommitted backfill may never go under: one more than the
     version's catch-up threshold (the larger of the deploy's override and the pipeline's) and than
     the pipeline's `catchup_seconds`."""
-    spec = k.pipeline(pipeline)
-    threshold = spec.catchup_threshold
+    threshold = v.spec.catchup_threshold
     try:
-        override = (k.registry.get_version(pipeline, version).details or {}).get("threshold")
-        if override is not None:
-            threshold = max(threshold, int(override))
-    except (KappaError, TypeError, ValueError) as e:
-        log.debug("%s v%s: threshold override unknown (%s)", pipeline, version, e)
-    return int(threshold) + 1, float(spec.catchup_seconds) + 1.0
+        threshold = max(threshold, version_threshold(v))
+    except (TypeError, ValueError) as e:
+        log.debug("%s: threshold override unknown (%s)", v, e)
+    return int(threshold) + 1, float(v.spec.catchup_seconds) + 1.0
 
 
-def pending_floor(k, reading: LagReading) -> LagReading:
+def pending_floor(v: VersionRef, reading: LagReading) -> LagReading:
     """A reading from read progress with its total and seconds raised to `uncommitted_limits`, so
     that no catch-up rule takes it as caught up before the batch commits (see the module)."""
-    records, seconds = uncommitted_limits(k, reading.pipeline, reading.version)
+    records, seconds = uncommitted_limits(v)
     update: dict[str, Any] = {"total": max(reading.total, records), "unread": reading.total}
     if seconds is not None and reading.lag_seconds is not None:
         update["lag_seconds"] = max(reading.lag_seconds, seconds)
@@ -368,7 +373,7 @@ PRUNE_EVERY_SECONDS = 600.0
 _last_prune: dict[str, float] = {}
 
 
-def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT,
+def sample_lag(v: VersionRef, *, timeout: float = KAFKA_TIMEOUT,
                batches: int | None = None) -> LagReading:
     """Measure the lag and store it as a lag sample in the registry (its id in `sample_id`), with
     `batches`, the micro-batches the version's job has committed since it started (None: unknown).
@@ -379,8 +384,9 @@ def sample_lag(k, pipeline: str, version: int, *, timeout: float = KAFKA_TIMEOUT
     """
     from orchestrator.registry.lagsamples import add_lag_sample
 
-    reading = measure_lag(k, pipeline, version, timeout=timeout)
-    rec = add_lag_sample(k.registry, pipeline, version, reading.total, dict(reading.partitions), at=reading.at,
+    k = v.k
+    reading = measure_lag(v, timeout=timeout)
+    rec = add_lag_sample(k.registry, v.pipeline, v.version, reading.total, dict(reading.partitions), at=reading.at,
                          lag_seconds=reading.lag_seconds, batches=batches)
     reg_key = str(k.registry.url)
     if time.monotonic() - _last_prune.get(reg_key, -PRUNE_EVERY_SECONDS) >= PRUNE_EVERY_SECONDS:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError
 from orchestrator.core.times import to_seconds
+
+if TYPE_CHECKING:
+    from orchestrator.context import VersionRef
 
 __all__ = ["Series", "series_from_samples", "plot_lag", "plot_pipeline_lag", "is_png", "PNG_SIGNATURE"]
 
@@ -150,37 +153,22 @@ def _seconds_panel(ax: Any, series: list[Series], colors: list[str]) -> None:
     ax.legend(loc="upper right", fontsize=9)
 
 
-def plot_pipeline_lag(k: Any, pipeline: str, out: Path | str, versions: list[int] | None = None,
-                      limit: int = 100_000) -> Path:
-    """Plot the catch-up curves of a pipeline's versions (default: all with samples) from the registry.
+def plot_pipeline_lag(versions: list[VersionRef], out: Path | str, limit: int = 100_000) -> Path:
+    """Plot the catch-up curves of versions of one pipeline from the registry's lag samples."""
+    from orchestrator.observe.lag import version_threshold
 
-    `k` is an `orchestrator.context.Kappa`.
-    """
-    spec = k.pipeline(pipeline)
-    known = {v.version: v for v in k.registry.list_versions(pipeline)}
-    wanted = sorted(known) if versions is None else versions
-    for n in wanted:
-        if n not in known:
-            raise NotFoundError(
-                f"pipeline {pipeline!r} has no version {n}; it has "
-                f"{', '.join(f'v{m}' for m in sorted(known)) or 'none'} (see `kappa status {pipeline}`)"
-            )
+    if not versions:
+        raise NotFoundError("no version to plot: deploy one first (`kappa deploy PIPELINE`)")
+    pipeline = versions[0].pipeline
     series = []
-    for n in wanted:
-        samples = k.registry.lag_samples(pipeline, n, limit=limit)
-        series.append(series_from_samples(f"{pipeline} v{n}", samples, _threshold(k, spec, pipeline, n),
-                                          getattr(spec, "catchup_seconds", None)))
+    for v in versions:
+        samples = v.registry.lag_samples(v.pipeline, v.version, limit=limit)
+        try:
+            threshold = version_threshold(v)
+        except (TypeError, ValueError):  # a malformed override: the declared threshold
+            threshold = v.spec.catchup_threshold
+        series.append(series_from_samples(str(v), samples, threshold, v.spec.catchup_seconds))
     return plot_lag(series, out, title=f"{pipeline}: catch-up (total lag over time)")
-
-
-def _threshold(k: Any, spec: Any, pipeline: str, n: int) -> int | None:
-    """The version's catch-up threshold: its deploy's override, else the pipeline's."""
-    try:
-        from orchestrator.lifecycle.await_ready import version_threshold
-
-        return version_threshold(k, pipeline, n)
-    except Exception:  # an older layout or a partial home: fall back to the declared threshold
-        return getattr(spec, "catchup_threshold", None)
 
 
 def is_png(path: Path | str) -> bool:

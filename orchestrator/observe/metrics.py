@@ -107,17 +107,19 @@ def collect(k: Any, passes: PassState | None = None, pipelines: Iterable[str] | 
     from orchestrator.jobctl.health import rejects_of
     from orchestrator.registry.lagsamples import audit_counts, latest_lag_samples
 
-    names = list(pipelines) if pipelines is not None else list(k.pipelines)
+    specs = k.specs(pipelines)
+    names = [spec.name for spec in specs]
     reg = k.registry
     out: list[Metric] = []
     newest = latest_lag_samples(reg, names)
     passes = passes or PassState()
-    for name in names:
-        spec = k.pipeline(name)
+    for spec in specs:
+        name = spec.name
         alias = reg.get_alias(spec.alias)
         if alias is not None and alias.pipeline == name:
             out.append(_m("kappa_serving_version", alias.version, pipeline=name, alias=spec.alias))
-        for rec in sorted(reg.list_versions(name), key=lambda r: r.version):
+        for v in sorted(k.versions(spec), key=lambda v: v.version):
+            rec = v.record
             if rec.state == VersionState.RETIRED:
                 continue
             n = rec.version
@@ -137,7 +139,7 @@ def collect(k: Any, passes: PassState | None = None, pipelines: Iterable[str] | 
                 out.extend(_m("kappa_watch_state", int(s == watch.get("state")), pipeline=name, version=n, state=s)
                            for s in WATCH_STATES)
                 out.append(_m("kappa_watch_samples", watch.get("samples", 0), pipeline=name, version=n))
-            rejects, _ = rejects_of(k, name, n)
+            rejects, _ = rejects_of(v)
             if rejects is not None:
                 out.append(_m("kappa_rejects", rejects, pipeline=name, version=n))
     family = {"flip_alias": "kappa_flips_total", "restart": "kappa_job_restarts_total",

@@ -155,7 +155,7 @@ def test_a_backfill_rides_out_a_broker_stop_then_a_restart_after_its_rules_file_
     import shutil
 
     from jobs.lib.rules import RULES_DIR, load_rules
-    from orchestrator.lifecycle.version_rules import file_state
+    from orchestrator.jobctl.version_rules import file_state
 
     team = tmp_path / "team-repo" / "rules"
     shutil.copytree(RULES_DIR / "titles", team / "titles")

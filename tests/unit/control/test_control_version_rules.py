@@ -21,7 +21,7 @@ from orchestrator.core.settings import resolve_settings
 from orchestrator.jobctl import launch, start_version, stop_version
 from orchestrator.lifecycle import deploy as deploy_mod
 from orchestrator.lifecycle.deploy import check_request, deploy
-from orchestrator.lifecycle.version_rules import deployed_rules, file_state, rules_diff
+from orchestrator.jobctl.version_rules import deployed_rules, file_state, rules_diff
 
 EDIT = ('"Software Engineer" = [', '"Software Eng." = [')
 

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
 from orchestrator.core.exceptions import LifecycleError, NotFoundError, RulesError
+
+if TYPE_CHECKING:
+    from orchestrator.context import VersionRef
 
 __all__ = ["DeployedRules", "FileState", "read_rules_file", "stored_rules", "deployed_rules", "materialize",
            "file_state", "rules_diff", "RulesDiff"]
@@ -59,11 +62,11 @@ def stored_rules(plan: Any) -> dict[str, Any]:
                       "file": plan.rules_file, "hash": plan.rules_hash, "text": plan.rules_text}}
 
 
-def deployed_rules(k, pipeline: str, rec: Any) -> DeployedRules | None:
-    """The rules `rec` (a version record) runs with; None for a version without rules.
+def deployed_rules(v: VersionRef) -> DeployedRules | None:
+    """The rules the version runs with (from its record as resolved); None for a version without rules.
 
     LifecycleError when a version from before stored rules has lost its file's content."""
-    spec = k.pipeline(pipeline)
+    spec, rec, pipeline = v.spec, v.record, v.pipeline
     if not spec.ruleset or not rec.rules_version:
         return None
     entry = (rec.details or {}).get("rules")
@@ -74,7 +77,7 @@ def deployed_rules(k, pipeline: str, rec: Any) -> DeployedRules | None:
     from jobs.lib.rules import rules_path
 
     try:
-        path = rules_path(spec.ruleset, rec.rules_version, k.settings.rules_location)
+        path = rules_path(spec.ruleset, rec.rules_version, v.settings.rules_location)
         rules, text = read_rules_file(path)
     except RulesError as e:
         raise LifecycleError(
@@ -92,15 +95,16 @@ def deployed_rules(k, pipeline: str, rec: Any) -> DeployedRules | None:
                          source=str(path), stored=False)
 
 
-def materialize(k, pipeline: str, rec: Any) -> Path | None:
+def materialize(v: VersionRef) -> Path | None:
     """Write the version's rules to its run dir and return that file, for one start of its job."""
     from jobs.lib.rules import parse_rules
     from orchestrator.core.files import write_atomic
 
-    rules = deployed_rules(k, pipeline, rec)
+    pipeline, rec = v.pipeline, v.record
+    rules = deployed_rules(v)
     if rules is None:
         return None
-    target = k.paths(pipeline, rec.version).run_dir / "rules" / rules.ruleset / f"{rules.rules_version}.toml"
+    target = v.paths.run_dir / "rules" / rules.ruleset / f"{rules.rules_version}.toml"
     try:
         check = parse_rules(rules.text, target).content_hash
     except RulesError as e:
@@ -115,12 +119,12 @@ def materialize(k, pipeline: str, rec: Any) -> Path | None:
     return target
 
 
-def file_state(k, pipeline: str, rec: Any, cache: dict | None = None) -> FileState | None:
+def file_state(v: VersionRef, cache: dict | None = None) -> FileState | None:
     """How the rules file of the same name compares with what the version runs: "same", "changed"
     (edited since the deploy), "missing" or "invalid"; None for a version without rules."""
     from jobs.lib.rules import rules_path
 
-    spec = k.pipeline(pipeline)
+    spec, rec = v.spec, v.record
     if not spec.ruleset or not rec.rules_version or not rec.rules_hash:
         return None
     key = (spec.ruleset, rec.rules_version)
@@ -128,7 +132,7 @@ def file_state(k, pipeline: str, rec: Any, cache: dict | None = None) -> FileSta
         current = cache[key]
     else:
         try:
-            path = rules_path(spec.ruleset, rec.rules_version, k.settings.rules_location)
+            path = rules_path(spec.ruleset, rec.rules_version, v.settings.rules_location)
         except RulesError:
             current = "missing"
         else:
@@ -155,12 +159,11 @@ class RulesDiff(BaseModel):
     diff: list[str]
 
 
-def rules_diff(k, pipeline: str, old: int, new: int) -> RulesDiff:
-    """A unified diff of the rules two deployed versions run with (their stored texts)."""
-    reg = k.registry
-    recs = [reg.get_version(pipeline, v) for v in (old, new)]
-    rules = [deployed_rules(k, pipeline, r) for r in recs]
-    for r, d in zip(recs, rules):
+def rules_diff(older: VersionRef, newer: VersionRef) -> RulesDiff:
+    """A unified diff of the rules two deployed versions of one pipeline run with (their stored texts)."""
+    pipeline, old, new = older.pipeline, older.version, newer.version
+    rules = [deployed_rules(older), deployed_rules(newer)]
+    for r, d in zip((older, newer), rules):
         if d is None:
             raise NotFoundError(f"{pipeline} v{r.version} has no rules (pipeline {pipeline!r} uses no ruleset, or "
                                 f"the version was deployed without one)")
