@@ -30,15 +30,16 @@ def watch(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor", outle
 
     actions: list[dict[str, Any]] = []
     with tasks._kappa() as k:
-        names = list(k.pipelines)
-        for name in names:
+        specs = k.specs()
+        names = [spec.name for spec in specs]
+        for spec in specs:
+            name = spec.name
             try:
-                done = watch_pass(k, name, actor=actor_for(user))
+                done = watch_pass(k, spec, actor=actor_for(user))
             except KappaError as e:
                 done = [{"kind": "watch_failed", "pipeline": name, "error": str(e)}]
             for a in done:
                 if a.get("kind") == "rolled_back":
-                    spec = k.pipeline(name)
                     a["asset_event"] = announce_flip(
                         k, outlet_events, action="rollback", pipeline=name, alias=spec.alias,
                         version=int(a["to_version"]), previous_version=a["version"], flipped=True, run_tag=run_id,

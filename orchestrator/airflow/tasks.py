@@ -27,7 +27,8 @@ import time
 from typing import Any, Callable, TypeVar
 
 from orchestrator.core.exceptions import ConfigError, ConflictError, KappaError, NotReadyError
-from orchestrator.context import Kappa
+from orchestrator.context import Kappa, VersionRef
+from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import VersionState
 from orchestrator.lifecycle.await_ready import Readiness
 
@@ -112,14 +113,14 @@ def _run_version(k: Kappa, pipeline: str, dag_id: str, run_id: str):
     return max(mine, key=lambda r: r.version) if mine else None
 
 
-def _in_flight_elsewhere(k: Kappa, pipeline: str, dag_id: str, run_id: str, actor: str):
-    """The version in flight for `pipeline` that another request started (dead jobs are recorded first)."""
+def _in_flight_elsewhere(k: Kappa, spec: PipelineSpec, dag_id: str, run_id: str, actor: str):
+    """The version in flight for the pipeline that another request started (dead jobs are recorded first)."""
     from orchestrator.jobctl import ensure_failed_recorded
 
-    reg = k.registry
+    reg, pipeline = k.registry, spec.name
     busy = reg.in_flight(pipeline)
     if busy is not None and busy.state != VersionState.CREATED:
-        ensure_failed_recorded(k, pipeline, busy.version, actor=actor)
+        ensure_failed_recorded(VersionRef.of_record(k, spec, busy), actor=actor)
         busy = reg.in_flight(pipeline)
     if busy is None or run_tag(dag_id, run_id) in (busy.reason or ""):
         return None
@@ -148,8 +149,9 @@ def validate_reprocess(pipeline: str, rules_version: str | None = None, threshol
     from orchestrator.lifecycle.deploy import check_request
 
     with _kappa() as k:
-        plan = check_request(k, pipeline, rules_version, threshold=threshold)
-        busy = _in_flight_elsewhere(k, pipeline, dag_id, run_id, actor_for(user))
+        spec = k.pipeline(pipeline)
+        plan = check_request(k, spec, rules_version, threshold=threshold)
+        busy = _in_flight_elsewhere(k, spec, dag_id, run_id, actor_for(user))
         if busy is not None:
             raise _refuse_in_flight(pipeline, busy)
         resumed = _run_version(k, pipeline, dag_id, run_id)
@@ -176,7 +178,7 @@ def preview_rules(pipeline: str, rules_version: str | None) -> dict[str, Any]:
         return {"previewed": False, "reason": f"pipeline {pipeline!r} takes no rules"}
     try:
         with _kappa() as k:
-            p = preview_verb(k, pipeline, rules_version)
+            p = preview_verb(k, k.pipeline(pipeline), rules_version)
     except KappaError as e:
         log.warning("no rules preview (the reprocess goes on): %s", e)
         return {"previewed": False, "reason": str(e)}
@@ -201,10 +203,11 @@ def start_reprocess(pipeline: str, rules_version: str | None = None, threshold: 
             return {"pipeline": pipeline, "version": mine.version, "state": str(mine.state),
                     "rules_version": mine.rules_version, "resumed": True, "job_started": False,
                     "message": f"{pipeline} v{mine.version} is already {mine.state}"}
-        busy = _in_flight_elsewhere(k, pipeline, dag_id, run_id, actor)
+        spec = k.pipeline(pipeline)
+        busy = _in_flight_elsewhere(k, spec, dag_id, run_id, actor)
         if busy is not None:
             raise _refuse_in_flight(pipeline, busy)
-        info = deploy(k, pipeline, rules_version, actor=actor, threshold=threshold,
+        info = deploy(k, spec, rules_version, actor=actor, threshold=threshold,
                       reason=tagged_reason(reason, dag_id, run_id, f"reprocess requested in Airflow by {user}"))
         log.info("%s", info.message)
         return info.model_dump(mode="json")
@@ -223,19 +226,20 @@ def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | N
     from orchestrator.lifecycle.await_ready import ENDED, failing_error, readiness
 
     with _kappa() as k:
-        r = readiness(k, pipeline, version, record=True, actor=actor_for(user))
+        v = k.version(pipeline, version)
+        r = readiness(v, record=True, actor=actor_for(user))
         log.info("%s", _lag_line(r))
         if on_sample is not None:
             on_sample(r)
         if r.ready:
             return {"is_done": True, "xcom_value": r.model_dump(mode="json")}
         if r.state in ENDED:
-            raise failing_error(k, r)
+            raise failing_error(v, r)
         if time.time() >= deadline_at:
             raise NotReadyError(
                 f"{pipeline} v{version} is not ready by the deadline ({r.state}): {_lag_line(r)}. "
                 f"Trigger again with a longer catch-up deadline, or check the job log "
-                f"{k.paths(pipeline, version).log_file}")
+                f"{v.paths.log_file}")
         return {"is_done": False, "xcom_value": None}
 
 
@@ -274,7 +278,7 @@ def report(pipeline: str, version: int, *, dag_id: str = "kappa_reprocess", run_
     from orchestrator.observe.render import render_report
 
     with _kappa() as k:
-        rep = validation_report(k, pipeline, version)
+        rep = validation_report(k.version(pipeline, version))
     d = rep.model_dump(mode="json")
     for line in _text(render_report, d):
         log.info("%s", line)
@@ -335,7 +339,7 @@ def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: st
                         "waiting until it has caught up again (attempt %d of %d)", pipeline, version, e, attempt,
                         READY_AGAIN_TRIES)
             with _kappa() as k:
-                wait_ready(k, pipeline, version, deadline_seconds=READY_AGAIN_SECONDS, poll_seconds=2.0,
+                wait_ready(k.version(pipeline, version), deadline_seconds=READY_AGAIN_SECONDS, poll_seconds=2.0,
                            actor=actor_for(user))
     raise AssertionError("unreachable")
 
@@ -357,11 +361,12 @@ def check_promote(pipeline: str, version: int | None = None, reason: str | None 
 
     Without a version, the verb's `promote_target`: the newest caught-up version.
     """
-    from orchestrator.lifecycle.promote import promote as promote_verb
+    from orchestrator.lifecycle.promote import promote as promote_verb, promote_target
 
     _override(pipeline, reason, force)
     with _kappa() as k:
-        res = promote_verb(k, pipeline, version, actor=actor_for(user), dry_run=True, force=force,
+        v = k.version(pipeline, version if version is not None else promote_target(k, pipeline))
+        res = promote_verb(v, actor=actor_for(user), dry_run=True, force=force,
                            allow_schema_change=allow_schema_change,
                            reason=tagged_reason(reason, dag_id, run_id, f"promote requested in Airflow by {user}"))
     log.info("%s", res.message)
@@ -374,12 +379,12 @@ def check_promote(pipeline: str, version: int | None = None, reason: str | None 
     return res.model_dump(mode="json")
 
 
-def _standby(k: Kappa, pipeline: str, version: int) -> tuple[float, float] | None:
+def _standby(v: VersionRef) -> tuple[float, float] | None:
     """(until when, grace period) of a standby version, as its flip recorded them; None if not a standby."""
     from orchestrator.lifecycle.standby import standby_grace, standby_until
 
-    until = standby_until(k, pipeline, version)
-    return None if until is None else (until, standby_grace(k, pipeline, k.registry.get_version(pipeline, version)))
+    until = standby_until(v)
+    return None if until is None else (until, standby_grace(v))
 
 
 @refusals_are_final
@@ -396,11 +401,12 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
     """
     from orchestrator.airflow import notes
     from orchestrator.airflow.assets import announce_flip
-    from orchestrator.lifecycle.promote import promote as promote_verb
+    from orchestrator.lifecycle.promote import promote as promote_verb, promote_target
 
     with _kappa() as k:
         _override(pipeline, reason, force)
-        res = promote_verb(k, pipeline, version, actor=actor_for(user), force=force,
+        v = k.version(pipeline, version if version is not None else promote_target(k, pipeline))
+        res = promote_verb(v, actor=actor_for(user), force=force,
                            allow_schema_change=allow_schema_change, grace_seconds=grace_seconds,
                            reason=tagged_reason(reason, dag_id, run_id, f"promote requested in Airflow by {user}"))
         log.info("%s", res.message)
@@ -413,7 +419,7 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
                                          flipped=res.flipped, run_tag=run_tag(dag_id, run_id), actor=res.actor or "",
                                          reason=res.reason, at=res.at)
         prev = d.get("previous_version")
-        standby = _standby(k, pipeline, prev) if prev is not None and prev != res.version else None
+        standby = _standby(v.sibling(prev)) if prev is not None and prev != res.version else None
     body = [notes.standby_md(pipeline, prev, *standby)] if standby is not None else []
     notes.set_run_note(f"promoted {pipeline} v{res.version}: alias {res.alias} serves it"
                        + (f" (was v{prev})" if prev is not None and prev != res.version else "")
@@ -441,18 +447,18 @@ def stop_previous(pipeline: str, promoted: dict[str, Any] | None, *, user: str |
         log.info("no previous version to stop")
         return {"stopped": None}
     with _kappa() as k:
-        standby = _standby(k, pipeline, previous)
-        alias = k.registry.get_alias(k.pipeline(pipeline).alias)
+        v = k.version(pipeline, previous)
+        standby = _standby(v)
+        alias = k.registry.get_alias(v.alias)
         if standby is None or (alias is not None and alias.version == previous):
-            msg = f"{pipeline} v{previous} is {k.registry.get_version(pipeline, previous).state} now, not a standby: " \
-                  f"leaving it alone"
+            msg = f"{pipeline} v{previous} is {v.record.state} now, not a standby: leaving it alone"
             log.info("%s", msg)
             return {"stopped": None, "message": msg}
         until, grace = standby
         if until > time.time():
             _skip(notes.standby_md(pipeline, previous, until, grace))
             return {"stopped": None, "standby_until": until}
-        res = stop_version(k, pipeline, previous, actor=actor_for(user),
+        res = stop_version(v, actor=actor_for(user),
                            reason=tagged_reason(None, dag_id, run_id,
                                                 f"standby grace period of {grace:.0f} s after promoting v{version} is over"))
         log.info("%s", res.message)
@@ -474,7 +480,7 @@ def prepare_rollback(pipeline: str, to_version: int | None = None, reason: str |
     from orchestrator.lifecycle.rollback import prepare_rollback as prepare_verb
 
     with _kappa() as k:
-        plan = prepare_verb(k, pipeline, to_version, actor=actor_for(user),
+        plan = prepare_verb(k, k.pipeline(pipeline), to_version, actor=actor_for(user),
                             reason=_rollback_reason(reason, user, dag_id, run_id))
     log.info("%s", plan.message)
     head, _, rest = plan.message.partition("\n")

@@ -17,7 +17,7 @@ from orchestrator.cli.render import json_ready, print_json, print_result
 from orchestrator.core.exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from orchestrator.context import Kappa
+    from orchestrator.context import VersionRef
     from orchestrator.lifecycle.await_ready import Readiness
 
 __all__ = ["wait_with_progress"]
@@ -58,7 +58,8 @@ def deploy_cmd(
         raise typer.BadParameter("a dry run starts nothing to wait for; drop --wait", param_hint="--dry-run")
     cli = cli_of(ctx)
     k = cli.kappa()
-    info = deploy(k, pipeline, rules, actor=actor or default_actor(), reason=reason, threshold=threshold,
+    spec = k.pipeline(pipeline)
+    info = deploy(k, spec, rules, actor=actor or default_actor(), reason=reason, threshold=threshold,
                   force=force, queue=queue, dry_run=dry_run)
     if dry_run:
         _show(cli, info, as_json)
@@ -74,7 +75,7 @@ def deploy_cmd(
         cli.out.print(f"  table {info.table}\n  log   {Path(info.run_dir) / 'job.log'}")
     ready = None
     if wait:
-        ready = wait_with_progress(cli, k, pipeline, info.version, actor=actor or default_actor(), quiet=as_json,
+        ready = wait_with_progress(cli, k.version(spec, info.version), actor=actor or default_actor(), quiet=as_json,
                                    **_given(deadline_seconds=deadline, poll_seconds=poll))
     if as_json:
         print_json({"version": info, "readiness": ready})
@@ -85,7 +86,7 @@ def deploy_cmd(
         cli.out.print(f"watch it with `kappa status {pipeline} --watch`")
 
 
-def wait_with_progress(cli: Cli, k: Kappa, pipeline: str, version: int, *, actor: str, quiet: bool = False,
+def wait_with_progress(cli: Cli, v: VersionRef, *, actor: str, quiet: bool = False,
                        **wait: float) -> Readiness:
     """`wait_ready` drawing the lag going down (on stderr when stdout is for JSON)."""
     from orchestrator.lifecycle.await_ready import POLL_SECONDS, wait_ready
@@ -93,7 +94,7 @@ def wait_with_progress(cli: Cli, k: Kappa, pipeline: str, version: int, *, actor
 
     console = cli.err if quiet else cli.out
     with LagProgress(console, line_every=max(wait.get("poll_seconds", POLL_SECONDS), 2.0)) as bars:
-        return wait_ready(k, pipeline, version, on_sample=bars.update, actor=actor, **wait)
+        return wait_ready(v, on_sample=bars.update, actor=actor, **wait)
 
 
 @app.command("promote")
@@ -119,7 +120,7 @@ def promote_cmd(
     cli = cli_of(ctx)
     k = cli.kappa()
     n = version if version is not None else promote_target(k, pipeline)
-    result = promote(k, pipeline, n, actor=actor or default_actor(), reason=reason, dry_run=dry_run, force=force,
+    result = promote(k.version(pipeline, n), actor=actor or default_actor(), reason=reason, dry_run=dry_run, force=force,
                      allow_schema_change=allow_schema_change, grace_seconds=grace)
     if as_json:
         print_json(result)
@@ -163,7 +164,7 @@ def rollback_cmd(
     if force and not (reason or "").strip():
         raise ConfigError(f"rollback of {pipeline} with --force needs a reason (--reason \"...\"): it is recorded in "
                           f"the audit log with the readiness it overrode")
-    plan = prepare_rollback(k, pipeline, to, actor=who, reason=reason)
+    plan = prepare_rollback(k, k.pipeline(pipeline), to, actor=who, reason=reason)
     console = cli.err if as_json else cli.out
     if not plan.done:
         console.print(plan.message, markup=False)
@@ -193,11 +194,12 @@ def stop_cmd(
 
     cli = cli_of(ctx)
     k = cli.kappa()
-    if inspect_version(k, pipeline, version).alive:
+    v = k.version(pipeline, version)
+    if inspect_version(v).alive:
         (cli.err if as_json else cli.out).print(
             f"stopping {pipeline} v{version}: its micro-batch in flight finishes and no new one starts; at most "
-            f"{stop_bound(k, pipeline):g} s (stop_timeout_seconds), then it is stopped at once", markup=False)
-    result = stop_version(k, pipeline, version, actor=actor or default_actor(), reason=reason, force=force)
+            f"{stop_bound(v.spec):g} s (stop_timeout_seconds), then it is stopped at once", markup=False)
+    result = stop_version(v, actor=actor or default_actor(), reason=reason, force=force)
     _show(cli, result, as_json)
 
 
@@ -222,9 +224,10 @@ def retire_cmd(
     cli = cli_of(ctx)
     k = cli.kappa()
     actor = actor or default_actor()
+    v = k.version(pipeline, version)
     if not dry_run and not yes:
-        _confirm_retire(cli, k, pipeline, version, actor=actor, reason=reason)
-    result = retire(k, pipeline, version, actor=actor, reason=reason, dry_run=dry_run)
+        _confirm_retire(cli, v, actor=actor, reason=reason)
+    result = retire(v, actor=actor, reason=reason, dry_run=dry_run)
     _show(cli, result, as_json)
 
 
@@ -236,16 +239,17 @@ def _on_a_terminal() -> bool:
         return False
 
 
-def _confirm_retire(cli: Cli, k: Kappa, pipeline: str, version: int, *, actor: str, reason: str | None) -> None:
+def _confirm_retire(cli: Cli, v: VersionRef, *, actor: str, reason: str | None) -> None:
     """Show what retiring would delete and ask; RefusedError when no one can answer or the answer is no."""
     from orchestrator.core.exceptions import RefusedError
     from orchestrator.lifecycle.retire import retire
 
+    pipeline, version = v.pipeline, v.version
     if not _on_a_terminal():
         raise RefusedError(f"not retiring {pipeline} v{version}: it deletes the version's table, checkpoint and "
                            f"consumer group, and stdin is not a terminal to confirm it on; pass --yes "
                            f"(see what it would delete with --dry-run)")
-    plan = retire(k, pipeline, version, actor=actor, reason=reason, dry_run=True)  # refuses a protected version
+    plan = retire(v, actor=actor, reason=reason, dry_run=True)  # refuses a protected version
     print_result(cli.err, plan)
     if not typer.confirm(f"Retire {pipeline} v{version}? This cannot be undone", default=False, err=True):
         raise RefusedError(f"not retiring {pipeline} v{version}: not confirmed; nothing was deleted")
@@ -263,7 +267,7 @@ def retention_cmd(
     from orchestrator.lifecycle.retire import apply_retention
 
     cli = cli_of(ctx)
-    result = apply_retention(cli.kappa(), pipeline, actor=actor or default_actor(), dry_run=not apply)
+    result = apply_retention(cli.kappa(), cli.kappa().pipeline(pipeline), actor=actor or default_actor(), dry_run=not apply)
     _show(cli, result, as_json)
 
 

@@ -39,7 +39,8 @@ def preview_cmd(
     from orchestrator.lifecycle.preview import preview_rules
 
     cli = cli_of(ctx)
-    result = preview_rules(cli.kappa(), pipeline, rules, top=top)
+    k = cli.kappa()
+    result = preview_rules(k, k.pipeline(pipeline), rules, top=top)
     if as_json:
         print_json(result)
     else:
@@ -85,9 +86,10 @@ def check_cmd(
     if pipeline is not None:
         from orchestrator.lifecycle.report import check_pipeline_checks
 
+        k = cli_of(ctx).kappa()
         try:
             results.append({"pipeline": pipeline, "ok": True,
-                            "checks": check_pipeline_checks(cli_of(ctx).kappa(), pipeline)})
+                            "checks": check_pipeline_checks(k, k.pipeline(pipeline))})
             if not as_json:
                 typer.echo(f"ok: pipeline {pipeline}: {results[-1]['checks']}")
         except KappaError as e:
@@ -124,7 +126,9 @@ def diff_cmd(
     """Show what changed between the rules two deployed versions run (as stored at their deploys)."""
     from orchestrator.jobctl.version_rules import rules_diff
 
-    d = rules_diff(cli_of(ctx).kappa(), pipeline, _version(old, "OLD"), _version(new, "NEW"))
+    k = cli_of(ctx).kappa()
+    spec = k.pipeline(pipeline)
+    d = rules_diff(k.version(spec, _version(old, "OLD")), k.version(spec, _version(new, "NEW")))
     if as_json:
         print_json(d)
         return

@@ -18,8 +18,9 @@ from orchestrator.core.exceptions import ConfigError, KappaError
 from orchestrator.core.states import LIVE, VersionState
 
 if TYPE_CHECKING:
-    from orchestrator.context import Kappa
-    from orchestrator.registry import AliasRecord, VersionRecord
+    from orchestrator.context import Kappa, VersionRef
+    from orchestrator.core.pipelines import PipelineSpec
+    from orchestrator.registry import AliasRecord
 
 __all__ = ["pipelines_data", "status_data", "version_status"]
 
@@ -58,7 +59,7 @@ def pipelines_cmd(ctx: typer.Context, as_json: AsJson = False) -> None:
         cli.out.print(pipelines_table(pipelines_file, data))
 
 
-def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasRecord | None, *,
+def version_status(v: VersionRef, alias: AliasRecord | None, *,
                    record: bool = False, rules_cache: dict | None = None) -> dict[str, Any]:
     """One row of `kappa status`: registry record, job, lag and readiness of a version.
 
@@ -74,6 +75,7 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
     from orchestrator.lifecycle.await_ready import readiness
     from orchestrator.jobctl.version_rules import file_state
 
+    k, pipeline, rec = v.k, v.pipeline, v.record
     n = rec.version
     row: dict[str, Any] = {
         "version": n,
@@ -81,7 +83,7 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         "serving": alias is not None and alias.pipeline == pipeline and alias.version == n,
         "rules_version": rec.rules_version,
         "rules_hash": rec.rules_hash,
-        "rules_file": file_state(k, pipeline, rec, rules_cache if rules_cache is not None else {}),
+        "rules_file": file_state(v, rules_cache if rules_cache is not None else {}),
         "created_at": rec.created_at,
         "watch": (rec.details or {}).get("watch"),
         "stopping": None,       # {"requested_by", "requested_at", "reason"} while a stopped version's job ends
@@ -90,13 +92,13 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         row.update(job=None, readiness=None, lag=None, partitions={}, eta_seconds=None, rejects=None,
                    rejects_source=None, lag_seconds=None)
         return row
-    job = inspect_version(k, pipeline, n)
+    job = inspect_version(v)
     row["job"] = {"health": job.health, "pid": job.pid if job.alive else None, "batches": job.batches,
                   "rows_in": job.rows_in, "rows_out": job.rows_out, "error": job.error,
                   "reading": job.reading if job.alive else None, "last_batch": job.last_batch}
-    row["rejects"], row["rejects_source"] = rejects_of(k, pipeline, n, job)
+    row["rejects"], row["rejects_source"] = rejects_of(v, job)
     if rec.state in LIVE:
-        r = readiness(k, pipeline, n, record=record)
+        r = readiness(v, record=record)
         row.update(readiness=r.state, lag=r.total_lag, partitions=r.partitions, eta_seconds=r.eta_seconds,
                    consecutive_ok=r.consecutive_ok, required_samples=r.required_samples,
                    threshold=r.threshold, reason=r.reason, lag_error=r.lag_error,
@@ -106,22 +108,22 @@ def version_status(k: Kappa, pipeline: str, rec: VersionRecord, alias: AliasReco
         # Not meant to run: no readiness. A job still alive is finishing a stop (it ends its micro-batch).
         row.update(readiness=None, lag=None, partitions={}, eta_seconds=None, lag_seconds=None)
         if job.alive:
-            row["stopping"] = _stop_request(k, pipeline, n, job.started_at)
+            row["stopping"] = _stop_request(v, job.started_at)
     return row
 
 
-def _stop_request(k: Kappa, pipeline: str, version: int, started_at: float | None) -> dict[str, Any]:
+def _stop_request(v: VersionRef, started_at: float | None) -> dict[str, Any]:
     """Who asked the running job of a stopped version to stop, and when: the last `stop_requested`
     entry of the version, unless it is older than the job (a stop of an earlier run)."""
-    entries = k.registry.audit_log(pipeline, limit=1, version=version, action="stop_requested")
+    entries = v.registry.audit_log(v.pipeline, limit=1, version=v.version, action="stop_requested")
     e = entries[-1] if entries else None
     if e is None or (started_at is not None and e.at < started_at - 1.0):
         return {"requested_by": None, "requested_at": None, "reason": None}
     return {"requested_by": e.actor, "requested_at": e.at, "reason": e.reason}
 
 
-def _versions(k: Kappa, pipeline: str) -> list[VersionRecord]:
-    return sorted(k.registry.list_versions(pipeline), key=lambda r: r.version)
+def _versions(k: Kappa, spec: PipelineSpec) -> list[VersionRef]:
+    return sorted(k.versions(spec), key=lambda v: v.version)
 
 
 def status_data(k: Kappa, pipelines: list[str], *, record: bool = False) -> list[dict[str, Any]]:
@@ -135,8 +137,8 @@ def status_data(k: Kappa, pipelines: list[str], *, record: bool = False) -> list
             "alias": spec.alias,
             "serving_version": alias.version if alias is not None else None,
             "previous_version": alias.previous_version if alias is not None else None,
-            "versions": [version_status(k, name, rec, alias, record=record, rules_cache=cache)
-                         for rec in _versions(k, name)],
+            "versions": [version_status(v, alias, record=record, rules_cache=cache)
+                         for v in _versions(k, spec)],
         })
     return out
 
@@ -239,14 +241,15 @@ def _watch(cli: Cli, k: Kappa, names: list[str], interval: float, until_ready: b
 
     cli.out.print(f"watching {', '.join(names) or 'nothing'} every {interval:g} s (Ctrl-C to stop); "
                   f"each sample is recorded for `kappa lag-plot`")
+    specs = k.specs(names)
     with LagProgress(cli.out, line_every=interval) as bars:
         while True:
             states = []
-            for name in names:
-                for rec in _versions(k, name):
-                    if rec.state not in LIVE:
+            for spec in specs:
+                for v in _versions(k, spec):
+                    if v.record.state not in LIVE:
                         continue
-                    r = readiness(k, name, rec.version, record=True)
+                    r = readiness(v, record=True)
                     bars.update(r)
                     states.append(r.state)
             if until_ready and states and all(s == "ready" for s in states):

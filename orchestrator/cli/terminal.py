@@ -19,7 +19,7 @@ from orchestrator.core.exceptions import NotFoundError
 from orchestrator.core.secrets import mask_secrets
 
 if TYPE_CHECKING:
-    from orchestrator.context import Kappa
+    from orchestrator.context import VersionRef
 
 __all__ = ["follow_log", "last_lines"]
 
@@ -78,10 +78,10 @@ def follow_log(path: Path, offset: int, alive: Callable[[], bool], emit: Callabl
             (sleep or _sleep)(poll)
 
 
-def _job_alive(k: Kappa, pipeline: str, version: int) -> Callable[[], bool]:
+def _job_alive(v: VersionRef) -> Callable[[], bool]:
     from orchestrator.jobctl import inspect_version
 
-    return lambda: inspect_version(k, pipeline, version).alive
+    return lambda: inspect_version(v).alive
 
 
 @app.command("logs")
@@ -95,10 +95,9 @@ def logs_cmd(
     """Print the end of a version's job log (secrets masked); with -f follow it while the job runs."""
     cli = cli_of(ctx)
     k = cli.kappa()
-    k.pipeline(pipeline)                      # NotFoundError naming the declared pipelines
-    k.registry.get_version(pipeline, version)  # NotFoundError naming the known versions
-    path = k.paths(pipeline, version).log_file
-    alive = _job_alive(k, pipeline, version)
+    v = k.version(pipeline, version)           # NotFoundError naming the declared pipelines or known versions
+    path = v.paths.log_file
+    alive = _job_alive(v)
     if not path.exists() and not (follow and alive()):
         raise NotFoundError(f"{pipeline} v{version} has no job log at {path}: its job has not been started "
                             f"(`kappa deploy` or `kappa rollback` starts it), or the version is retired")

@@ -374,7 +374,7 @@ def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partition
         bench.section(f"deploy -> ready -> promote of {records:,} records (rules {rules})")
         marks: dict[str, float] = {}
         t0 = perf_counter()
-        info = deploy(bench.k, PIPELINE, rules, actor=ACTOR, reason="deploy-to-promote benchmark", threshold=0)
+        info = deploy(bench.k, spec, rules, actor=ACTOR, reason="deploy-to-promote benchmark", threshold=0)
         marks["deployed"] = perf_counter()
         if info.pid:
             bench.started.job_pids[info.version] = info.pid
@@ -389,10 +389,11 @@ def run_deploy_bench(records: int = 2_000_000, keys: int = 500_000, *, partition
                     marks["caught_up"] = now
                 bars.update(r)
 
-            wait_ready(bench.k, PIPELINE, info.version, deadline_seconds=deadline, poll_seconds=poll,
+            v = bench.k.version(spec, info.version)
+            wait_ready(v, deadline_seconds=deadline, poll_seconds=poll,
                        on_sample=on_sample, actor=ACTOR)
         marks["ready"] = perf_counter()
-        res = promote(bench.k, PIPELINE, info.version, actor=ACTOR, reason="deploy-to-promote benchmark")
+        res = promote(v, actor=ACTOR, reason="deploy-to-promote benchmark")
         marks["promoted"] = perf_counter()
         job_cpu = process_cpu_seconds(info.pid) if info.pid else None
         bench.say(res.message)

@@ -153,7 +153,7 @@ class Demo:
         self.section("Validation report: what the v2 rules change")
         from orchestrator.lifecycle.report import validation_report
 
-        report = validation_report(self.k, self.pipeline, v2, save=True)
+        report = validation_report(self.k.version(self.pipeline, v2), save=True)
         from orchestrator.observe.render import render_report
 
         render_report(self.c, report.model_dump(mode="json"))
@@ -290,7 +290,7 @@ class Demo:
     def deploy_and_wait(self, rules: str, threshold: int, reason: str) -> int:
         from orchestrator.lifecycle.deploy import deploy
 
-        info = deploy(self.k, self.pipeline, rules, actor=self.actor, reason=reason, threshold=threshold)
+        info = deploy(self.k, self.k.pipeline(self.pipeline), rules, actor=self.actor, reason=reason, threshold=threshold)
         if info.pid:
             self.started.job_pids[info.version] = info.pid
         self.say(info.message)
@@ -304,7 +304,7 @@ class Demo:
 
         t = time.monotonic()
         with LagProgress(self.c, line_every=2.0) as bars:
-            r = wait_ready(self.k, self.pipeline, version, deadline_seconds=self.opts.deadline,
+            r = wait_ready(self.k.version(self.pipeline, version), deadline_seconds=self.opts.deadline,
                            poll_seconds=self.opts.poll, on_sample=bars.update, actor=self.actor)
         self.say(f"v{version} is ready after {time.monotonic() - t:.0f} s: {r.reason} "
                  f"(lag now {r.total_lag:,}; {self.started.produced_live:,} live updates produced so far)")
@@ -322,7 +322,7 @@ class Demo:
         deadline = time.monotonic() + self.opts.deadline
         while True:
             try:
-                res = promote(self.k, self.pipeline, version, actor=self.actor, reason=reason)
+                res = promote(self.k.version(self.pipeline, version), actor=self.actor, reason=reason)
                 break
             except NotReadyError as e:
                 if set(e.failed_checks) != {"ready"} or time.monotonic() >= deadline:
@@ -338,7 +338,7 @@ class Demo:
     def rollback(self, to: int | None, reason: str) -> None:
         from orchestrator.lifecycle.rollback import rollback
 
-        res = rollback(self.k, self.pipeline, to, actor=self.actor, reason=reason, deadline_seconds=self.opts.deadline,
+        res = rollback(self.k, self.k.pipeline(self.pipeline), to, actor=self.actor, reason=reason, deadline_seconds=self.opts.deadline,
                        poll_seconds=self.opts.poll)
         self.say(f"[bold yellow]{res.message}[/] (waited {res.waited_seconds:.1f} s"
                  + (", restarted from its checkpoint" if res.restarted else ", it was running as standby") + ")")

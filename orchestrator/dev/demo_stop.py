@@ -39,13 +39,14 @@ def stop_version_jobs(k, pipeline: str, *, actor: str, reason: str, job_pids: di
 
     reap_children()
     try:
-        versions = {rec.version: rec.pid for rec in k.registry.list_versions(pipeline)}
+        refs = {v.version: v for v in k.versions(pipeline)}
     except KappaError:
-        versions = {}
+        refs = {}
+    versions = {n: v.record.pid for n, v in refs.items()}
     requests, quiet = {}, []
     for version in sorted(set(versions) | set(job_pids)):
         try:
-            st = inspect_version(k, pipeline, version)
+            st = inspect_version(refs[version]) if version in refs else None
         except KappaError as e:
             st = None
             say(f"[red]could not read the job of {pipeline} v{version} ({e})[/]")
@@ -63,7 +64,7 @@ def stop_version_jobs(k, pipeline: str, *, actor: str, reason: str, job_pids: di
         requests[version] = None
         try:
             if st is not None:
-                requests[version] = request_stop(k, pipeline, version, actor=actor, reason=reason, force=True,
+                requests[version] = request_stop(refs[version], actor=actor, reason=reason, force=True,
                                                  bound=30.0)
         except KappaError as e:
             say(f"[red]could not stop {pipeline} v{version} through kappa ({e}); killing it[/]")
@@ -72,7 +73,7 @@ def stop_version_jobs(k, pipeline: str, *, actor: str, reason: str, job_pids: di
         pid = job_pids[version]
         try:
             if req is not None:
-                pid = finish_stop(k, req).pid or pid
+                pid = finish_stop(req).pid or pid
         except KappaError as e:
             say(f"[red]could not stop {pipeline} v{version} through kappa ({e}); killing it[/]")
         end_group(pid, 10.0)

@@ -126,9 +126,9 @@ def flip_benchmark(k, pipeline: str, *, versions: tuple[int, int] | None = None,
     a, b = versions
     if rec.version not in versions:
         raise NotReadyError(f"alias {spec.alias!r} serves v{rec.version}, which is not one of {versions}")
-    for v in versions:
-        if not DeltaTable.is_deltatable(str(k.paths(pipeline, v).table)):
-            raise NotReadyError(f"{pipeline} v{v} has no table at {k.paths(pipeline, v).table}")
+    for v in k.versions(spec, list(versions)):
+        if not DeltaTable.is_deltatable(str(v.paths.table)):
+            raise NotReadyError(f"{v} has no table at {v.paths.table}")
     publish_current(k, spec.alias)
     start_version = rec.version
     column = spec.key_columns[0]

@@ -220,16 +220,17 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         bench.fill_topic()
         spec = bench.k.pipeline(PIPELINE)
         bench.section(f"deploy, wait until ready, promote (rules {rules})")
-        info = deploy(bench.k, PIPELINE, rules, actor=ACTOR, reason="freshness benchmark", threshold=0)
+        info = deploy(bench.k, spec, rules, actor=ACTOR, reason="freshness benchmark", threshold=0)
         if info.pid:
             bench.started.job_pids[info.version] = info.pid
             figures["pids_started"].append(info.pid)
         bench.say(info.message)
         with LagProgress(console, line_every=5.0) as bars:
-            wait_ready(bench.k, PIPELINE, info.version, deadline_seconds=deadline, poll_seconds=0.5,
+            v = bench.k.version(spec, info.version)
+            wait_ready(v, deadline_seconds=deadline, poll_seconds=0.5,
                        on_sample=bars.update, actor=ACTOR)
-        bench.say(promote(bench.k, PIPELINE, info.version, actor=ACTOR, reason="freshness benchmark").message)
-        interval = trigger_interval((read_launch(bench.k, PIPELINE, info.version) or {}).get("command"))
+        bench.say(promote(v, actor=ACTOR, reason="freshness benchmark").message)
+        interval = trigger_interval((read_launch(v) or {}).get("command"))
 
         bench.section(f"live producer: {rate:g} updates/s for {seconds:g} s; reading through alias {spec.alias}")
         run = f"{time.time_ns() % 10**9}"
