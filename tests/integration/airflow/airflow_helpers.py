@@ -62,8 +62,8 @@ def stop_all_jobs(bed: AirflowTestBed) -> list[str]:
     with bed.kappa() as k:
         for name in PIPELINES:
             for rec in k.registry.list_versions(name):
-                if inspect_version(k, name, rec.version).alive:
-                    stop_version(k, name, rec.version, actor="tests", reason="test teardown", force=True,
+                if inspect_version(k.version(name, rec.version)).alive:
+                    stop_version(k.version(name, rec.version), actor="tests", reason="test teardown", force=True,
                                  graceful_timeout=20, final_state=None)
                     stopped.append(f"{name} v{rec.version}")
     return stopped

@@ -154,7 +154,7 @@ def test_reprocess_promote_rollback_monitor_through_dag_test(airflow_db, in_proc
     from orchestrator.jobctl import stop_version
 
     with bed.kappa() as k:
-        stop_version(k, PIPELINE, 1, actor="tests", reason="simulate a crash", force=True, final_state=None)
+        stop_version(k.version(PIPELINE, 1), actor="tests", reason="simulate a crash", force=True, final_state=None)
     dr, states = run_dag("kappa_monitor", {})
     assert dr.state == "failed" and states == {"watch": "success", "monitor": "failed"}
     with bed.kappa() as k:

@@ -63,7 +63,7 @@ def state_of(bed) -> dict:
             "history": k.registry.alias_history(alias),
             "pointer": Path(k.alias_file(alias)).read_bytes(),
             "versions": [(r.version, str(r.state), r.pid) for r in k.registry.list_versions(PIPELINE)],
-            "alive": {r.version: inspect_version(k, PIPELINE, r.version).alive
+            "alive": {r.version: inspect_version(k.version(PIPELINE, r.version)).alive
                       for r in k.registry.list_versions(PIPELINE)},
             "audit": k.registry.audit_log(PIPELINE, limit=None),
         }
@@ -147,9 +147,9 @@ def test_promote_and_rollback_through_rest_and_the_rollback_refusals(airflow, st
     client.wait_for_dags([DOWNSTREAM], timeout=120)
     assert client.get_dag(DOWNSTREAM)["is_paused"] is True
     with bed.kappa() as k:
-        v1 = deploy(k, PIPELINE, "v1", actor=ACTOR, reason="first build").version
-        wait_ready(k, PIPELINE, v1, deadline_seconds=DEADLINE, poll_seconds=1)
-        promote(k, PIPELINE, v1, actor=ACTOR, reason="first build")   # outside Airflow: no event
+        v1 = deploy(k, k.pipeline(PIPELINE), "v1", actor=ACTOR, reason="first build").version
+        wait_ready(k.version(PIPELINE, v1), deadline_seconds=DEADLINE, poll_seconds=1)
+        promote(k.version(PIPELINE, v1), actor=ACTOR, reason="first build")   # outside Airflow: no event
         v1_rows = table_rows(k.paths(PIPELINE, v1).table)
         v1_hash, v1_table = k.registry.get_version(PIPELINE, v1).rules_hash, str(k.paths(PIPELINE, v1).table)
     seen = {r["dag_run_id"] for r in client.list_runs(DOWNSTREAM)["dag_runs"]}
@@ -172,8 +172,8 @@ def flips_through_airflow(airflow, bed, client, alias, v1, v1_rows, v1_hash, v1_
 
     # 2. `kappa trigger promote`: v2 serves, v1 is stopped at once (grace 0)
     with bed.kappa() as k:
-        v2 = deploy(k, PIPELINE, "v2", actor=ACTOR, reason="new titles").version
-        wait_ready(k, PIPELINE, v2, deadline_seconds=DEADLINE, poll_seconds=1)
+        v2 = deploy(k, k.pipeline(PIPELINE), "v2", actor=ACTOR, reason="new titles").version
+        wait_ready(k.version(PIPELINE, v2), deadline_seconds=DEADLINE, poll_seconds=1)
         v1_pid = k.registry.get_version(PIPELINE, v1).pid
     done = kappa_cli(bed, "trigger", "promote", PIPELINE, str(v2), "--grace", "0", "--reason", "reviewed v2",
                      "--actor", ACTOR, "--timeout", str(RUN_TIMEOUT), "--json")
@@ -195,7 +195,7 @@ def flips_through_airflow(airflow, bed, client, alias, v1, v1_rows, v1_hash, v1_
         assert (rec.version, rec.previous_version, rec.published_version) == (v2, v1, v2)
         assert (rec.updated_by, rec.reason) == ("airflow:admin", f"reviewed v2 {tag}")
         assert [(str(r.state)) for r in k.registry.list_versions(PIPELINE)] == ["stopped", "serving"]
-        assert not inspect_version(k, PIPELINE, v1).alive and inspect_version(k, PIPELINE, v2).alive
+        assert not inspect_version(k.version(PIPELINE, v1)).alive and inspect_version(k.version(PIPELINE, v2)).alive
         new = [(e.action, e.version, e.actor, e.outcome, e.reason) for e in k.registry.audit_log(PIPELINE, limit=None)
                if tag in (e.reason or "")]
         assert new == [("flip_alias", v2, "airflow:admin", "ok", f"reviewed v2 {tag}"),
@@ -232,7 +232,7 @@ def flips_through_airflow(airflow, bed, client, alias, v1, v1_rows, v1_hash, v1_
         assert (rec.version, rec.previous_version, rec.published_version) == (v1, v2, v1)
         assert (rec.updated_by, rec.reason) == ("airflow:admin", f"v2 titles look wrong {tag}")
         assert [str(r.state) for r in k.registry.list_versions(PIPELINE)] == ["serving", "standby"]
-        assert inspect_version(k, PIPELINE, v1).alive and inspect_version(k, PIPELINE, v2).alive
+        assert inspect_version(k.version(PIPELINE, v1)).alive and inspect_version(k.version(PIPELINE, v2)).alive
         rollbacks = [(e.version, e.actor, e.outcome, e.reason, e.details["from_version"])
                      for e in k.registry.audit_log(PIPELINE, action="rollback")]
         assert rollbacks == [(v1, "airflow:admin", "ok", f"v2 titles look wrong {tag}", v2)]
@@ -251,7 +251,7 @@ def flips_through_airflow(airflow, bed, client, alias, v1, v1_rows, v1_hash, v1_
 
     # 4. refused: the rollback target v2 lost its checkpoint; a rollback never re-reads from zero
     with bed.kappa() as k:
-        stop_version(k, PIPELINE, v2, actor=ACTOR, reason="maintenance")
+        stop_version(k.version(PIPELINE, v2), actor=ACTOR, reason="maintenance")
         checkpoint = Path(k.paths(PIPELINE, v2).checkpoint)
         shutil.rmtree(checkpoint)
     before = state_of(bed)

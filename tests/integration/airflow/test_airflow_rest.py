@@ -44,7 +44,7 @@ def test_reprocess_while_one_is_in_flight_fails_its_first_task(airflow, stack_jo
 
     bed = stack_jobs_stopped
     with bed.kappa() as k:
-        busy = deploy(k, "af_busy", "v1", actor="ops:carol", reason="manual backfill", start=False)
+        busy = deploy(k, k.pipeline("af_busy"), "v1", actor="ops:carol", reason="manual backfill", start=False)
     assert busy.version == 1
 
     outcome = trigger.trigger_and_follow(airflow.url, "admin", "admin", "kappa_reprocess",

@@ -64,9 +64,9 @@ class Bed:
     def deploy_ready(self, *rules: str) -> list[int]:
         """A version per rules file, deployed at once (queued: no job waits for the one before it to
         catch up, so their JVM starts and backfills overlap), then each waited for until ready."""
-        infos = [deploy(self.k, self.pipeline, r, actor=ACTOR, reason=f"rules {r}", queue=True) for r in rules]
+        infos = [deploy(self.k, self.k.pipeline(self.pipeline), r, actor=ACTOR, reason=f"rules {r}", queue=True) for r in rules]
         for info in infos:
-            wait_ready(self.k, self.pipeline, info.version, deadline_seconds=DEADLINE, poll_seconds=1)
+            wait_ready(self.k.version(self.pipeline, info.version), deadline_seconds=DEADLINE, poll_seconds=1)
         return [info.version for info in infos]
 
 
@@ -86,8 +86,8 @@ def bed(bootstrap, tmp_path, seed):
         yield b
     finally:
         for rec in k.registry.list_versions(pipeline):
-            if inspect_version(k, pipeline, rec.version).alive:
-                stop_version(k, pipeline, rec.version, actor="tests", reason="test teardown", force=True,
+            if inspect_version(k.version(pipeline, rec.version)).alive:
+                stop_version(k.version(pipeline, rec.version), actor="tests", reason="test teardown", force=True,
                              graceful_timeout=20, final_state=None)
         k.close()
 
@@ -139,9 +139,9 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     reg = k.registry
     v1, *later = bed.deploy_ready("v1", "v2", "v1", "v2")
     assert (v1, later) == (1, [2, 3, 4])
-    stop_version(k, p, v1, actor=ACTOR, reason="superseded before it served")
+    stop_version(k.version(p, v1), actor=ACTOR, reason="superseded before it served")
     for n in later:
-        promote(k, p, n, actor=ACTOR, reason=f"serve v{n}")
+        promote(k.version(p, n), actor=ACTOR, reason=f"serve v{n}")
     assert {r.version: str(r.state) for r in reg.list_versions(p)} == {
         1: "stopped", 2: "standby", 3: "standby", 4: "serving"}
     alias = reg.get_alias(bed.alias)
@@ -156,7 +156,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
         assert Path(vp.table).is_dir() and Path(vp.checkpoint).is_dir()
     assert {vp.group_id for vp in paths.values()} <= listed_groups(bed.bootstrap)
     v2_pid = reg.get_version(p, 2).pid
-    assert inspect_version(k, p, 2).alive and psutil.pid_exists(v2_pid)
+    assert inspect_version(k.version(p, 2)).alive and psutil.pid_exists(v2_pid)
     kept_jobs = {n: reg.get_version(p, n).pid for n in (3, 4)}
     kept_tables = {n: table_rows(paths[n].table) for n in (3, 4)}
     assert all(t.num_rows > 0 for t in kept_tables.values())
@@ -187,7 +187,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
     assert dry.returncode == 0, dry.stdout + dry.stderr
     plan = json.loads(dry.stdout)
     assert (plan["dry_run"], plan["keep"], plan["kept"], plan["retire"], plan["protected"]) == (True, 2, [3, 4], [2], {})
-    assert Path(paths[2].table).exists() and inspect_version(k, p, 2).alive and reg.get_version(p, 2).state == "standby"
+    assert Path(paths[2].table).exists() and inspect_version(k.version(p, 2)).alive and reg.get_version(p, 2).state == "standby"
 
     applied = bed.kappa("retention", p, "--apply", "--actor", ACTOR, "--json")
     assert applied.returncode == 0, applied.stdout + applied.stderr
@@ -216,7 +216,7 @@ def test_retire_and_retention_apply_delete_what_they_name_and_nothing_else(bed):
         assert table_rows(paths[n].table).equals(kept_tables[n]), f"v{n}'s table changed"
         assert Path(paths[n].checkpoint).is_dir()
         assert committed(bed.bootstrap, paths[n].group_id, bed.topic) == ends
-        assert inspect_version(k, p, n).alive and reg.get_version(p, n).pid == kept_jobs[n]
+        assert inspect_version(k.version(p, n)).alive and reg.get_version(p, n).pid == kept_jobs[n]
     assert {paths[3].group_id, paths[4].group_id} <= listed_groups(bed.bootstrap)
     assert {r.version: str(r.state) for r in reg.list_versions(p)} == {
         1: "retired", 2: "retired", 3: "standby", 4: "serving"}

@@ -92,8 +92,8 @@ class Live:
         if reg is not None:
             try:
                 for rec in reg.list_versions(PIPELINE):
-                    if lifecycle.inspect_version(self.k, PIPELINE, rec.version).alive:
-                        lifecycle.stop_version(self.k, PIPELINE, rec.version, actor="teardown", force=True,
+                    if lifecycle.inspect_version(self.k.version(PIPELINE, rec.version)).alive:
+                        lifecycle.stop_version(self.k.version(PIPELINE, rec.version), actor="teardown", force=True,
                                                graceful_timeout=30, term_timeout=15)
             except Exception as e:  # teardown goes on: the PIDs below are stopped regardless
                 print(f"teardown: {e}")

@@ -85,9 +85,9 @@ def test_a_reprocess_of_a_compacted_log_is_exact_and_counts_the_keys_compaction_
     k = Kappa(Settings(home=home, bootstrap_servers=bootstrap), registry=reg,
               pipelines={PIPELINE: make_spec(topic, alias, key_count_tolerance=0.0)})
     try:
-        v1 = deploy(k, PIPELINE, "v1", actor="tests", reason="reads the whole log").version
-        assert wait_ready(k, PIPELINE, v1, deadline_seconds=DEADLINE, poll_seconds=1).ready
-        promote(k, PIPELINE, v1, actor="tests", reason="v1 serves")
+        v1 = deploy(k, k.pipeline(PIPELINE), "v1", actor="tests", reason="reads the whole log").version
+        assert wait_ready(k.version(PIPELINE, v1), deadline_seconds=DEADLINE, poll_seconds=1).ready
+        promote(k.version(PIPELINE, v1), actor="tests", reason="v1 serves")
         whole = list(datagen.iter_log(bootstrap, topic))
         offsets_before = log_offsets(k, [topic])
         everything = expected_table(whole, "v1")
@@ -118,8 +118,8 @@ def test_a_reprocess_of_a_compacted_log_is_exact_and_counts_the_keys_compaction_
         assert gaps > 0, "a compacted log has offset gaps"
         print(f"{topic}: {len(whole)} records before the cleaner, {len(now)} after; {gaps} offset gaps")
 
-        v2 = deploy(k, PIPELINE, "v1", actor="tests", reason="reprocess the compacted log").version
-        assert wait_ready(k, PIPELINE, v2, deadline_seconds=DEADLINE, poll_seconds=1).ready
+        v2 = deploy(k, k.pipeline(PIPELINE), "v1", actor="tests", reason="reprocess the compacted log").version
+        assert wait_ready(k.version(PIPELINE, v2), deadline_seconds=DEADLINE, poll_seconds=1).ready
         paths2 = k.paths(PIPELINE, v2)
         why, rows = version_diff(paths2.table, paths2.rejects, bootstrap, topic, "v1")
         assert why is None, f"v2 over the compacted log: {why}"
@@ -129,7 +129,7 @@ def test_a_reprocess_of_a_compacted_log_is_exact_and_counts_the_keys_compaction_
         gone = keys_all - keys_now
         assert forced <= gone
 
-        report = validation_report(k, PIPELINE, v2)
+        report = validation_report(k.version(PIPELINE, v2))
         print(json.dumps(report.model_dump(mode="json"), indent=1, default=str)[:3000])
         assert report.keys_lost_to_compaction == len(gone)
         assert report.keys_only_serving == 0 and report.keys_only_new == 0
@@ -137,7 +137,7 @@ def test_a_reprocess_of_a_compacted_log_is_exact_and_counts_the_keys_compaction_
         assert report.keys_serving == report.keys_new + len(gone)
     finally:
         for rec in k.registry.list_versions(PIPELINE):
-            if inspect_version(k, PIPELINE, rec.version).alive:
-                stop_version(k, PIPELINE, rec.version, actor="tests", reason="teardown", force=True,
+            if inspect_version(k.version(PIPELINE, rec.version)).alive:
+                stop_version(k.version(PIPELINE, rec.version), actor="tests", reason="teardown", force=True,
                              graceful_timeout=20, final_state=None)
         reg.close()

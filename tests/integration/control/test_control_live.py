@@ -100,13 +100,13 @@ def ensure_serving(live: Live, version: int, rules_version: str) -> None:
     have = [rec.version for rec in k.registry.list_versions(PIPELINE)]
     if version not in have:
         assert have == list(range(1, version)), f"cannot deploy v{version} for the next test after versions {have}"
-        info = deploy(k, PIPELINE, rules_version, actor="setup", reason=f"v{version} for the tests that need it",
+        info = deploy(k, k.pipeline(PIPELINE), rules_version, actor="setup", reason=f"v{version} for the tests that need it",
                       threshold=LIVE_THRESHOLD)
         assert info.version == version
     alias = k.registry.get_alias(live.alias)
     if alias is None or alias.version != version:
-        assert wait_ready(k, PIPELINE, version, deadline_seconds=DEADLINE, poll_seconds=1).ready
-        promote(k, PIPELINE, version, actor="setup", reason=f"v{version} serves for the tests that need it")
+        assert wait_ready(k.version(PIPELINE, version), deadline_seconds=DEADLINE, poll_seconds=1).ready
+        promote(k.version(PIPELINE, version), actor="setup", reason=f"v{version} serves for the tests that need it")
     assert resolve_alias(live.alias, live.settings)["version"] == version
 
 
@@ -127,7 +127,7 @@ def v2_serving(v1_serving) -> Live:
 def quiesce(live: Live, version: int):
     """Stop the producer and wait until `version` has read everything (lag 0, 3 samples)."""
     live.stop_producer()
-    return wait_ready(live.k, PIPELINE, version, deadline_seconds=DEADLINE, poll_seconds=1, threshold=0)
+    return wait_ready(live.k.version(PIPELINE, version), deadline_seconds=DEADLINE, poll_seconds=1, threshold=0)
 
 
 def independent_lag(bootstrap: str, topic: str, group: str) -> dict[str, int]:
@@ -187,18 +187,18 @@ def aligned_expectation(k: Kappa, report) -> dict[str, int]:
 
 def test_deploy_ready_promote_the_first_version(live):
     k = live.k
-    info = deploy(k, PIPELINE, "v1", actor="alice", reason="first build", threshold=LIVE_THRESHOLD)
+    info = deploy(k, k.pipeline(PIPELINE), "v1", actor="alice", reason="first build", threshold=LIVE_THRESHOLD)
     assert (info.version, info.job_started, info.rules_version) == (1, True, "v1")
     with pytest.raises(NotReadyError) as e:
-        promote(k, PIPELINE, 1, actor="alice", reason="too early")
+        promote(k.version(PIPELINE, 1), actor="alice", reason="too early")
     msg = str(e.value)
     assert re.match(rf"cannot promote {PIPELINE} v1 to alias '{live.alias}': ready: {PIPELINE} v1: hydrating, "
                     rf"lag {INITIAL:,}, [^,]+ behind, 0/3 samples with lag <= {LIVE_THRESHOLD} records and <= 60 s "
                     rf"behind; ", msg), msg   # the JVM is still starting
     assert k.registry.get_alias(live.alias) is None
-    r = wait_ready(k, PIPELINE, 1, deadline_seconds=DEADLINE, poll_seconds=1)
+    r = wait_ready(k.version(PIPELINE, 1), deadline_seconds=DEADLINE, poll_seconds=1)
     assert r.ready and r.total_lag <= LIVE_THRESHOLD and k.registry.get_version(PIPELINE, 1).state == "caught_up"
-    res = promote(k, PIPELINE, 1, actor="alice", reason="first build")
+    res = promote(k.version(PIPELINE, 1), actor="alice", reason="first build")
     assert res.flipped and res.previous_version is None
     assert resolve_alias(live.alias, live.settings)["version"] == 1
     quiesce(live, 1)                 # ready allows a lag of LIVE_THRESHOLD: compare once it has read everything
@@ -209,20 +209,20 @@ def test_deploy_ready_promote_the_first_version(live):
 def test_lag_equals_the_independently_computed_lag_and_a_restart_resumes_from_the_checkpoint(v1_serving):
     live, k = v1_serving, v1_serving.k
     quiesce(live, 1)                                     # v1 has read the whole log: the 300 below are all lag
-    stopped = stop_version(k, PIPELINE, 1, actor="bob", reason="maintenance", force=True)
+    stopped = stop_version(k.version(PIPELINE, 1), actor="bob", reason="maintenance", force=True)
     assert stopped.how == "graceful" and stopped.final_state == "stopped"
     live.produce(300, KEYS)                              # quiet from here: nothing reads, nothing writes
-    reading = measure_lag(k, PIPELINE, 1)
+    reading = measure_lag(k.version(PIPELINE, 1))
     expected = independent_lag(live.bootstrap, live.topic, k.paths(PIPELINE, 1).group_id)
     assert reading.source == "checkpoint"
     assert reading.partitions == expected
     assert reading.total == sum(expected.values()) == 300
-    assert readiness(k, PIPELINE, 1, record=False).state == "stopped"   # its job was stopped on a request
+    assert readiness(k.version(PIPELINE, 1), record=False).state == "stopped"   # its job was stopped on a request
 
-    started = start_version(k, PIPELINE, 1, actor="bob", reason="back from maintenance")
+    started = start_version(k.version(PIPELINE, 1), actor="bob", reason="back from maintenance")
     assert started.started and "resumes from its checkpoint" in started.message
-    wait_ready(k, PIPELINE, 1, deadline_seconds=DEADLINE, poll_seconds=1, threshold=0)
-    st = inspect_version(k, PIPELINE, 1)
+    wait_ready(k.version(PIPELINE, 1), deadline_seconds=DEADLINE, poll_seconds=1, threshold=0)
+    st = inspect_version(k.version(PIPELINE, 1))
     assert st.rows_in == 300          # it read the 300 new records only, not the log from offset zero
     ok, why = served_equals_expected(live, "v1")
     assert ok, why
@@ -231,9 +231,9 @@ def test_lag_equals_the_independently_computed_lag_and_a_restart_resumes_from_th
 def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     live, k = v1_serving, v1_serving.k
     live.start_producer(rate=10)
-    info = deploy(k, PIPELINE, "v2", actor="carol", reason="merge title spellings", threshold=LIVE_THRESHOLD)
+    info = deploy(k, k.pipeline(PIPELINE), "v2", actor="carol", reason="merge title spellings", threshold=LIVE_THRESHOLD)
     assert info.version == 2
-    r = wait_ready(k, PIPELINE, 2, deadline_seconds=DEADLINE, poll_seconds=1)
+    r = wait_ready(k.version(PIPELINE, 2), deadline_seconds=DEADLINE, poll_seconds=1)
     assert r.ready
     # like with like: v2 held (SIGSTOP) while 40 more updates arrive and v1 reads them; the report
     # counts as changed only rows both derived from the same Kafka record, the rest as input skew
@@ -243,7 +243,7 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     try:
         live.produce(40, KEYS)
         quiesce(live, 1)
-        report = validation_report(k, PIPELINE, 2)
+        report = validation_report(k.version(PIPELINE, 2))
     finally:
         os.killpg(pid, signal.SIGCONT)
     expected = aligned_expectation(k, report)
@@ -258,7 +258,7 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
         assert any(standardize("titles", raw, "v1") == change["old"] and standardize("titles", raw, "v2")
                    == change["new"] for raw, _weight in datagen.TITLES), change
 
-    res = promote(k, PIPELINE, 2, actor="carol", reason="merge title spellings")
+    res = promote(k.version(PIPELINE, 2), actor="carol", reason="merge title spellings")
     assert res.flipped and res.previous_version == 1
     assert k.registry.get_version(PIPELINE, 1).state == "standby"
     quiesce(live, 2)
@@ -266,7 +266,7 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     assert ok, why
 
     live.start_producer(rate=10)
-    back = rollback(k, PIPELINE, actor="dave", reason="v2 merged too much", deadline_seconds=DEADLINE,
+    back = rollback(k, k.pipeline(PIPELINE), actor="dave", reason="v2 merged too much", deadline_seconds=DEADLINE,
                     poll_seconds=1)
     assert (back.from_version, back.to_version, back.flipped, back.restarted) == (2, 1, True, False)
     quiesce(live, 1)
@@ -274,7 +274,7 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     assert ok, why
 
     live.start_producer(rate=10)
-    fwd = promote(k, PIPELINE, 2, actor="dave", reason="roll forward after review")
+    fwd = promote(k.version(PIPELINE, 2), actor="dave", reason="roll forward after review")
     assert fwd.flipped and fwd.previous_version == 1
     quiesce(live, 2)
     ok, why = served_equals_expected(live, "v2")
@@ -304,7 +304,7 @@ def test_a_restarting_rollback_flips_only_after_a_micro_batch_commits_since_the_
     monkeypatch.setitem(k.pipelines, PIPELINE, spec.model_copy(update={"catchup_seconds": 3600.0}))
     try:
         live.stop_producer()
-        stop_version(k, PIPELINE, 1, actor="kappa-monitor", reason="standby grace period over",
+        stop_version(k.version(PIPELINE, 1), actor="kappa-monitor", reason="standby grace period over",
                      expected_state="standby")
         live.produce(60, KEYS)                    # a backlog well under the threshold of LIVE_THRESHOLD records
         held = tmp_path / "held"
@@ -318,7 +318,7 @@ def test_a_restarting_rollback_flips_only_after_a_micro_batch_commits_since_the_
                 if r.ready or len(while_held) >= spec.catchup_samples + 3:
                     held.unlink()                 # release it (at once if the rule was fooled: no hang)
 
-        res = rollback(k, PIPELINE, actor="dave", reason="v2 looks wrong", deadline_seconds=DEADLINE,
+        res = rollback(k, k.pipeline(PIPELINE), actor="dave", reason="v2 looks wrong", deadline_seconds=DEADLINE,
                        poll_seconds=1, on_sample=on_sample)
         released = time.time()
     finally:
@@ -341,23 +341,23 @@ def test_a_restarting_rollback_flips_only_after_a_micro_batch_commits_since_the_
     ok, why = served_equals_expected(live, "v1")
     assert ok, why
     # the story goes on from where the test before left it: v2 serving, v1 its standby, the producer stopped
-    assert wait_ready(k, PIPELINE, 2, deadline_seconds=DEADLINE, poll_seconds=1).ready
-    assert promote(k, PIPELINE, 2, actor="dave", reason="roll forward").flipped
+    assert wait_ready(k.version(PIPELINE, 2), deadline_seconds=DEADLINE, poll_seconds=1).ready
+    assert promote(k.version(PIPELINE, 2), actor="dave", reason="roll forward").flipped
 
 
 def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_serving):
     live, k = v2_serving, v2_serving.k
-    info = deploy(k, PIPELINE, "v2", actor="erin", reason="a build that will crash", threshold=LIVE_THRESHOLD)
+    info = deploy(k, k.pipeline(PIPELINE), "v2", actor="erin", reason="a build that will crash", threshold=LIVE_THRESHOLD)
     v = info.version
     assert v == 3
-    wait_until(lambda: inspect_version(k, PIPELINE, v).health, f"the job of v{v} to report health 'running'",
+    wait_until(lambda: inspect_version(k.version(PIPELINE, v)).health, f"the job of v{v} to report health 'running'",
                DEADLINE, poll=1, done=lambda health: health == "running")
     os.killpg(info.pid, signal.SIGKILL)         # the job, its JVM and its Python workers die at once
-    wait_until(lambda: inspect_version(k, PIPELINE, v).alive, f"the killed job of v{v} (pid {info.pid}) to be gone",
+    wait_until(lambda: inspect_version(k.version(PIPELINE, v)).alive, f"the killed job of v{v} (pid {info.pid}) to be gone",
                30, poll=0.1, done=lambda alive: not alive)
     log = k.paths(PIPELINE, v).log_file
     with pytest.raises(NotReadyError) as e:
-        promote(k, PIPELINE, v, actor="erin", reason="should be refused")
+        promote(k.version(PIPELINE, v), actor="erin", reason="should be refused")
     msg = str(e.value)
     assert re.match(rf"cannot promote {PIPELINE} v{v} to alias '{live.alias}': ready: {PIPELINE} v{v}: failing, "
                     rf"lag [\d,]+, [^,]+ behind, (ETA \d+ s, )?\d/3 samples with lag <= {LIVE_THRESHOLD} records and "
@@ -370,7 +370,7 @@ def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_ser
     cut_off = Kappa(Settings(home=live.home, bootstrap_servers=f"127.0.0.1:{port}"), registry=k.registry,
                     pipelines=k.pipelines)
     with pytest.raises(NotReadyError) as e:
-        promote(cut_off, PIPELINE, 1, actor="erin", reason="broker unreachable")
+        promote(cut_off.version(PIPELINE, 1), actor="erin", reason="broker unreachable")
     assert re.match(rf"cannot promote {PIPELINE} v1 to alias '{live.alias}': ready: {PIPELINE} v1: lagging, lag "
                     rf"unknown, unknown behind, 0/3 samples with lag <= {LIVE_THRESHOLD} records and <= 60 s behind; "
                     rf"lag unknown \(cannot read topic metadata from the "
@@ -381,7 +381,7 @@ def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_ser
 
     paths = k.paths(PIPELINE, v)
     assert Path(paths.table).exists() or Path(paths.checkpoint).exists()
-    done = retire(k, PIPELINE, v, actor="erin", reason="broken build")
+    done = retire(k.version(PIPELINE, v), actor="erin", reason="broken build")
     assert not Path(paths.table).exists() and not Path(paths.rejects).exists() and not paths.version_dir.exists()
     assert k.registry.get_version(PIPELINE, v).state == "retired"
     assert any(d.startswith(f"consumer group {paths.group_id}: ") for d in done.done)
@@ -390,17 +390,17 @@ def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_ser
 def test_retention_refuses_the_serving_version_and_the_rollback_target(v2_serving):
     live, k = v2_serving, v2_serving.k
     with pytest.raises(LifecycleError) as e:
-        retire(k, PIPELINE, 2, actor="frank", reason="cleanup")
+        retire(k.version(PIPELINE, 2), actor="frank", reason="cleanup")
     assert str(e.value) == (f"cannot retire {PIPELINE} v2: it serves alias '{live.alias}'; promote or roll back "
                             f"to another version first")
     with pytest.raises(LifecycleError) as e:
-        retire(k, PIPELINE, 1, actor="frank", reason="cleanup")
+        retire(k.version(PIPELINE, 1), actor="frank", reason="cleanup")
     assert str(e.value) == (f"cannot retire {PIPELINE} v1: it is the rollback target of alias '{live.alias}'; "
                             f"promote or roll back to another version first")
-    plan = apply_retention(k, PIPELINE, actor="frank", keep=1)
+    plan = apply_retention(k, k.pipeline(PIPELINE), actor="frank", keep=1)
     assert plan.retire == [] and plan.protected == {1: f"it is the rollback target of alias '{live.alias}'"}
     assert Path(k.paths(PIPELINE, 2).table).exists() and Path(k.paths(PIPELINE, 1).checkpoint).exists()
-    assert inspect_version(k, PIPELINE, 2).alive
+    assert inspect_version(k.version(PIPELINE, 2)).alive
 
 
 # -- the registry on both databases, with the live jobs adopted ---------------------------------
@@ -419,7 +419,7 @@ def adopted(v2_serving, registry_url):
                                    reason="adopt the live version", queue=True, details=src.details)
         assert rec.version == v
         reg.set_state(PIPELINE, v, "caught_up", pid=src.pid, run_dir=src.run_dir)
-        assert inspect_version(k2, PIPELINE, v).health == "running"
+        assert inspect_version(k2.version(PIPELINE, v)).health == "running"
     try:
         yield k2
     finally:
@@ -429,13 +429,13 @@ def adopted(v2_serving, registry_url):
 def _prime(k, v):
     """Samples enough for the promote's own to complete the rule: with nothing to read, they count a
     trigger interval apart, so this polls until the version reads as ready."""
-    wait_ready(k, PIPELINE, v, deadline_seconds=60, poll_seconds=1)
+    wait_ready(k.version(PIPELINE, v), deadline_seconds=60, poll_seconds=1)
 
 
 def test_concurrent_promotes_exactly_one_wins(live, adopted, monkeypatch):
     k = adopted
     _prime(k, 1)
-    promote(k, PIPELINE, 1, actor="gina", reason="first")
+    promote(k.version(PIPELINE, 1), actor="gina", reason="first")
     _prime(k, 2)
     barrier = threading.Barrier(2, timeout=120)
     real_flip = k.registry.flip_alias
@@ -449,7 +449,7 @@ def test_concurrent_promotes_exactly_one_wins(live, adopted, monkeypatch):
 
     def run(who):
         try:
-            outcomes.append(promote(k, PIPELINE, 2, actor=who, reason="race"))
+            outcomes.append(promote(k.version(PIPELINE, 2), actor=who, reason="race"))
         except Exception as e:
             outcomes.append(e)
 
@@ -472,7 +472,7 @@ def test_concurrent_promotes_exactly_one_wins(live, adopted, monkeypatch):
 def test_crash_between_cas_and_publish_then_reconcile(live, adopted, monkeypatch):
     k = adopted
     _prime(k, 1)
-    promote(k, PIPELINE, 1, actor="jo", reason="first")
+    promote(k.version(PIPELINE, 1), actor="jo", reason="first")
     _prime(k, 2)
 
     def die(k_, alias):
@@ -481,7 +481,7 @@ def test_crash_between_cas_and_publish_then_reconcile(live, adopted, monkeypatch
     with monkeypatch.context() as m:
         m.setattr("orchestrator.lifecycle.promote.publish_current", die)
         with pytest.raises(KeyboardInterrupt):
-            promote(k, PIPELINE, 2, actor="jo", reason="crashes half-way")
+            promote(k.version(PIPELINE, 2), actor="jo", reason="crashes half-way")
     rec = k.registry.get_alias(live.alias)
     assert (rec.version, rec.published_version) == (2, 1)
     assert resolve_alias(live.alias, live.settings)["version"] == 1     # readers stay on v1, consistently
@@ -498,10 +498,10 @@ def test_crash_between_cas_and_publish_then_reconcile(live, adopted, monkeypatch
 def test_retention_refuses_the_serving_version_on_each_registry(live, adopted):
     k = adopted
     _prime(k, 1)
-    promote(k, PIPELINE, 1, actor="kim", reason="first")
+    promote(k.version(PIPELINE, 1), actor="kim", reason="first")
     with pytest.raises(LifecycleError, match=rf"^cannot retire {PIPELINE} v1: it serves alias '{live.alias}'; "):
-        retire(k, PIPELINE, 1, actor="kim", reason="oops", dry_run=True)
-    plan = apply_retention(k, PIPELINE, actor="kim", keep=1, dry_run=False)
+        retire(k.version(PIPELINE, 1), actor="kim", reason="oops", dry_run=True)
+    plan = apply_retention(k, k.pipeline(PIPELINE), actor="kim", keep=1, dry_run=False)
     # v1 serves and is the one settled version kept; v2 (caught up, never served) is in flight and
     # kept on top of them
     assert plan.kept == [1] and plan.retire == [] and list(plan.protected) == [2]
@@ -528,10 +528,10 @@ def _watched_promote(live: Live, reason: str, **watch) -> None:
     k.pipelines[PIPELINE] = make_spec(live.topic, live.alias, **{
         "auto_rollback": True, "watch_max_lag_seconds": 5.0, "watch_lag_samples": 3, "checks": (LONG_TITLES,), **watch})
     if k.registry.get_alias(live.alias).version != 1:
-        rollback(k, PIPELINE, 1, actor="ops", reason="v1 serves before the next watched promote")
-    assert wait_ready(k, PIPELINE, 2, deadline_seconds=DEADLINE, poll_seconds=1).ready
+        rollback(k, k.pipeline(PIPELINE), 1, actor="ops", reason="v1 serves before the next watched promote")
+    assert wait_ready(k.version(PIPELINE, 2), deadline_seconds=DEADLINE, poll_seconds=1).ready
     rolled_back = (k.registry.get_version(PIPELINE, 2).details or {}).get("watch", {}).get("state") == "rolled_back"
-    res = promote(k, PIPELINE, 2, actor="ops", reason=reason, force=rolled_back)
+    res = promote(k.version(PIPELINE, 2), actor="ops", reason=reason, force=rolled_back)
     assert res.flipped and "watched (auto_rollback)" in res.message, res.message
 
 
@@ -557,7 +557,7 @@ def test_a_promoted_version_that_degrades_is_rolled_back_by_itself_and_a_healthy
     try:
         # healthy: watched through a short grace period, sampled, then passed; alias untouched
         _watched_promote(live, "healthy v2 under watch", grace_period_seconds=15.0)
-        passed = wait_until(lambda: next((a for a in watch_pass(k, PIPELINE) if a["kind"] == "passed"), None),
+        passed = wait_until(lambda: next((a for a in watch_pass(k, k.pipeline(PIPELINE)) if a["kind"] == "passed"), None),
                             "the watch of a healthy v2 to pass", 120, poll=2)
         w = k.registry.get_version(PIPELINE, 2).details["watch"]
         assert passed["version"] == 2 and w["state"] == "passed" and w["samples"] >= 2, w
@@ -576,19 +576,19 @@ def test_a_promoted_version_that_degrades_is_rolled_back_by_itself_and_a_healthy
         pid = None
         live.stop_producer()
         with pytest.raises(NotReadyError, match="auto_rollback: v2 was rolled back automatically"):
-            promote(k, PIPELINE, 2, actor="ops", reason="again, unforced")
+            promote(k.version(PIPELINE, 2), actor="ops", reason="again, unforced")
 
         # killed past its restart bound (max_restarts 0): supervision gives up -> rollback
         _watched_promote(live, "v2 again, forced past its automatic rollback", max_restarts=0)
         info = k.registry.get_version(PIPELINE, 2)
         os.killpg(info.pid, signal.SIGKILL)
-        wait_until(lambda: inspect_version(k, PIPELINE, 2).alive, "the killed job of v2 to be gone", 30, poll=0.1,
+        wait_until(lambda: inspect_version(k.version(PIPELINE, 2)).alive, "the killed job of v2 to be gone", 30, poll=0.1,
                    done=lambda alive: not alive)
         action = _monitor_until(k, "rolled_back", "the watch to roll back a v2 given up by supervision")
         _rolled_back_to_v1(live, action, r"^v2: its job (was given up by supervision|failed)")
 
         # a watched check failing on the live table after bad records arrive -> rollback, v2 stopped
-        start_version(k, PIPELINE, 2, actor="ops", reason="back for the last watch test")
+        start_version(k.version(PIPELINE, 2), actor="ops", reason="back for the last watch test")
         # (a lag limit it cannot meet right after its restart would roll it back first)
         _watched_promote(live, "v2 again, watched check", watch_on_rollback="stop", watch_max_lag_seconds=3600.0)
         long_title = "Senior Principal Staff Distinguished Software Engineering Architect of Everything " * 2

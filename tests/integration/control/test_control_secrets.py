@@ -104,8 +104,8 @@ bootstrap_servers = "{broker.sasl_bootstrap_servers}"
 
 def _stop_everything(k: Kappa, pipeline: str) -> None:
     for rec in k.registry.list_versions(pipeline):
-        if inspect_version(k, pipeline, rec.version).alive:
-            stop_version(k, pipeline, rec.version, actor="tests", reason="teardown", force=True,
+        if inspect_version(k.version(pipeline, rec.version)).alive:
+            stop_version(k.version(pipeline, rec.version), actor="tests", reason="teardown", force=True,
                          graceful_timeout=20, final_state=None)
     for pid, proc in list(CHILDREN.items()):
         if proc.poll() is None:
@@ -121,15 +121,15 @@ def test_scram_credentials_from_kappa_toml_are_only_in_the_0600_config_file(brok
     assert k.settings.bootstrap_servers == broker.sasl_bootstrap_servers
     messages: list[str] = []
     try:
-        info = deploy(k, pipeline, "v1", actor="ops:secrets-test", reason="secrets")
+        info = deploy(k, k.pipeline(pipeline), "v1", actor="ops:secrets-test", reason="secrets")
         paths = k.paths(pipeline, info.version)
         messages.append(info.model_dump_json())
-        r = wait_ready(k, pipeline, info.version, poll_seconds=1, deadline_seconds=DEADLINE,
+        r = wait_ready(k.version(pipeline, info.version), poll_seconds=1, deadline_seconds=DEADLINE,
                        on_sample=lambda r: messages.append(r.model_dump_json()))
         assert r.ready, r.summary()
         messages.append(r.summary())
-        messages.append(str(promote(k, pipeline, info.version, actor="ops:secrets-test", reason="secrets")))
-        st = inspect_version(k, pipeline, info.version)
+        messages.append(str(promote(k.version(pipeline, info.version), actor="ops:secrets-test", reason="secrets")))
+        st = inspect_version(k.version(pipeline, info.version))
         messages.append(st.model_dump_json())
         assert st.health == "running", st.describe()
         # While the job runs: the process list.

@@ -118,21 +118,21 @@ def test_a_version_runs_on_a_standalone_cluster_through_spark_submit(broker, clu
     live = Live(broker.bootstrap_servers, topic, alias, settings.home, k, seed=seed)
     try:
         live.produce(1500, 400, first_new=True)
-        info = deploy(k, PIPELINE, "v2", actor="ops", reason="run on the cluster")
-        launch = read_launch(k, PIPELINE, info.version)
+        info = deploy(k, k.pipeline(PIPELINE), "v2", actor="ops", reason="run on the cluster")
+        launch = read_launch(k.version(PIPELINE, info.version))
         assert launch["mode"] == "spark-submit" and launch["master"] == cluster["url"]
         assert launch["command"][0].endswith("bin/spark-submit")
-        r = wait_ready(k, PIPELINE, info.version, deadline_seconds=DEADLINE, poll_seconds=1)
+        r = wait_ready(k.version(PIPELINE, info.version), deadline_seconds=DEADLINE, poll_seconds=1)
         assert r.ready and r.total_lag == 0
         # the executor ran on the cluster's worker, under its work dir, for this application
         app_dirs = [p for p in cluster["work"].iterdir() if p.name.startswith("app-")]
         assert app_dirs, f"no application ran on the worker; {cluster['worker_log'].read_text()[-1500:]}"
-        promote(k, PIPELINE, info.version, actor="ops", reason="first on the cluster")
+        promote(k.version(PIPELINE, info.version), actor="ops", reason="first on the cluster")
         ok, why = served_equals_expected(live, "v2")
         assert ok, why
-        stopped = stop_version(k, PIPELINE, info.version, actor="ops", reason="done", force=True)
+        stopped = stop_version(k.version(PIPELINE, info.version), actor="ops", reason="done", force=True)
         assert stopped.stopped and stopped.final_state == "stopped"
-        assert not inspect_version(k, PIPELINE, info.version).alive
+        assert not inspect_version(k.version(PIPELINE, info.version)).alive
     finally:
         live.close()
         reg.close()

@@ -50,8 +50,8 @@ def test_a_stop_requested_during_a_slow_batch_ends_after_it_before_the_bound(bro
         live.produce(300, 100, first_new=True)
         monkeypatch.setenv(HOLD_HOOK, "1")                 # the first live batch, after the backfill (batch 0)
         monkeypatch.setenv(HOLD_FILE, str(held))
-        info = deploy(k, PIPELINE, "v1", actor="tests", reason="a job to stop")
-        wait_ready(k, PIPELINE, info.version, deadline_seconds=DEADLINE, poll_seconds=1)
+        info = deploy(k, k.pipeline(PIPELINE), "v1", actor="tests", reason="a job to stop")
+        wait_ready(k.version(PIPELINE, info.version), deadline_seconds=DEADLINE, poll_seconds=1)
         paths = k.paths(PIPELINE, info.version)
         checkpoint = Path(paths.checkpoint)
         live.produce(50, 100)                              # batch 1 reads these, and is held before its commits
@@ -59,12 +59,12 @@ def test_a_stop_requested_during_a_slow_batch_ends_after_it_before_the_bound(bro
 
         result: list = []
         stopper = threading.Thread(target=lambda: result.append(stop_version(
-            k, PIPELINE, info.version, actor="kappa-monitor", reason="standby grace period over")), daemon=True)
+            k.version(PIPELINE, info.version), actor="kappa-monitor", reason="standby grace period over")), daemon=True)
         stopper.start()
-        wait_until(lambda: inspect_version(k, PIPELINE, info.version).state, "the job to take the stop request",
+        wait_until(lambda: inspect_version(k.version(PIPELINE, info.version)).state, "the job to take the stop request",
                    60, poll=0.2, done=lambda state: state == "stopping")
         live.produce(50, 100)                              # batch 2 is due as soon as batch 1 commits
-        assert stopper.is_alive() and inspect_version(k, PIPELINE, info.version).alive   # it waits for batch 1
+        assert stopper.is_alive() and inspect_version(k.version(PIPELINE, info.version)).alive   # it waits for batch 1
         assert 1 not in _batches(checkpoint, "commits")
         held.unlink()                                      # batch 1 goes on to its commits
         stopper.join(DEADLINE)
@@ -77,7 +77,7 @@ def test_a_stop_requested_during_a_slow_batch_ends_after_it_before_the_bound(bro
     assert (res.how, res.final_state, res.killed_at_bound) == ("graceful", "stopped", False), res
     assert res.seconds < BOUND and res.bound_seconds == BOUND
     assert f"within its bound of {BOUND:g} s" in res.message, res.message
-    st = inspect_version(k, PIPELINE, info.version)
+    st = inspect_version(k.version(PIPELINE, info.version))
     assert (st.health, st.alive) == ("stopped", False)
     assert k.registry.get_version(PIPELINE, info.version).state == "stopped"
     # batch 1 committed (Spark and Delta); nothing of batch 2 did: planned at most, it runs at the next start

@@ -73,9 +73,9 @@ def live(private_broker, tmp_path_factory, module_seed):
     lv = Live(bootstrap, topic, alias, home, k, seed=module_seed)
     try:
         lv.produce(INITIAL, KEYS, first_new=True)
-        info = deploy(k, PIPELINE, "v1", actor="setup", reason="v1 serves for the supervision tests")
-        assert wait_ready(k, PIPELINE, info.version, deadline_seconds=DEADLINE, poll_seconds=1).ready
-        promote(k, PIPELINE, info.version, actor="setup", reason="v1 serves")
+        info = deploy(k, k.pipeline(PIPELINE), "v1", actor="setup", reason="v1 serves for the supervision tests")
+        assert wait_ready(k.version(PIPELINE, info.version), deadline_seconds=DEADLINE, poll_seconds=1).ready
+        promote(k.version(PIPELINE, info.version), actor="setup", reason="v1 serves")
         yield lv
     finally:
         lv.close()
@@ -110,7 +110,7 @@ def supervise_pass(k, actions: list) -> None:
     """What reconcile does once wired: supervise every running version whose job failed."""
     for rec in k.registry.list_versions(PIPELINE):
         if rec.state in RUNNING:
-            st = inspect_version(k, PIPELINE, rec.version)
+            st = inspect_version(k.version(PIPELINE, rec.version))
             if st.failed:
                 actions.append(supervise_version(k, k.pipeline(PIPELINE), rec, st, actor="supervisor"))
 
@@ -123,16 +123,16 @@ def test_a_serving_job_rides_out_a_broker_that_is_killed_and_comes_back(live, pr
     """A broker killed (SIGKILL) under the serving job; the controlled stop is the next test's."""
     how = "kill"
     v = serving_version(live)
-    before = inspect_version(live.k, PIPELINE, v)
+    before = inspect_version(live.k.version(PIPELINE, v))
     assert before.health == "running", before.describe()
     with broker_down(private_broker, how):
         # The outage itself is the time that must pass: the job's heartbeat goes on, its source waits.
         time.sleep(DOWN_SECONDS)
-        during = inspect_version(live.k, PIPELINE, v)
+        during = inspect_version(live.k.version(PIPELINE, v))
         assert not during.failed, during.describe()
     live.produce(300, KEYS)
     served_exactly(live, f"after the broker's {how} and start")
-    after = inspect_version(live.k, PIPELINE, v)
+    after = inspect_version(live.k.version(PIPELINE, v))
     assert after.pid == before.pid and after.health == "running", after.describe()
     log_text = open(before.log_file, errors="replace").read()
     assert "may not be available" in log_text, "the job's Kafka client never saw the broker gone"
@@ -166,29 +166,29 @@ def test_a_backfill_rides_out_a_broker_stop_then_a_restart_after_its_rules_file_
     k = Kappa(live.k.settings.model_copy(update={"rules_location": str(team)}), registry=live.k.registry,
               pipelines={PIPELINE: spec})
     serving = serving_version(live)
-    serving_before = inspect_version(live.k, PIPELINE, serving)
+    serving_before = inspect_version(live.k.version(PIPELINE, serving))
     assert serving_before.health == "running", serving_before.describe()
-    info = deploy(k, PIPELINE, "v1", actor="tests", reason="a backfill meets a broker outage; the team's v1 rules")
+    info = deploy(k, k.pipeline(PIPELINE), "v1", actor="tests", reason="a backfill meets a broker outage; the team's v1 rules")
     monkeypatch.delenv(HOLD_HOOK)
     wait_until(held.exists, "the first batch of the backfill to be held before its commit", DEADLINE, poll=0.2)
-    pid = inspect_version(k, PIPELINE, info.version).pid
+    pid = inspect_version(k.version(PIPELINE, info.version)).pid
     with broker_down(private_broker, "stop"):
         held.unlink()                                       # the batch commits; the next one needs the broker
         time.sleep(DOWN_SECONDS)
-        st = inspect_version(k, PIPELINE, info.version)
+        st = inspect_version(k.version(PIPELINE, info.version))
         assert not st.failed and st.pid == pid, st.describe()
-        during = inspect_version(live.k, PIPELINE, serving)
+        during = inspect_version(live.k.version(PIPELINE, serving))
         assert not during.failed, during.describe()
     live.produce(300, KEYS)
     served_exactly(live, "after the broker's stop and start")
-    after = inspect_version(live.k, PIPELINE, serving)
+    after = inspect_version(live.k.version(PIPELINE, serving))
     assert after.pid == serving_before.pid and after.health == "running", after.describe()
     assert "may not be available" in open(serving_before.log_file, errors="replace").read()
     assert live.k.registry.audit_log(PIPELINE, limit=None, version=serving, action="restart") == []
-    assert wait_ready(k, PIPELINE, info.version, deadline_seconds=DEADLINE, poll_seconds=1).ready
+    assert wait_ready(k.version(PIPELINE, info.version), deadline_seconds=DEADLINE, poll_seconds=1).ready
     ok, msg = served_equals_expected(live, "v1", version=info.version)
     assert ok, msg
-    st = inspect_version(k, PIPELINE, info.version)
+    st = inspect_version(k.version(PIPELINE, info.version))
     assert st.pid == pid and st.health == "running", st.describe()
     assert "may not be available" in open(st.log_file, errors="replace").read()
     assert k.registry.audit_log(PIPELINE, limit=None, version=info.version, action="restart") == []
@@ -201,22 +201,22 @@ def test_a_backfill_rides_out_a_broker_stop_then_a_restart_after_its_rules_file_
     rec = k.registry.get_version(PIPELINE, info.version)
     assert load_rules(path).content_hash != rec.rules_hash and file_state(k, PIPELINE, rec) == "changed"
 
-    old = inspect_version(k, PIPELINE, info.version)
+    old = inspect_version(k.version(PIPELINE, info.version))
     os.killpg(old.pid, signal.SIGKILL)
-    wait_until(lambda: inspect_version(k, PIPELINE, info.version).failed, "the killed job to count as dead", 60)
+    wait_until(lambda: inspect_version(k.version(PIPELINE, info.version)).failed, "the killed job to count as dead", 60)
     actions: list = []
     supervise_pass(k, actions)
     assert [a["kind"] for a in actions] == ["restart"], actions
-    wait_until(lambda: inspect_version(k, PIPELINE, info.version).health == "running", "the restarted job to run",
+    wait_until(lambda: inspect_version(k.version(PIPELINE, info.version)).health == "running", "the restarted job to run",
                DEADLINE)
     live.produce(300, KEYS)                  # new records, titles included, standardized after the edit
     wait_until(lambda: served_equals_expected(live, "v1", version=info.version),
                f"v{info.version}'s table to equal the oracle's for the original v1 rules", DEADLINE, poll=1.0,
                done=lambda result: result[0])
-    st = inspect_version(k, PIPELINE, info.version)
+    st = inspect_version(k.version(PIPELINE, info.version))
     assert st.rules_hash == rec.rules_hash, (st.rules_hash, rec.rules_hash)
     # stopped here: the next test's broker outage then meets the serving job alone
-    stop_version(k, PIPELINE, info.version, actor="tests", reason="done", force=True, final_state=None)
+    stop_version(k.version(PIPELINE, info.version), actor="tests", reason="done", force=True, final_state=None)
 
 
 def test_a_killed_serving_job_and_a_broker_outage_are_supervised_back_to_an_exact_table(live, private_broker):
@@ -225,28 +225,28 @@ def test_a_killed_serving_job_and_a_broker_outage_are_supervised_back_to_an_exac
         "brokerOutageSeconds": str(SHORT_OUTAGE)}}})
     k = Kappa(live.k.settings, registry=live.k.registry, pipelines={PIPELINE: spec})
     v = serving_version(live)
-    old = inspect_version(k, PIPELINE, v)
+    old = inspect_version(k.version(PIPELINE, v))
     os.killpg(old.pid, signal.SIGKILL)                      # kill -9 of the whole job: JVM and workers
-    wait_until(lambda: inspect_version(k, PIPELINE, v).failed, "the killed job to count as dead", 60)
+    wait_until(lambda: inspect_version(k.version(PIPELINE, v)).failed, "the killed job to count as dead", 60)
     actions: list = []
     supervise_pass(k, actions)
     assert [a["kind"] for a in actions] == ["restart"], actions
-    assert read_launch(k, PIPELINE, v)["resumed"] is True   # from its own checkpoint, not offset zero
+    assert read_launch(k.version(PIPELINE, v))["resumed"] is True   # from its own checkpoint, not offset zero
     assert k.registry.get_version(PIPELINE, v).state == "serving"
-    wait_until(lambda: inspect_version(k, PIPELINE, v).health == "running", "the restarted job to run", DEADLINE)
+    wait_until(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", "the restarted job to run", DEADLINE)
     live.produce(300, KEYS)
     served_exactly(live, "after the kill -9 and the restart")
 
     with broker_down(private_broker, "kill"):              # longer than the job's brokerOutageSeconds
-        wait_until(lambda: inspect_version(k, PIPELINE, v).failed, "the job to give up on the missing broker",
+        wait_until(lambda: inspect_version(k.version(PIPELINE, v)).failed, "the job to give up on the missing broker",
                    DEADLINE, poll=1.0)
-    st = inspect_version(k, PIPELINE, v)
+    st = inspect_version(k.version(PIPELINE, v))
     assert re.search(r"SourceError: broker unavailable: .*brokerOutageSeconds=10", st.error or ""), st.error
     actions = []
     wait_until(lambda: supervise_pass(k, actions) or (actions and actions[-1]["kind"] == "restart"),
                "the supervisor to restart the job after the outage", DEADLINE, poll=1.0)
     assert {a["kind"] for a in actions} <= {"restart", "restart_pending"}, actions
-    wait_until(lambda: inspect_version(k, PIPELINE, v).health == "running", "the job to run again", DEADLINE)
+    wait_until(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", "the job to run again", DEADLINE)
     live.produce(300, KEYS)
     served_exactly(live, "after the broker outage and the restart")
     entries = k.registry.audit_log(PIPELINE, limit=None, version=v, action="restart")

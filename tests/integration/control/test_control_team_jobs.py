@@ -72,17 +72,17 @@ def team(bootstrap, tmp_path, seed):
         from orchestrator.jobctl import inspect_version, stop_version
 
         for rec in reg.list_versions("accounts"):
-            if inspect_version(k, "accounts", rec.version).alive:
-                stop_version(k, "accounts", rec.version, actor="tests", reason="teardown", force=True,
+            if inspect_version(k.version("accounts", rec.version)).alive:
+                stop_version(k.version("accounts", rec.version), actor="tests", reason="teardown", force=True,
                              graceful_timeout=20, final_state=None)
         k.close()
 
 
 def test_a_team_job_from_its_own_folder_is_deployed_caught_up_promoted_and_served_exactly(team, bootstrap):
     k, topic, alias = team
-    info = deploy(k, "accounts", "v2", actor="team:ana", reason="our own job, our own rules")
-    assert wait_ready(k, "accounts", info.version, deadline_seconds=DEADLINE, poll_seconds=1).ready
-    promote(k, "accounts", info.version, actor="team:ana", reason="serve it")
+    info = deploy(k, k.pipeline("accounts"), "v2", actor="team:ana", reason="our own job, our own rules")
+    assert wait_ready(k.version("accounts", info.version), deadline_seconds=DEADLINE, poll_seconds=1).ready
+    promote(k.version("accounts", info.version), actor="team:ana", reason="serve it")
 
     table, rejects = expected_accounts(list(datagen.iter_log(bootstrap, topic)), "v2")
     served = read_table(open_alias(alias, k.settings)).to_pylist()
@@ -102,15 +102,15 @@ def test_a_team_job_from_its_own_folder_is_deployed_caught_up_promoted_and_serve
     # the team's next version drops a column readers may use: refused at promote unless allowed
     slim_spec = k.pipeline("accounts").model_copy(update={"job": "team_jobs.slim:transform"})
     slim = Kappa(k.settings, registry=k.registry, pipelines={"accounts": slim_spec})
-    v2 = deploy(slim, "accounts", "v2", actor="team:ana", reason="owner moves to its own table").version
-    assert wait_ready(slim, "accounts", v2, deadline_seconds=DEADLINE, poll_seconds=1).ready
+    v2 = deploy(slim, slim.pipeline("accounts"), "v2", actor="team:ana", reason="owner moves to its own table").version
+    assert wait_ready(slim.version("accounts", v2), deadline_seconds=DEADLINE, poll_seconds=1).ready
     with pytest.raises(NotReadyError) as e:
-        promote(slim, "accounts", v2, actor="team:ana", reason="drop owner")
+        promote(slim.version("accounts", v2), actor="team:ana", reason="drop owner")
     assert str(e.value) == (
         f"cannot promote accounts v{v2} to alias {alias!r}: schema: columns removed: owner (v{info.version} -> "
         f"v{v2}); readers of the alias may break: promote with --allow-schema-change if meant")
     assert resolve_alias(alias, k.settings)["version"] == info.version
-    res = promote(slim, "accounts", v2, actor="team:ana", reason="drop owner", allow_schema_change=True)
+    res = promote(slim.version("accounts", v2), actor="team:ana", reason="drop owner", allow_schema_change=True)
     assert res.flipped and res.report.columns_removed == ["owner"] and res.report.columns_added == []
     assert res.report.aligned and res.report.rows_changed == 0 and res.report.rows_same_input == len(table)
     assert "owner" not in read_table(open_alias(alias, k.settings)).column_names
@@ -122,7 +122,7 @@ def test_a_team_job_that_breaks_the_contract_is_refused_at_deploy_in_one_line(te
     spec = k.pipeline("accounts").model_copy(update={"job": ref})
     broken = Kappa(k.settings, registry=k.registry, pipelines={"accounts": spec})
     with pytest.raises(ConfigError) as e:
-        deploy(broken, "accounts", None, actor="team:ana", reason="a broken job")
+        deploy(broken, broken.pipeline("accounts"), None, actor="team:ana", reason="a broken job")
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"pipeline 'accounts', field 'job': job {ref!r}")
     assert BROKEN[ref][1] in message, message

@@ -55,8 +55,8 @@ def bed(bootstrap, tmp_path, seed, monkeypatch):
         yield k, pipeline, alias, warehouse, tmp_path
     finally:
         for rec in k.registry.list_versions(pipeline):
-            if inspect_version(k, pipeline, rec.version).alive:
-                stop_version(k, pipeline, rec.version, actor="tests", reason="test teardown", force=True,
+            if inspect_version(k.version(pipeline, rec.version)).alive:
+                stop_version(k.version(pipeline, rec.version), actor="tests", reason="test teardown", force=True,
                              graceful_timeout=20, final_state=None)
         k.close()
 
@@ -67,10 +67,10 @@ def test_deploy_promote_read_and_retire_on_a_file_uri_warehouse(bed):
     local_wh = tmp_path / "shared" / "warehouse"
     served: dict[int, int] = {}
     for n in (1, 2, 3):
-        info = deploy(k, p, "v1" if n % 2 else "v2", actor=ACTOR, reason=f"version {n}")
+        info = deploy(k, k.pipeline(p), "v1" if n % 2 else "v2", actor=ACTOR, reason=f"version {n}")
         assert info.version == n and info.table == f"{warehouse}/{p}/v{n}" == k.paths(p, n).table
-        wait_ready(k, p, n, deadline_seconds=DEADLINE, poll_seconds=1)
-        promote(k, p, n, actor=ACTOR, reason=f"serve v{n}")
+        wait_ready(k.version(p, n), deadline_seconds=DEADLINE, poll_seconds=1)
+        promote(k.version(p, n), actor=ACTOR, reason=f"serve v{n}")
         # a reader: the warehouse URI and the alias, nothing else
         pointer = resolve_alias(alias, k.settings)
         assert (pointer["version"], pointer["table"]) == (n, f"{warehouse}/{p}/v{n}")
@@ -79,7 +79,7 @@ def test_deploy_promote_read_and_retire_on_a_file_uri_warehouse(bed):
         assert rows.num_rows > 0 and rows.sort_by("member_id").equals(expected.sort_by("member_id"))
         served[n] = rows.num_rows
         if n == 2:  # v1, the rollback target now, need not run: one JVM fewer on the shared cores
-            stop_version(k, p, 1, actor=ACTOR, reason="rollback target, kept stopped")
+            stop_version(k.version(p, 1), actor=ACTOR, reason="rollback target, kept stopped")
     assert len(set(served.values())) == 1  # every version reads the same keys
 
     pointer_file = local_wh / "_aliases" / f"{alias}.json"
@@ -88,7 +88,7 @@ def test_deploy_promote_read_and_retire_on_a_file_uri_warehouse(bed):
     old = k.paths(p, 1)
     locations = {"table": old.table, "rejects table": old.rejects, "checkpoint": old.checkpoint}
     assert uris.exists(old.table) and uris.exists(old.checkpoint) and old.version_dir.is_dir()
-    result = retire(k, p, 1, actor=ACTOR, reason="superseded twice")
+    result = retire(k.version(p, 1), actor=ACTOR, reason="superseded twice")
     assert f"deleted table {old.table}" in result.done and result.bytes_freed > 0
     assert not any(uris.exists(loc) for loc in locations.values()) and not old.version_dir.exists()
     assert not (local_wh / p / "v1").exists() and not (local_wh / p / "v1__rejects").exists()

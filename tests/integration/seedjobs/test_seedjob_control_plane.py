@@ -69,9 +69,9 @@ def control_plane(bootstrap, tmp_path):
                             group_prefix=f"kt-{uuid.uuid4().hex[:8]}")
         k = Kappa(settings, pipelines={pipeline: spec})
         made.append((k, pipeline))
-        info = deploy(k, pipeline, actor="tests", reason="seed pipeline through the control plane", force=force)
-        wait_ready(k, pipeline, info.version, deadline_seconds=DEADLINE, poll_seconds=1)
-        promoted = promote(k, pipeline, info.version, actor="tests", reason="serve it")
+        info = deploy(k, k.pipeline(pipeline), actor="tests", reason="seed pipeline through the control plane", force=force)
+        wait_ready(k.version(pipeline, info.version), deadline_seconds=DEADLINE, poll_seconds=1)
+        promoted = promote(k.version(pipeline, info.version), actor="tests", reason="serve it")
         assert promoted.flipped and k.registry.get_alias(spec.alias).version == info.version
         rejects = read_table(k.paths(pipeline, info.version).rejects).to_pylist()
         return Served(k, pipeline, info.version, tuple(info.warnings), promoted,
@@ -83,8 +83,8 @@ def control_plane(bootstrap, tmp_path):
     finally:
         for k, pipeline in made:
             for rec in k.registry.list_versions(pipeline):
-                if inspect_version(k, pipeline, rec.version).alive:
-                    stop_version(k, pipeline, rec.version, actor="tests", reason="test teardown", force=True,
+                if inspect_version(k.version(pipeline, rec.version)).alive:
+                    stop_version(k.version(pipeline, rec.version), actor="tests", reason="test teardown", force=True,
                                  graceful_timeout=20, final_state=None)
             k.close()
 

@@ -56,7 +56,7 @@ def held_version(bootstrap, tmp_path, monkeypatch):
         held = tmp_path / "held"
         monkeypatch.setenv(HOLD_HOOK, "0")
         monkeypatch.setenv(HOLD_FILE, str(held))
-        info = deploy(k, "pageviews_hourly", actor="tests", reason="read progress of the backfill", force=True)
+        info = deploy(k, k.pipeline("pageviews_hourly"), actor="tests", reason="read progress of the backfill", force=True)
         made.append((k, "pageviews_hourly", info.version))
         return k, info.version, held, produced
 
@@ -64,8 +64,8 @@ def held_version(bootstrap, tmp_path, monkeypatch):
         yield start
     finally:
         for k, pipeline, version in made:
-            if inspect_version(k, pipeline, version).alive:
-                stop_version(k, pipeline, version, actor="tests", reason="test teardown", force=True,
+            if inspect_version(k.version(pipeline, version)).alive:
+                stop_version(k.version(pipeline, version), actor="tests", reason="test teardown", force=True,
                              graceful_timeout=20, final_state=None)
             k.close()
 
@@ -75,14 +75,14 @@ def test_lag_goes_down_during_the_backfill_and_ready_waits_for_its_commit(held_v
     pipeline = "pageviews_hourly"
     assert k.pipeline(pipeline).catchup_seconds == MAX_LAG_SECONDS
     # Taken as the job starts: Spark's start-up alone outlasts it, so nothing is read yet.
-    first = measure_lag(k, pipeline, version)
+    first = measure_lag(k.version(pipeline, version))
     assert (first.total, first.source) == (len(produced), "log-start")
     assert first.lag_seconds > 2 * 3600
 
-    wait_until(lambda: held.exists() or inspect_version(k, pipeline, version).failed,
+    wait_until(lambda: held.exists() or inspect_version(k.version(pipeline, version)).failed,
                "the backfill to be read and held before its commit", 300)
-    assert held.exists(), inspect_version(k, pipeline, version).error
-    during = [readiness(k, pipeline, version, record=True) for _ in range(k.pipeline(pipeline).catchup_samples + 2)]
+    assert held.exists(), inspect_version(k.version(pipeline, version)).error
+    during = [readiness(k.version(pipeline, version), record=True) for _ in range(k.pipeline(pipeline).catchup_samples + 2)]
     for r in during:
         # everything is read: the partitions show it, the total and the seconds stay just over the rule
         assert r.lag_source == "reading" and set(r.partitions.values()) == {0}
@@ -93,7 +93,7 @@ def test_lag_goes_down_during_the_backfill_and_ready_waits_for_its_commit(held_v
         assert r.state == "hydrating" and not r.ready and r.job_health == "running"
     assert k.registry.get_version(pipeline, version).state == VersionState.BACKFILLING
     # `kappa status` shows it too (the job's heartbeat writes it every 2 s)
-    wait_until(lambda: inspect_version(k, pipeline, version).reading, "the job status to show the read backfill",
+    wait_until(lambda: inspect_version(k.version(pipeline, version)).reading, "the job status to show the read backfill",
                30, done=lambda r: r == {"batch_id": 0, "records_read": len(produced), "records_total": len(produced)})
     stored = [s.total for s in k.registry.lag_samples(pipeline, version)]
     assert stored[-len(during):] == [1] * len(during) and max(stored) < len(produced)
@@ -103,12 +103,12 @@ def test_lag_goes_down_during_the_backfill_and_ready_waits_for_its_commit(held_v
     assert not (Path(paths.checkpoint) / "commits" / "0").exists()
 
     held.unlink()   # the batch commits
-    ready = wait_ready(k, pipeline, version, deadline_seconds=DEADLINE, poll_seconds=1)
+    ready = wait_ready(k.version(pipeline, version), deadline_seconds=DEADLINE, poll_seconds=1)
     assert (ready.total_lag, ready.lag_source, ready.lag_seconds) == (0, "checkpoint", 0.0)
     # Spark tells the source of the commit when it plans the next batch; the group commit is asynchronous
     wait_until(lambda: sum(group_offsets(k, paths.group_id, k.pipeline(pipeline).topics).values()), "the group at the backfill's end", 60,
                done=lambda n: n == len(produced))
-    wait_until(lambda: inspect_version(k, pipeline, version).reading, "the status to drop the reading", 30,
+    wait_until(lambda: inspect_version(k.version(pipeline, version)).reading, "the status to drop the reading", 30,
                done=lambda r: r is None)
     wait_until(lambda: os.listdir(progress_dir(paths.checkpoint)) if os.path.exists(progress_dir(paths.checkpoint))
                else [], "the backfill's read progress dropped", 60, done=lambda left: left == [])

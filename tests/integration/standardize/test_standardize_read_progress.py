@@ -61,7 +61,7 @@ def held_standardize(bootstrap, tmp_path, monkeypatch):
         held = tmp_path / "held"
         monkeypatch.setenv(HOLD_HOOK, "0")
         monkeypatch.setenv(HOLD_FILE, str(held))
-        info = deploy(k, PIPELINE, "v1", actor="tests", reason="read progress of the backfill", force=True)
+        info = deploy(k, k.pipeline(PIPELINE), "v1", actor="tests", reason="read progress of the backfill", force=True)
         made.append((k, info.version))
         return k, info.version, held, produced
 
@@ -69,8 +69,8 @@ def held_standardize(bootstrap, tmp_path, monkeypatch):
         yield start
     finally:
         for k, version in made:
-            if inspect_version(k, PIPELINE, version).alive:
-                stop_version(k, PIPELINE, version, actor="tests", reason="test teardown", force=True,
+            if inspect_version(k.version(PIPELINE, version)).alive:
+                stop_version(k.version(PIPELINE, version), actor="tests", reason="test teardown", force=True,
                              graceful_timeout=20, final_state=None)
             k.close()
 
@@ -80,15 +80,15 @@ def test_standardize_lag_goes_down_during_the_backfill_and_ready_waits_for_its_c
     total = len(produced)
     assert k.pipeline(PIPELINE).catchup_seconds == MAX_LAG_SECONDS
     # Taken as the job starts: Spark's start-up alone outlasts it, so nothing is read yet.
-    first = measure_lag(k, PIPELINE, version)
+    first = measure_lag(k.version(PIPELINE, version))
     assert (first.total, first.source) == (total, "log-start")
     assert first.lag_seconds > 2 * 3600
 
-    wait_until(lambda: held.exists() or inspect_version(k, PIPELINE, version).failed,
+    wait_until(lambda: held.exists() or inspect_version(k.version(PIPELINE, version)).failed,
                "the backfill to be read and held before its Delta commit", 300)
-    assert held.exists(), inspect_version(k, PIPELINE, version).error
+    assert held.exists(), inspect_version(k.version(PIPELINE, version)).error
     paths = k.paths(PIPELINE, version)
-    during = [readiness(k, PIPELINE, version, record=True) for _ in range(k.pipeline(PIPELINE).catchup_samples + 2)]
+    during = [readiness(k.version(PIPELINE, version), record=True) for _ in range(k.pipeline(PIPELINE).catchup_samples + 2)]
     for r in during:
         # everything is read: the partitions show it, the total and the seconds stay just over the rule
         assert r.lag_source == "reading" and set(r.partitions.values()) == {0}
@@ -103,7 +103,7 @@ def test_standardize_lag_goes_down_during_the_backfill_and_ready_waits_for_its_c
     assert batch.scans == 1 and sum(e - s for _t, _p, s, e in batch.reads) == total
     assert len(batch.reads) == 2 and sum(batch.reads.values()) == total
     # `kappa status` shows it too (the job's heartbeat writes it)
-    wait_until(lambda: inspect_version(k, PIPELINE, version).reading, "the job status to show the read backfill",
+    wait_until(lambda: inspect_version(k.version(PIPELINE, version)).reading, "the job status to show the read backfill",
                30, done=lambda r: r == {"batch_id": 0, "records_read": total, "records_total": total})
     stored = [s.total for s in k.registry.lag_samples(PIPELINE, version)]
     assert stored[-len(during):] == [1] * len(during) and max(stored) < total
@@ -112,9 +112,9 @@ def test_standardize_lag_goes_down_during_the_backfill_and_ready_waits_for_its_c
     assert not (Path(paths.checkpoint) / "commits" / "0").exists()
 
     held.unlink()   # the batch commits
-    ready = wait_ready(k, PIPELINE, version, deadline_seconds=DEADLINE, poll_seconds=1)
+    ready = wait_ready(k.version(PIPELINE, version), deadline_seconds=DEADLINE, poll_seconds=1)
     assert (ready.total_lag, ready.lag_source, ready.lag_seconds) == (0, "checkpoint", 0.0)
-    wait_until(lambda: inspect_version(k, PIPELINE, version).reading, "the status to drop the reading", 30,
+    wait_until(lambda: inspect_version(k.version(PIPELINE, version)).reading, "the status to drop the reading", 30,
                done=lambda r: r is None)
     where = progress_dir(paths.checkpoint)
     wait_until(lambda: os.listdir(where) if os.path.exists(where) else [],

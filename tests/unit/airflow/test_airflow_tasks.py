@@ -255,7 +255,7 @@ def test_stop_previous_stops_only_a_standby_whose_grace_period_is_over(kappa_env
                               standby_grace_seconds=300)
         k.registry.set_state("std_a", 2, "serving")
         k.registry.set_state("std_a", 1, "standby")
-        until = standby_until(k, "std_a", 1)
+        until = standby_until(k.version("std_a", 1))
     promoted_at = until - 300
     monkeypatch.setattr(tasks, "time", SimpleNamespace(time=lambda: promoted_at + after))
     promoted = {"version": 2, "previous_version": 1, "at": promoted_at, "grace_seconds": 300}

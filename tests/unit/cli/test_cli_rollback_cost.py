@@ -18,9 +18,9 @@ bed = verbs.bed   # the CLI test bed: a home, a pipelines file, a fake log, fake
 
 def _pair(bed) -> tuple[int, int]:
     v1 = ready_version(bed.k, bed.fake_log, ROWS)
-    promote(bed.k, PIPELINE, v1, actor="alice", reason="first")
+    promote(bed.k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(bed.k, bed.fake_log, ROWS)
-    promote(bed.k, PIPELINE, v2, actor="alice", reason="second")
+    promote(bed.k.version(PIPELINE, v2), actor="alice", reason="second")
     return v1, v2
 
 

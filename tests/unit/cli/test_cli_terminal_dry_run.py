@@ -96,7 +96,7 @@ def test_a_topic_that_is_not_compacted_is_refused_unless_forced(run, policies, k
 
 
 def test_a_same_rules_version_never_started_would_be_resumed(run, kappa, policies):
-    plan = deploy_mod.check_request(kappa, PIPELINE, "v1")
+    plan = deploy_mod.check_request(kappa, kappa.pipeline(PIPELINE), "v1")
     kappa.registry.allocate_version(PIPELINE, rules_version="v1", rules_hash=plan.rules_hash, code_ref="t",
                                     paths=lambda n: kappa.paths(PIPELINE, n), actor="alice", reason="died")
     result = run_dry(run, "--rules", "v1")
@@ -119,8 +119,8 @@ def test_the_preview_names_the_version_the_deploy_then_allocates(kappa, policies
     kappa.registry.allocate_version(PIPELINE, rules_version="v1", rules_hash="h", code_ref="t",
                                     paths=lambda n: kappa.paths(PIPELINE, n), actor="a", reason="r")
     kappa.registry.set_state(PIPELINE, 1, "stopped")
-    preview = deploy(kappa, PIPELINE, "v2", actor="bob", dry_run=True)
+    preview = deploy(kappa, kappa.pipeline(PIPELINE), "v2", actor="bob", dry_run=True)
     assert preview.would_succeed and preview.version == 2 and not preview.resumed
     assert kappa.registry.audit_log(action="deploy") == []
-    info = deploy(kappa, PIPELINE, "v2", actor="bob", start=False)
+    info = deploy(kappa, kappa.pipeline(PIPELINE), "v2", actor="bob", start=False)
     assert info.version == preview.version and info.table in preview.actions[1]

@@ -81,8 +81,8 @@ class Bed:
         return json.loads(result.stdout)
 
     def start(self, v: int) -> int:
-        pid = start_version(self.k, PIPELINE, v, actor="t").pid
-        wait_for(lambda: inspect_version(self.k, PIPELINE, v).health == "running", 15, f"the fake job of v{v} to run")
+        pid = start_version(self.k.version(PIPELINE, v), actor="t").pid
+        wait_for(lambda: inspect_version(self.k.version(PIPELINE, v)).health == "running", 15, f"the fake job of v{v} to run")
         return pid
 
 
@@ -168,7 +168,7 @@ def test_promote_json(bed):
 
 def test_promote_dry_run_json_that_would_refuse_exits_3_and_changes_nothing(bed):
     v1 = ready_version(bed.k, bed.fake_log, ROWS)
-    promote(bed.k, PIPELINE, v1, actor="alice", reason="first")
+    promote(bed.k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = allocate(bed.k).version
     bed.k.registry.set_state(PIPELINE, v2, "backfilling")
     fake_running(bed.k, v2)
@@ -187,9 +187,9 @@ def test_promote_dry_run_json_that_would_refuse_exits_3_and_changes_nothing(bed)
 
 def test_rollback_json(bed):
     v1 = ready_version(bed.k, bed.fake_log, ROWS)
-    promote(bed.k, PIPELINE, v1, actor="alice", reason="first")
+    promote(bed.k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(bed.k, bed.fake_log, ROWS)
-    promote(bed.k, PIPELINE, v2, actor="alice", reason="second")
+    promote(bed.k.version(PIPELINE, v2), actor="alice", reason="second")
     d = bed.json("rollback", PIPELINE, "--actor", "bob", "--reason", "bad v2")
     assert set(d) == {"pipeline", "alias", "from_version", "to_version", "flipped", "restarted", "waited_seconds",
                       "message", "readiness", "pointer", "actor", "reason", "at", "forced"}
@@ -303,9 +303,9 @@ def test_retention_apply_json(bed):
 def test_reconcile_json_and_text(bed):
     v1, v2 = allocate(bed.k).version, allocate(bed.k).version
     bed.jobs[v1] = "fail"   # reports a RulesError: a restart would repeat it, so it is failed at once
-    start_version(bed.k, PIPELINE, v1, actor="t", check_exit_seconds=0)
+    start_version(bed.k.version(PIPELINE, v1), actor="t", check_exit_seconds=0)
     bed.k.registry.set_state(PIPELINE, v1, "backfilling")
-    wait_for(lambda: not inspect_version(bed.k, PIPELINE, v1).alive, 10, "the fake job to fail")
+    wait_for(lambda: not inspect_version(bed.k.version(PIPELINE, v1)).alive, 10, "the fake job to fail")
     bed.k.registry.set_state(PIPELINE, v2, "standby")   # its job never started
     d = bed.json("reconcile", "--actor", "cron")
     gave_up, stopped = d["actions"]
@@ -330,7 +330,7 @@ def test_reconcile_json_and_text(bed):
 
 def _serving(bed) -> int:
     v = ready_version(bed.k, bed.fake_log, ROWS)
-    promote(bed.k, PIPELINE, v, actor="alice", reason="first")
+    promote(bed.k.version(PIPELINE, v), actor="alice", reason="first")
     return v
 
 

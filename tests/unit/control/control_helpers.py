@@ -152,7 +152,7 @@ def samples_a_batch_apart(k, version: int, n: int, pipeline: str = PIPELINE, **k
     out = []
     for _ in range(n):
         commit_batch(k, version, pipeline)
-        out.append(readiness(k, pipeline, version, **kw))
+        out.append(readiness(k.version(pipeline, version), **kw))
     return out
 
 
@@ -166,10 +166,9 @@ def install_fake_jobs(monkeypatch) -> dict[int, str]:
     """start_version launches fake_job.py instead of Spark; returns {version: behaviour} to fill in."""
     behaviours: dict[int, str] = {}
 
-    def job_command(k, pipeline, version, *, trigger="continuous", rules_file=None, master=None):
-        run_dir = k.paths(pipeline, version).run_dir
-        return ([sys.executable, str(FAKE_JOB), "--run-dir", str(run_dir),
-                 "--behaviour", behaviours.get(version, "normal")], "local")
+    def job_command(v, *, trigger="continuous", rules_file=None, master=None):
+        return ([sys.executable, str(FAKE_JOB), "--run-dir", str(v.paths.run_dir),
+                 "--behaviour", behaviours.get(v.version, "normal")], "local")
 
     monkeypatch.setattr(launch, "job_command", job_command)
     return behaviours

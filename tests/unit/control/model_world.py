@@ -177,8 +177,8 @@ class World:
                 raise BrokerError("cannot list topics: the Kafka broker at 127.0.0.1:9 is unreachable")
             return {t: sorted(p for tt, p in log.ends if tt == t) for t in topics}
 
-        def job_command(k, pipeline, version, **_):
-            paths = k.paths(pipeline, version)
+        def job_command(v, **_):
+            paths = v.paths
             return ([sys.executable, str(MODEL_JOB), "--table", str(paths.table), "--checkpoint",
                      str(paths.checkpoint), "--template", str(self.template), "--", sys.executable, str(FAKE_JOB),
                      "--run-dir", str(paths.run_dir), "--behaviour", self.next_behaviour], "local")
@@ -299,19 +299,19 @@ class World:
         """The public call of one verb, as a function of the Kappa it runs with."""
         p, who, why = self.pipeline, actor or self.actor, f"model: {name}"
         return {
-            "deploy": lambda k: deploy(k, p, actor=who, reason=why, queue=flag),
-            "ready": lambda k: wait_ready(k, p, v, deadline_seconds=1.0, poll_seconds=0.05, actor=who),
-            "promote": lambda k: promote(k, p, v, actor=who, reason=f"{why} --force" if flag else why, force=flag),
-            "rollback": lambda k: finish_rollback(k, prepare_rollback(k, p, v, actor=who, reason=why), actor=who,
+            "deploy": lambda k: deploy(k, k.pipeline(p), actor=who, reason=why, queue=flag),
+            "ready": lambda k: wait_ready(k.version(p, v), deadline_seconds=1.0, poll_seconds=0.05, actor=who),
+            "promote": lambda k: promote(k.version(p, v), actor=who, reason=f"{why} --force" if flag else why, force=flag),
+            "rollback": lambda k: finish_rollback(k, prepare_rollback(k, k.pipeline(p), v, actor=who, reason=why), actor=who,
                                                   reason=why, deadline_seconds=1.5, poll_seconds=0.05),
-            "prepare_rollback": lambda k: prepare_rollback(k, p, v, actor=who, reason=why),
+            "prepare_rollback": lambda k: prepare_rollback(k, k.pipeline(p), v, actor=who, reason=why),
             "finish_rollback": lambda k: finish_rollback(k, plan, actor=who, reason=why, deadline_seconds=1.5,
                                                          poll_seconds=0.05),
-            "stop": lambda k: stop_version(k, p, v, actor=who, reason=why, force=flag, graceful_timeout=5,
+            "stop": lambda k: stop_version(k.version(p, v), actor=who, reason=why, force=flag, graceful_timeout=5,
                                            term_timeout=5),
-            "retire": lambda k: retire(k, p, v, actor=who, reason=why),
-            "retention": lambda k: apply_retention(k, p, actor=who, dry_run=False, keep=v),
-            "reconcile": lambda k: reconcile(k, actor=who, pipelines=[p]),
+            "retire": lambda k: retire(k.version(p, v), actor=who, reason=why),
+            "retention": lambda k: apply_retention(k, k.pipeline(p), actor=who, dry_run=False, keep=v),
+            "reconcile": lambda k: reconcile(k, actor=who, specs=[k.pipeline(p)]),
             "monitor": lambda k: monitor(k, actor=who, pipelines=[p]),
         }[name]
 

@@ -36,32 +36,32 @@ def spec():
 
 def test_a_failed_check_refuses_the_promote_naming_the_check_its_value_and_its_limit(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    first = promote(k, PIPELINE, v1, actor="alice", reason="first")
+    first = promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     assert {c.name: c.ok for c in first.checks} == {"ready": True, "key_count": True, "reject_rate": True,
                                                    "title_null_rate": True, "titles_changed": True,
                                                    "no_rejected_served_key": True}
     v2 = ready_version(k, fake_log, ROWS_V2)
-    dry = promote(k, PIPELINE, v2, actor="bob", reason="new rules", dry_run=True)
+    dry = promote(k.version(PIPELINE, v2), actor="bob", reason="new rules", dry_run=True)
     assert not dry.would_succeed and dry.actions == []
     with pytest.raises(NotReadyError) as e:
-        promote(k, PIPELINE, v2, actor="bob", reason="new rules")
+        promote(k.version(PIPELINE, v2), actor="bob", reason="new rules")
     assert str(e.value) == (
         f"cannot promote {PIPELINE} v{v2} to alias {ALIAS!r}: title_null_rate: 0.25 outside its limit (max 0.1); "
         f"titles_changed: 0.75 outside its limit (max 0.2)")
     assert e.value.failed_checks == ("title_null_rate", "titles_changed")
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
-    report = validation_report(k, PIPELINE, v2, save=False)
+    report = validation_report(k.version(PIPELINE, v2), save=False)
     assert [(c.name, c.value) for c in report.checks if not c.builtin] == [
         ("title_null_rate", 0.25), ("titles_changed", 0.75), ("no_rejected_served_key", 0.0)]
 
 
 def test_force_needs_a_reason_overrides_failed_checks_and_is_audited(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
     with pytest.raises(ConfigError, match=r"with --force needs a reason"):
-        promote(k, PIPELINE, v2, actor="bob", force=True)
-    res = promote(k, PIPELINE, v2, actor="bob", reason="the null title is expected for m3", force=True)
+        promote(k.version(PIPELINE, v2), actor="bob", force=True)
+    res = promote(k.version(PIPELINE, v2), actor="bob", reason="the null title is expected for m3", force=True)
     assert res.flipped and res.forced == ["title_null_rate", "titles_changed"]
     assert "forced past failed check(s): title_null_rate, titles_changed" in res.message
     entry = k.registry.audit_log(PIPELINE, action="promote")[-1]
@@ -72,17 +72,17 @@ def test_force_needs_a_reason_overrides_failed_checks_and_is_audited(k, fake_log
 
 def test_readiness_cannot_be_forced(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V1, state="backfilling")
     k.registry.add_lag_sample(PIPELINE, v2, 500, {})
     with pytest.raises(NotReadyError, match=r"ready: "):
-        promote(k, PIPELINE, v2, actor="bob", reason="hurry", force=True)
+        promote(k.version(PIPELINE, v2), actor="bob", reason="hurry", force=True)
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
 
 
 def test_a_removed_column_is_refused_unless_allowed(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V1)
     table = k.paths(PIPELINE, v2).table
     from deltalake import DeltaTable
@@ -94,10 +94,10 @@ def test_a_removed_column_is_refused_unless_allowed(k, fake_log):
 
     write_deltalake(str(table), rows, mode="overwrite", schema_mode="overwrite")
     with pytest.raises(NotReadyError) as e:
-        promote(k, PIPELINE, v2, actor="bob", reason="drop name")
+        promote(k.version(PIPELINE, v2), actor="bob", reason="drop name")
     assert ("schema: columns removed: name; columns retyped: source_offset int64 -> int32 "
             f"(v{v1} -> v{v2}); readers of the alias may break: promote with --allow-schema-change if meant") in str(e.value)
-    res = promote(k, PIPELINE, v2, actor="bob", reason="drop name", allow_schema_change=True)
+    res = promote(k.version(PIPELINE, v2), actor="bob", reason="drop name", allow_schema_change=True)
     assert res.flipped
     schema = next(c for c in res.checks if c.name == "schema")
     assert schema.ok and schema.detail.startswith("allowed (--allow-schema-change): columns removed: name")
@@ -107,23 +107,23 @@ def test_a_removed_column_is_refused_unless_allowed(k, fake_log):
 def test_checks_that_do_not_parse_or_name_unknown_columns_are_refused_in_one_line(k, fake_log):
     from orchestrator.context import Kappa
 
-    assert check_pipeline_checks(k, PIPELINE) == "3 checks parse (no table yet to check their columns against)"
+    assert check_pipeline_checks(k, k.pipeline(PIPELINE)) == "3 checks parse (no table yet to check their columns against)"
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
-    assert check_pipeline_checks(k, PIPELINE) == f"3 checks bind against the columns of v{v1}'s table"
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
+    assert check_pipeline_checks(k, k.pipeline(PIPELINE)) == f"3 checks bind against the columns of v{v1}'s table"
     for sql, error in [("SELEC 1", "Parser Error: syntax error at or near \"SELEC\""),
                        ("SELECT avg(titel) FROM candidate", 'Binder Error: Referenced column "titel" not found'),
                        ("SELECT count(*) FROM candidates", "Catalog Error: Table with name candidates does not exist")]:
         bad = make_spec(checks=(CheckSpec(name="bad", sql=sql, max=1),))
         kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: bad})
         with pytest.raises(ConfigError) as e:
-            check_pipeline_checks(kk, PIPELINE)
+            check_pipeline_checks(kk, kk.pipeline(PIPELINE))
         line = str(e.value)
         assert "\n" not in line and line.startswith(f"pipeline {PIPELINE!r}, check 'bad': {error}"), line
         assert line.endswith("fix its sql in the pipelines file (tables: candidate, serving, candidate_rejects, "
                              "serving_rejects, diff)")
         with pytest.raises(ConfigError) as at_deploy:      # deploy refuses it the same way, nothing allocated
-            check_request(kk, PIPELINE)
+            check_request(kk, kk.pipeline(PIPELINE))
         assert str(at_deploy.value) == line
     assert [r.version for r in k.registry.list_versions(PIPELINE)] == [v1]
 

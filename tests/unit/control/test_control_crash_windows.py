@@ -42,8 +42,8 @@ def _disarm():
 
 def running(k, state: str = "caught_up") -> int:
     v = allocate(k).version
-    start_version(k, PIPELINE, v, actor="t")
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, f"the fake job of v{v} to run")
+    start_version(k.version(PIPELINE, v), actor="t")
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", 15, f"the fake job of v{v} to run")
     k.registry.set_state(PIPELINE, v, state, expected="starting")
     return v
 
@@ -57,16 +57,16 @@ def live(pid: int) -> bool:
 
 def test_a_stop_cut_off_after_marking_the_version_leaves_its_audit_entry(k, fake_jobs):
     v = running(k)
-    pid = inspect_version(k, PIPELINE, v).pid
+    pid = inspect_version(k.version(PIPELINE, v)).pid
     with crashpoints.armed_at("stop.marked"), pytest.raises(crashpoints.KappaCrashed):
-        stop_version(k, PIPELINE, v, actor="alice", reason="not needed")
+        stop_version(k.version(PIPELINE, v), actor="alice", reason="not needed")
     assert k.registry.get_version(PIPELINE, v).state == "stopped"
     (entry,) = k.registry.audit_log(PIPELINE, action="stop_requested")
     assert (entry.version, entry.actor, entry.reason, entry.details["from"]) == (v, "alice", "not needed",
                                                                                    "caught_up")
     assert live(pid)                         # cut off before the signal: the job still runs ...
     reconcile(k, actor="cron")               # ... until reconcile stops the job of a stopped version
-    assert not inspect_version(k, PIPELINE, v).alive and not live(pid)
+    assert not inspect_version(k.version(PIPELINE, v)).alive and not live(pid)
 
 
 def test_a_job_left_by_a_dead_start_and_a_cut_off_stop_is_stopped_once_the_dead_start_s_lease_runs_out(
@@ -76,10 +76,10 @@ def test_a_job_left_by_a_dead_start_and_a_cut_off_stop_is_stopped_once_the_dead_
     # version with a fresh lease to its holder, so the job is stopped when that lease runs out.
     v = allocate(k).version
     with crashpoints.armed_at("start.launched"), pytest.raises(crashpoints.KappaCrashed):
-        start_version(k, PIPELINE, v, actor="deployer")
-    pid = inspect_version(k, PIPELINE, v).pid
+        start_version(k.version(PIPELINE, v), actor="deployer")
+    pid = inspect_version(k.version(PIPELINE, v)).pid
     with crashpoints.armed_at("stop.marked"), pytest.raises(crashpoints.KappaCrashed):
-        stop_version(k, PIPELINE, v, actor="retirer")
+        stop_version(k.version(PIPELINE, v), actor="retirer")
     rec = k.registry.get_version(PIPELINE, v)
     assert rec.state == "stopped" and rec.lease_held() and live(pid)
     reconcile(k, actor="cron")
@@ -87,14 +87,14 @@ def test_a_job_left_by_a_dead_start_and_a_cut_off_stop_is_stopped_once_the_dead_
     k.registry.take_lease(PIPELINE, v, owner=rec.lease_owner, expected=("stopped",), ttl=-1)  # it runs out
     reconcile(k, actor="cron")
     wait_for(lambda: not live(pid), 15, f"the stray job {pid} to be gone")
-    assert not inspect_version(k, PIPELINE, v).alive and k.registry.get_version(PIPELINE, v).state == "stopped"
+    assert not inspect_version(k.version(PIPELINE, v)).alive and k.registry.get_version(PIPELINE, v).state == "stopped"
 
 
 def test_a_start_cut_off_after_taking_its_lease_leaves_its_audit_entry(k, fake_jobs):
     v = allocate(k).version
     k.registry.set_state(PIPELINE, v, "failed", error="it died")
     with crashpoints.armed_at("start.leased"), pytest.raises(crashpoints.KappaCrashed):
-        start_version(k, PIPELINE, v, actor="bob", reason="roll back to it")
+        start_version(k.version(PIPELINE, v), actor="bob", reason="roll back to it")
     assert k.registry.get_version(PIPELINE, v).state == "starting"
     (entry,) = k.registry.audit_log(PIPELINE, action="start_requested")
     assert (entry.version, entry.actor, entry.reason, entry.details["from"]) == (v, "bob", "roll back to it",
@@ -105,18 +105,18 @@ def test_a_start_cut_off_after_the_spawn_leaves_a_job_that_can_be_seen_and_stopp
     v = allocate(k).version
     before = set(CHILDREN)
     with crashpoints.armed_at("start.spawned"), pytest.raises(crashpoints.KappaCrashed):
-        start_version(k, PIPELINE, v, actor="deployer")
+        start_version(k.version(PIPELINE, v), actor="deployer")
     (pid,) = set(CHILDREN) - before
     CHILDREN.pop(pid)                        # what the process that died knew about its child is gone
-    seen = inspect_version(k, PIPELINE, v)
+    seen = inspect_version(k.version(PIPELINE, v))
     assert (seen.alive, seen.pid) == (True, pid)
     # a second start does not run a second job beside it
-    again = start_version(k, PIPELINE, v, actor="rollback")
+    again = start_version(k.version(PIPELINE, v), actor="rollback")
     assert (again.started, again.pid) == (False, pid)
     # the lease of the dead start expires; a stop then stops that job
     rec = k.registry.get_version(PIPELINE, v)
     k.registry.take_lease(PIPELINE, v, owner=rec.lease_owner, expected=(rec.state,), ttl=-1)
-    res = stop_version(k, PIPELINE, v, actor="op", reason="clean up")
+    res = stop_version(k.version(PIPELINE, v), actor="op", reason="clean up")
     assert (res.stopped, res.pid) == (True, pid)
     wait_for(lambda: not live(pid), 15, f"the stray job {pid} to be gone")
     assert k.registry.get_version(PIPELINE, v).state == "stopped"
@@ -132,8 +132,8 @@ def test_a_start_cut_off_before_the_spawn_shows_no_job(k, fake_jobs, monkeypatch
 
     monkeypatch.setattr(launch.subprocess, "Popen", no_spawn)
     with pytest.raises(crashpoints.KappaCrashed):
-        start_version(k, PIPELINE, v, actor="deployer")
-    seen = inspect_version(k, PIPELINE, v)
+        start_version(k.version(PIPELINE, v), actor="deployer")
+    seen = inspect_version(k.version(PIPELINE, v))
     assert (seen.health, seen.alive) == ("not_started", False)
 
 
@@ -150,12 +150,12 @@ def test_two_retires_of_one_version_deleting_its_files_at_once_both_end_well(k, 
     def delete_after_the_other_retire(location):
         if not other:                        # the other retire runs to its end right here
             other.append(None)
-            other[0] = retire(k, PIPELINE, v, actor="bob", reason="second")
+            other[0] = retire(k.version(PIPELINE, v), actor="bob", reason="second")
         return real_delete_tree(location)
 
     monkeypatch.setattr(retire_mod.uris, "delete_tree", delete_after_the_other_retire)
     monkeypatch.setattr(retire_mod, "_delete_group", lambda k, g: "deleted")  # no broker here
-    first = retire(k, PIPELINE, v, actor="alice", reason="first")
+    first = retire(k.version(PIPELINE, v), actor="alice", reason="first")
     assert other[0].message.startswith(f"retired {PIPELINE} v{v}")
     assert first.message.startswith(f"retired {PIPELINE} v{v}")
     assert k.registry.get_version(PIPELINE, v).state == "retired"

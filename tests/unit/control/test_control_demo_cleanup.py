@@ -34,8 +34,8 @@ def spec():
 
 
 def _start(k, v, pipeline=PIPELINE) -> int:
-    pid = start_version(k, pipeline, v, actor="airflow:scheduler").pid
-    wait_for(lambda: inspect_version(k, pipeline, v).health == "running", 15, f"the fake job of v{v} to run")
+    pid = start_version(k.version(pipeline, v), actor="airflow:scheduler").pid
+    wait_for(lambda: inspect_version(k.version(pipeline, v)).health == "running", 15, f"the fake job of v{v} to run")
     return pid
 
 

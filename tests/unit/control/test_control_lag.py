@@ -42,16 +42,16 @@ def test_partition_added_after_the_checkpoint_counts_from_log_start():
 
 def test_measure_lag_reads_the_fake_log(k, fake_log):
     v = allocate(k).version
-    assert measure_lag(k, PIPELINE, v).total == 150
+    assert measure_lag(k.version(PIPELINE, v)).total == 150
     fake_log.read_all(0)
-    r = measure_lag(k, PIPELINE, v)
+    r = measure_lag(k.version(PIPELINE, v))
     assert (r.total, r.source, r.batch_id) == (50, "checkpoint", 7)
 
 
 def test_broker_down_gives_unknown_lag_stored_as_unknown(k, fake_log):
     v = allocate(k).version
     fake_log.down = True
-    r = sample_lag(k, PIPELINE, v)
+    r = sample_lag(k.version(PIPELINE, v))
     assert r.total is None and not r.known
     assert "cannot read log end offsets" in r.error
     stored = k.registry.lag_samples(PIPELINE, v)
@@ -61,7 +61,7 @@ def test_broker_down_gives_unknown_lag_stored_as_unknown(k, fake_log):
 def test_sample_lag_stores_total_and_partitions(k, fake_log):
     v = allocate(k).version
     fake_log.read_all(1)
-    sample_lag(k, PIPELINE, v)
+    sample_lag(k.version(PIPELINE, v))
     (s,) = k.registry.lag_samples(PIPELINE, v)
     assert s.total == 100
     assert s.partitions == {f"{TOPIC}:0": 100, f"{TOPIC}:1": 0}

@@ -35,7 +35,7 @@ def test_a_version_whose_checkpoint_is_past_the_log_end_never_becomes_ready(k, f
     fake_log.read_all()
     fake_log.ends[(TOPIC, 0)] = 30          # partition 0 recreated: its checkpoint (100) is past the end
     fake_log.checkpoint[(TOPIC, 1)] = 20    # partition 1 really lags 30: the sum used to be 30 - 70 < 0
-    rs = [readiness(k, PIPELINE, v) for _ in range(4)]
+    rs = [readiness(k.version(PIPELINE, v)) for _ in range(4)]
     assert [(r.state, r.total_lag, r.consecutive_ok) for r in rs] == [("hydrating", None, 0)] * 4
     assert "past the log end" in rs[-1].reason and "kappa deploy" in rs[-1].reason
     assert k.registry.get_version(PIPELINE, v).state == "backfilling"
@@ -51,17 +51,17 @@ def test_lag_samples_older_than_the_retention_are_pruned(k, fake_log, monkeypatc
         k.registry.add_lag_sample(PIPELINE, v, 5, {}, at=clock.now - 3600.5)   # past the retention
         k.registry.add_lag_sample(PIPELINE, v, 4, {}, at=clock.now - 3599.5)   # within it
     lag_mod._last_prune.clear()
-    r = sample_lag(k, PIPELINE, v2)
+    r = sample_lag(k.version(PIPELINE, v2))
     assert [s.at for s in k.registry.lag_samples(PIPELINE, v1)] == [clock.now - 3599.5]
     assert [(s.at, s.id) for s in k.registry.lag_samples(PIPELINE, v2)][0][0] == clock.now - 3599.5
     assert k.registry.lag_samples(PIPELINE, v2)[-1].id == r.sample_id
     # At most one prune per PRUNE_EVERY_SECONDS and registry: the next sample does not scan again ...
     clock.now += 1.0
-    sample_lag(k, PIPELINE, v2)
+    sample_lag(k.version(PIPELINE, v2))
     assert len(k.registry.lag_samples(PIPELINE, v1)) == 1
     # ... and the one after it does.
     clock.sleep(lag_mod.PRUNE_EVERY_SECONDS)
-    sample_lag(k, PIPELINE, v2)
+    sample_lag(k.version(PIPELINE, v2))
     assert k.registry.lag_samples(PIPELINE, v1) == []
     assert k.registry.prune_lag_samples(clock.now + 1) == 3   # the method alone: v2's three samples
 
@@ -97,6 +97,6 @@ def test_a_batch_committed_while_lag_is_measured_never_reads_as_past_the_log_end
 
     monkeypatch.setattr(lag_mod, "log_offsets", log_offsets)
     monkeypatch.setattr(lag_mod, "checkpoint_next_offsets", checkpoint_next_offsets)
-    r = lag_mod.measure_lag(k, PIPELINE, v)
+    r = lag_mod.measure_lag(k.version(PIPELINE, v))
     assert (r.known, r.error, r.total) == (True, None, 1)
     assert first == ["checkpoint"]              # the job's positions are read before the log ends

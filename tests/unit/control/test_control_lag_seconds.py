@@ -52,13 +52,13 @@ def test_lag_seconds_is_measured_at_the_next_offsets_and_stored(k, fake_log, age
     answers, seen = ages
     answers.append(42.5)
     v = _running(k, fake_log)
-    r = sample_lag(k, PIPELINE, v)
+    r = sample_lag(k.version(PIPELINE, v))
     assert (r.total, r.lag_seconds) == (100, 42.5)
     assert seen == [{(TOPIC, 0): 0}]                  # only the lagging partition, at its next offset
     (s,) = k.registry.lag_samples(PIPELINE, v)
     assert (s.total, s.lag_seconds) == (100, 42.5)
     fake_log.read_all()
-    assert measure_lag(k, PIPELINE, v).lag_seconds == 0.0   # caught up: 0 without asking the broker
+    assert measure_lag(k.version(PIPELINE, v)).lag_seconds == 0.0   # caught up: 0 without asking the broker
     assert len(seen) == 1
 
 
@@ -68,7 +68,7 @@ def test_without_a_broker_lag_seconds_is_unknown_not_an_error(k, fake_log, monke
     monkeypatch.setattr(lag_mod, "oldest_unread_age", lagtime.oldest_unread_age)
     v = _running(k, fake_log)   # nothing listens at 127.0.0.1:9: the fetch gives up at once
     started = time.monotonic()
-    r = measure_lag(k, PIPELINE, v)
+    r = measure_lag(k.version(PIPELINE, v))
     assert (r.total, r.lag_seconds) == (100, None)
     assert time.monotonic() - started < lag_mod.LAG_SECONDS_TIMEOUT
 
@@ -89,7 +89,7 @@ def test_the_default_catchup_seconds_is_a_minute_and_records_alone_do_not_make_r
 def test_ready_needs_the_oldest_record_within_catchup_seconds(k, fake_log, ages):
     ages[0].extend([45.0, 20.0])                        # 45 s behind, then 20 s from then on
     v = _running(k, fake_log)
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert (r.state, r.consecutive_ok) == ("hydrating", 0)
     assert r.reason == "45 s behind > catchup_seconds 30"
     rs = samples_a_batch_apart(k, v, 3)
@@ -116,7 +116,7 @@ def test_records_over_the_threshold_do_not_count_however_fresh(k, fake_log, ages
     ages[0].append(5.0)
     v = _running(k, fake_log)
     fake_log.ends[(TOPIC, 0)] += 1                       # 101 records behind, 5 s old
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert (r.state, r.reason) == ("hydrating", "lag 101 > threshold 100 records")
     fake_log.read_all()
     r = samples_a_batch_apart(k, v, 3)[-1]
@@ -163,7 +163,7 @@ def test_airflow_lag_line_shows_seconds_and_both_limits(k, fake_log, ages):
 
     ages[0].append(12.0)
     v = _running(k, fake_log)
-    line = _lag_line(readiness(k, PIPELINE, v))
+    line = _lag_line(readiness(k.version(PIPELINE, v)))
     assert f"{PIPELINE} v{v}: hydrating; lag 100 records, 12 s behind (lag <= 100 records and <= 30 s behind); " \
            f"ETA 0 s; 1/3 samples counted; 4 micro-batches since the job started; job running" in line
 

@@ -34,12 +34,12 @@ def test_monitor_stops_a_standby_past_its_grace_period(k, fake_log, fake_jobs):
     v1, v2 = _serving_pair(k, fake_log)
     k.paths(PIPELINE, v1).launch_file.unlink()
     k.paths(PIPELINE, v1).status_file.unlink()
-    start_version(k, PIPELINE, v1, actor="t")  # a real (fake) process to stop
+    start_version(k.version(PIPELINE, v1), actor="t")  # a real (fake) process to stop
     k.registry.set_state(PIPELINE, v1, "standby", details={"standby_since": 0.0})
     report = monitor(k, actor="cron")
     assert [(s["version"], s["how"]) for s in report.stopped] == [(v1, "graceful")], report.errors
     assert k.registry.get_version(PIPELINE, v1).state == "stopped"
-    assert inspect_version(k, PIPELINE, v1).health == "stopped"
+    assert inspect_version(k.version(PIPELINE, v1)).health == "stopped"
     assert report.problems == []
     assert {v["version"] for v in report.versions} == {v1, v2}
     # what the kappa_monitor task and `kappa monitor` print: one line in words per thing done or found
@@ -77,16 +77,16 @@ def test_the_standby_grace_period_boundary_in_seconds(k, fake_log, fake_jobs, mo
     kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: make_spec(grace_period_seconds=GRACE)})
     clock = Clock().install(monkeypatch, serving)
     v1, v2 = allocate(kk).version, allocate(kk).version
-    pid = start_version(kk, PIPELINE, v1, actor="t").pid
-    wait_for(lambda: inspect_version(kk, PIPELINE, v1).health == "running", 15, "the fake job of v1 to run")
+    pid = start_version(kk.version(PIPELINE, v1), actor="t").pid
+    wait_for(lambda: inspect_version(kk.version(PIPELINE, v1)).health == "running", 15, "the fake job of v1 to run")
     fake_running(kk, v2)
     fake_log.read_all()
     for v in (v1, v2):
         kk.registry.set_state(PIPELINE, v, "caught_up")
     kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v1, actor="t", reason="r")
-    set_serving_states(kk, PIPELINE, v1, None)
+    set_serving_states(kk, kk.pipeline(PIPELINE), v1, None)
     kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=v1, new_version=v2, actor="t", reason="r")
-    set_serving_states(kk, PIPELINE, v2, v1)      # v1 is standby from clock.now on
+    set_serving_states(kk, kk.pipeline(PIPELINE), v2, v1)      # v1 is standby from clock.now on
     publish_current(kk, ALIAS)
     rec = kk.registry.get_version(PIPELINE, v1)
     assert (rec.state, rec.details["standby_since"], rec.details["standby_until"]) == ("standby", clock.now,
@@ -106,7 +106,7 @@ def test_the_standby_grace_period_boundary_in_seconds(k, fake_log, fake_jobs, mo
     else:
         assert report.stopped == []
         assert kk.registry.get_version(PIPELINE, v1).state == "standby"
-        assert inspect_version(kk, PIPELINE, v1).health == "running"
+        assert inspect_version(kk.version(PIPELINE, v1)).health == "running"
         assert kk.registry.audit_log(PIPELINE, action="stop") == []
 
 
@@ -118,19 +118,19 @@ def test_the_promotes_own_grace_period_is_the_one_the_monitor_keeps(k, fake_log,
     so the monitor stops the standby after that grace, not the pipeline's; None keeps the pipeline's."""
     kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: make_spec(grace_period_seconds=GRACE)})
     v1 = allocate(kk).version
-    pid = start_version(kk, PIPELINE, v1, actor="t").pid
-    wait_for(lambda: inspect_version(kk, PIPELINE, v1).health == "running", 15, "the fake job of v1 to run")
+    pid = start_version(kk.version(PIPELINE, v1), actor="t").pid
+    wait_for(lambda: inspect_version(kk.version(PIPELINE, v1)).health == "running", 15, "the fake job of v1 to run")
     write_table(kk.paths(PIPELINE, v1).table, profiles(ROWS))
     kk.registry.set_state(PIPELINE, v1, "caught_up")
     kk.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v1, actor="t", reason="r", serve=True)
     v2 = ready_version(kk, fake_log, ROWS)
-    res = promote(kk, PIPELINE, v2, actor="ana", reason="new rules", grace_seconds=grace_seconds)
+    res = promote(kk.version(PIPELINE, v2), actor="ana", reason="new rules", grace_seconds=grace_seconds)
     assert res.message.endswith(f"; v{v1} is standby for {grace:.0f} s")
     details = kk.registry.get_version(PIPELINE, v1).details
     since = details["standby_since"]
     assert details["standby_until"] == since + grace
-    assert monitor_mod.standby_until(kk, PIPELINE, v1) == since + grace
-    assert monitor_mod.standby_until(kk, PIPELINE, v2) is None          # it serves
+    assert monitor_mod.standby_until(kk.version(PIPELINE, v1)) == since + grace
+    assert monitor_mod.standby_until(kk.version(PIPELINE, v2)) is None          # it serves
     Clock(since + grace - (1 if before else 0)).install(monkeypatch, monitor_mod)
     report = monitor(kk, actor="cron")
     assert report.errors == [] and report.problems == []
@@ -141,7 +141,7 @@ def test_the_promotes_own_grace_period_is_the_one_the_monitor_keeps(k, fake_log,
         assert [(s["version"], s["pid"]) for s in report.stopped] == [(v1, pid)]
         (stop,) = kk.registry.audit_log(PIPELINE, action="stop")
         assert stop.reason == f"standby grace period of {grace:.0f} s is over"
-        assert monitor_mod.standby_until(kk, PIPELINE, v1) is None      # stopped: no longer a standby
+        assert monitor_mod.standby_until(kk.version(PIPELINE, v1)) is None      # stopped: no longer a standby
 
 
 @pytest.mark.parametrize("lag, alert", [(500, False), (501, True)])

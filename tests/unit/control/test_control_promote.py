@@ -26,7 +26,7 @@ ROWS_V2 = [("m1", "swe", "Software Engineer", "Ada", 1), ("m2", "sr swe", "Senio
 
 def test_first_promote_needs_no_key_comparison_and_publishes(k, fake_log):
     v = ready_version(k, fake_log, ROWS_V1)
-    res = promote(k, PIPELINE, v, actor="alice", reason="first")
+    res = promote(k.version(PIPELINE, v), actor="alice", reason="first")
     assert res.flipped and res.published and res.previous_version is None
     assert {c.name: c.ok for c in res.checks} == {"ready": True, "key_count": True, "reject_rate": True}
     assert "first promote" in [c for c in res.checks if c.name == "key_count"][0].detail
@@ -41,9 +41,9 @@ def test_first_promote_needs_no_key_comparison_and_publishes(k, fake_log):
 
 def test_second_promote_reports_the_rules_changes_and_keeps_a_standby(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
-    res = promote(k, PIPELINE, v2, actor="bob", reason="new rules")
+    res = promote(k.version(PIPELINE, v2), actor="bob", reason="new rules")
     assert res.previous_version == v1
     assert res.report.rows_changed == 2 and res.report.keys_new == res.report.keys_serving == 3
     assert res.report.top_changes["title"] == [
@@ -57,7 +57,7 @@ def test_second_promote_reports_the_rules_changes_and_keeps_a_standby(k, fake_lo
 
 def test_without_a_version_promote_serves_the_newest_caught_up_one(k, fake_log):
     with pytest.raises(NotFoundError) as e:
-        promote(k, PIPELINE, actor="alice", reason="nothing yet")
+        promote(k.version(PIPELINE, promote_target(k, PIPELINE)), actor="alice", reason="nothing yet")
     assert str(e.value) == (f"{PIPELINE} has no caught-up version to promote (versions: none); name the version "
                             f"to promote, or deploy one and wait until it is caught up")
     v1 = ready_version(k, fake_log, ROWS_V1)
@@ -65,7 +65,7 @@ def test_without_a_version_promote_serves_the_newest_caught_up_one(k, fake_log):
     lagging = allocate(k).version  # newer, but not caught up: not a promote target
     k.registry.set_state(PIPELINE, lagging, "backfilling")
     assert promote_target(k, PIPELINE) == v2
-    res = promote(k, PIPELINE, actor="alice", reason="newest ready")
+    res = promote(k.version(PIPELINE, promote_target(k, PIPELINE)), actor="alice", reason="newest ready")
     assert res.flipped and res.version == v2
     assert promote_target(k, PIPELINE) == v1  # v2 serves now: no longer caught_up
     k.registry.set_state(PIPELINE, v1, "stopped")
@@ -79,7 +79,7 @@ def test_promote_refused_while_lagging_with_the_exact_error_and_nothing_changed(
     fake_running(k, v)
     write_table(k.paths(PIPELINE, v).table, profiles(ROWS_V1))
     with pytest.raises(NotReadyError) as e:
-        promote(k, PIPELINE, v, actor="alice", reason="too early")
+        promote(k.version(PIPELINE, v), actor="alice", reason="too early")
     assert str(e.value) == (f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: "
                             f"hydrating, lag 150, 2 s behind, 0/3 samples with lag <= 0 records and <= 60 s behind; "
                             f"lag 150 > threshold 0 records")
@@ -134,7 +134,7 @@ def test_promote_refused_when_the_job_failed(k, fake_log):
     v = ready_version(k, fake_log, ROWS_V1)
     fake_running(k, v, state="failed", error="SinkError: disk full")
     with pytest.raises(NotReadyError) as e:
-        promote(k, PIPELINE, v, actor="alice", reason="r")
+        promote(k.version(PIPELINE, v), actor="alice", reason="r")
     assert str(e.value) == (f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: failing, "
                             f"lag 0, 0 s behind, ETA 0 s, 3/3 samples with lag <= 0 records and <= 60 s behind; the job "
                             f"reported failure: SinkError: disk full")
@@ -144,7 +144,7 @@ def test_promote_refused_when_lag_is_unknown(k, fake_log):
     v = ready_version(k, fake_log, ROWS_V1)
     fake_log.down = True
     with pytest.raises(NotReadyError) as e:
-        promote(k, PIPELINE, v, actor="alice", reason="r")
+        promote(k.version(PIPELINE, v), actor="alice", reason="r")
     assert str(e.value) == (
         f"cannot promote {PIPELINE} v{v} to alias '{ALIAS}': ready: {PIPELINE} v{v}: lagging, lag unknown, "
         f"unknown behind, 0/3 samples with lag <= 0 records and <= 60 s behind; lag unknown (cannot read log end "
@@ -154,11 +154,11 @@ def test_promote_refused_when_lag_is_unknown(k, fake_log):
 
 def test_promote_refused_on_key_count_and_reject_rate(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V1[:1])
     write_table(k.paths(PIPELINE, v2).rejects, profiles(ROWS_V1 * 4))  # 12 rejects of 150 records read
     with pytest.raises(NotReadyError) as e:
-        promote(k, PIPELINE, v2, actor="alice", reason="r")
+        promote(k.version(PIPELINE, v2), actor="alice", reason="r")
     assert str(e.value) == (
         f"cannot promote {PIPELINE} v{v2} to alias '{ALIAS}': key_count: 1 keys in v{v2}, 3 in v{v1}; all compared: "
         f"difference 66.67%, over the tolerance 10.00% (key_count_tolerance); reject_rate: 12 rejects "
@@ -168,11 +168,11 @@ def test_promote_refused_on_key_count_and_reject_rate(k, fake_log):
 
 def test_dry_run_says_what_would_happen_and_changes_nothing(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
     samples_before = len(k.registry.lag_samples(PIPELINE, v2))
     audit_before = len(k.registry.audit_log(None, limit=None))
-    res = promote(k, PIPELINE, v2, actor="bob", reason="try", dry_run=True)
+    res = promote(k.version(PIPELINE, v2), actor="bob", reason="try", dry_run=True)
     assert res.dry_run and res.would_succeed and not res.flipped
     assert res.actions == [
         f"write the validation report to {k.paths(PIPELINE, v2).report_file}",
@@ -186,14 +186,14 @@ def test_dry_run_says_what_would_happen_and_changes_nothing(k, fake_log):
     assert len(k.registry.audit_log(None, limit=None)) == audit_before
     assert not k.paths(PIPELINE, v2).report_file.exists()
     fake_log.down = True
-    refused = promote(k, PIPELINE, v2, actor="bob", reason="try", dry_run=True)
+    refused = promote(k.version(PIPELINE, v2), actor="bob", reason="try", dry_run=True)
     assert not refused.would_succeed and refused.error.startswith(f"cannot promote {PIPELINE} v{v2}")
     assert refused.message == f"dry run: would refuse. {refused.error}"
 
 
 def test_concurrent_promotes_exactly_one_wins(k, fake_log, monkeypatch):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2, v3 = ready_version(k, fake_log, ROWS_V2), ready_version(k, fake_log, ROWS_V2)
     barrier = threading.Barrier(2, timeout=30)
     real_flip = k.registry.flip_alias
@@ -207,7 +207,7 @@ def test_concurrent_promotes_exactly_one_wins(k, fake_log, monkeypatch):
 
     def run(v):
         try:
-            outcomes[v] = promote(k, PIPELINE, v, actor=f"op{v}", reason="race")
+            outcomes[v] = promote(k.version(PIPELINE, v), actor=f"op{v}", reason="race")
         except Exception as e:
             outcomes[v] = e
 
@@ -237,12 +237,12 @@ def _crash_after_cas(monkeypatch):
 
 def test_crash_between_cas_and_publish_then_reconcile(k, fake_log, monkeypatch):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
     with monkeypatch.context() as m:
         _crash_after_cas(m)
         with pytest.raises(KeyboardInterrupt):
-            promote(k, PIPELINE, v2, actor="bob", reason="crash")
+            promote(k.version(PIPELINE, v2), actor="bob", reason="crash")
     alias = k.registry.get_alias(ALIAS)
     assert (alias.version, alias.published_version) == (v2, v1)
     assert resolve_alias(ALIAS, k.settings)["version"] == v1  # readers still on v1, consistently
@@ -257,25 +257,25 @@ def test_crash_between_cas_and_publish_then_reconcile(k, fake_log, monkeypatch):
 
 def test_rerunning_promote_after_the_crash_finishes_the_publish(k, fake_log, monkeypatch):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
     with monkeypatch.context() as m:
         _crash_after_cas(m)
         with pytest.raises(KeyboardInterrupt):
-            promote(k, PIPELINE, v2, actor="bob", reason="crash")
-    res = promote(k, PIPELINE, v2, actor="bob", reason="again")
+            promote(k.version(PIPELINE, v2), actor="bob", reason="crash")
+    res = promote(k.version(PIPELINE, v2), actor="bob", reason="again")
     assert not res.flipped and res.message == f"{PIPELINE} v{v2} already serves alias '{ALIAS}'; nothing to promote"
     assert resolve_alias(ALIAS, k.settings)["version"] == v2
 
 
 def test_rerunning_rollback_after_the_crash_does_not_flip_back(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
-    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second")
     with crashpoints.armed_at("rollback.flipped"), pytest.raises(crashpoints.KappaCrashed):
-        rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.01, deadline_seconds=10)
-    res = rollback(k, PIPELINE, actor="alice", reason="bad v2 (again)", poll_seconds=0.01)
+        rollback(k, k.pipeline(PIPELINE), actor="alice", reason="bad v2", poll_seconds=0.01, deadline_seconds=10)
+    res = rollback(k, k.pipeline(PIPELINE), actor="alice", reason="bad v2 (again)", poll_seconds=0.01)
     assert not res.flipped and "finished the interrupted flip" in res.message
     assert k.registry.get_alias(ALIAS).version == v1
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
@@ -284,12 +284,12 @@ def test_rerunning_rollback_after_the_crash_does_not_flip_back(k, fake_log):
 def test_rollback_after_a_promote_cut_off_before_its_publish_rolls_back(k, fake_log):
     """Issue 9 case 9: `kappa rollback` finished the interrupted promote instead of rolling back."""
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
     with crashpoints.armed_at("promote.flipped"), pytest.raises(crashpoints.KappaCrashed):
-        promote(k, PIPELINE, v2, actor="bob", reason="crash")
+        promote(k.version(PIPELINE, v2), actor="bob", reason="crash")
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
-    res = rollback(k, PIPELINE, actor="alice", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=10)
+    res = rollback(k, k.pipeline(PIPELINE), actor="alice", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=10)
     assert res.flipped and (res.from_version, res.to_version) == (v2, v1)
     assert k.registry.get_alias(ALIAS).version == v1
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
@@ -298,24 +298,24 @@ def test_rollback_after_a_promote_cut_off_before_its_publish_rolls_back(k, fake_
 
 def test_rollback_to_a_running_standby_is_a_flip(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
-    promote(k, PIPELINE, v2, actor="alice", reason="second")
-    res = rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.01)
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second")
+    res = rollback(k, k.pipeline(PIPELINE), actor="alice", reason="bad v2", poll_seconds=0.01)
     assert (res.from_version, res.to_version, res.flipped, res.restarted) == (v2, v1, True, False)
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
     assert k.registry.get_version(PIPELINE, v2).state == "standby"
     assert k.registry.get_alias(ALIAS).previous_version == v2
-    fwd = rollback(k, PIPELINE, actor="alice", reason="forward again", poll_seconds=0.01)
+    fwd = rollback(k, k.pipeline(PIPELINE), actor="alice", reason="forward again", poll_seconds=0.01)
     assert fwd.to_version == v2 and resolve_alias(ALIAS, k.settings)["version"] == v2
 
 
 def test_rollback_in_two_halves_as_the_dag_runs_it(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
-    promote(k, PIPELINE, v2, actor="alice", reason="second")
-    plan = prepare_rollback(k, PIPELINE, actor="airflow:alice", reason="bad v2")
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second")
+    plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="airflow:alice", reason="bad v2")
     until = k.registry.get_version(PIPELINE, v1).details["standby_until"]
     assert re.fullmatch(rf"{PIPELINE} v{v1} still runs as a standby: the flip is instant \(until "
                         r"[0-9: -]+ UTC, when its grace period ends\)", plan.message), plan.message
@@ -329,7 +329,7 @@ def test_rollback_in_two_halves_as_the_dag_runs_it(k, fake_log):
     res = finish_rollback(k, plan, actor="airflow:alice", reason="bad v2", poll_seconds=0.01)
     assert (res.from_version, res.to_version, res.flipped) == (v2, v1, True)
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
-    again = prepare_rollback(k, PIPELINE, v1, actor="airflow:alice", reason="again")
+    again = prepare_rollback(k, k.pipeline(PIPELINE), v1, actor="airflow:alice", reason="again")
     assert again.done and again.message == f"{PIPELINE} v{v1} already serves alias '{ALIAS}'; nothing to roll back"
     assert not finish_rollback(k, again, actor="airflow:alice").flipped
     assert k.registry.get_alias(ALIAS).version == v1
@@ -337,14 +337,14 @@ def test_rollback_in_two_halves_as_the_dag_runs_it(k, fake_log):
 
 def test_rollback_restarts_a_stopped_version_from_its_checkpoint(k, fake_log, fake_jobs):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
-    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second")
     k.paths(PIPELINE, v1).launch_file.unlink()
     k.paths(PIPELINE, v1).status_file.unlink()          # v1's job is gone (stopped after its grace)
     k.registry.set_state(PIPELINE, v1, "stopped")
     Path(k.paths(PIPELINE, v1).checkpoint).mkdir(parents=True)
-    res = rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.05, deadline_seconds=30)
+    res = rollback(k, k.pipeline(PIPELINE), actor="alice", reason="bad v2", poll_seconds=0.05, deadline_seconds=30)
     assert res.restarted and res.flipped and res.to_version == v1
     starts = k.registry.audit_log(PIPELINE, action="start", version=v1)
     assert starts[-1].details["resumed"] is True
@@ -353,24 +353,24 @@ def test_rollback_restarts_a_stopped_version_from_its_checkpoint(k, fake_log, fa
 
 def test_rollback_never_restarts_from_zero(k, fake_log):
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
-    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second")
     k.paths(PIPELINE, v1).launch_file.unlink()
     k.paths(PIPELINE, v1).status_file.unlink()
     with pytest.raises(LifecycleError, match=rf"cannot roll back to {PIPELINE} v{v1}: its checkpoint .* is missing, "
                                              r"and a rollback never re-reads from offset zero"):
-        rollback(k, PIPELINE, actor="alice", reason="r")
+        rollback(k, k.pipeline(PIPELINE), actor="alice", reason="r")
     assert k.registry.get_alias(ALIAS).version == v2
 
 
 def test_rollback_with_nothing_to_roll_back_to(k, fake_log):
     with pytest.raises(NotFoundError, match="serves nothing yet"):
-        rollback(k, PIPELINE, actor="alice", reason="r")
+        rollback(k, k.pipeline(PIPELINE), actor="alice", reason="r")
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     with pytest.raises(NotFoundError, match="has no previous version to roll back to"):
-        rollback(k, PIPELINE, actor="alice", reason="r")
+        rollback(k, k.pipeline(PIPELINE), actor="alice", reason="r")
 
 
 @pytest.mark.parametrize("which, removal", [("candidate", "data files"), ("serving", "whole folder")])
@@ -386,7 +386,7 @@ def test_promote_of_a_version_whose_table_a_retire_deletes_meanwhile_is_refused(
     from orchestrator.core import tables as tables_mod
 
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
     table = Path(k.paths(PIPELINE, v2 if which == "candidate" else v1).table)
     real_read = tables_mod.read_table
@@ -404,7 +404,7 @@ def test_promote_of_a_version_whose_table_a_retire_deletes_meanwhile_is_refused(
 
     monkeypatch.setattr(tables_mod, "read_table", read_after_the_retire)
     with pytest.raises(NotReadyError, match=r"report: cannot read the table .*retired or deleted meanwhile"):
-        promote(k, PIPELINE, v2, actor="bob", reason="new rules")
+        promote(k.version(PIPELINE, v2), actor="bob", reason="new rules")
     assert hit, "the deletion landed between the table's log read and its data read"
     assert resolve_alias(ALIAS, k.settings)["version"] == v1
     assert k.registry.get_version(PIPELINE, v2).state == "caught_up"
@@ -440,7 +440,7 @@ def test_promote_of_a_version_whose_folder_a_retire_deletes_while_the_report_is_
 
         monkeypatch.setattr(files_mod, "os", types.SimpleNamespace(**{**vars(os), "replace": retired_then_replace}))
     with pytest.raises(NotReadyError, match=r"report: cannot write the validation report .*retired meanwhile"):
-        promote(k, PIPELINE, v1, actor="alice", reason="first")
+        promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     assert not folder.exists()
     assert k.registry.get_alias(ALIAS) is None
 
@@ -453,20 +453,20 @@ def test_a_promotes_own_grace_period_is_said_and_stored_with_its_flip_and_its_wa
     from orchestrator.lifecycle import watch as watch_mod
     kk = Kappa(k.settings, registry=k.registry, pipelines={PIPELINE: make_spec(auto_rollback=True)})
     v1 = ready_version(kk, fake_log, ROWS_V1)
-    promote(kk, PIPELINE, v1, actor="alice", reason="first")
+    promote(kk.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(kk, fake_log, ROWS_V2)
-    dry = promote(kk, PIPELINE, v2, actor="bob", reason="new rules", dry_run=True, grace_seconds=5)
+    dry = promote(kk.version(PIPELINE, v2), actor="bob", reason="new rules", dry_run=True, grace_seconds=5)
     assert [a for a in dry.actions if "5 s" in a] == [
         f"keep v{v1} running as standby for 5 s, then stop its job (table and checkpoint kept)",
         f"watch v{v2} for 5 s (auto_rollback): roll back to v{v1} if it degrades"]
-    res = promote(kk, PIPELINE, v2, actor="bob", reason="new rules", grace_seconds=5)
+    res = promote(kk.version(PIPELINE, v2), actor="bob", reason="new rules", grace_seconds=5)
     assert res.message.endswith(f"; v{v1} is standby for 5 s, while v{v2} is watched (auto_rollback)")
     standby = kk.registry.get_version(PIPELINE, v1).details
     w = kk.registry.get_version(PIPELINE, v2).details["watch"]
     assert standby["standby_until"] == standby["standby_since"] + 5
     assert w["until"] == w["started_at"] + 5 <= standby["standby_until"]   # the watch ends first
     Clock(w["until"]).install(monkeypatch, watch_mod)
-    assert [a["kind"] for a in watch_mod.watch_pass(kk, PIPELINE)] == ["passed"]
+    assert [a["kind"] for a in watch_mod.watch_pass(kk, kk.pipeline(PIPELINE))] == ["passed"]
     (passed,) = kk.registry.audit_log(PIPELINE, action="watch")
     assert passed.reason == f"v{v2} healthy through its grace period of 5 s"
 
@@ -476,7 +476,7 @@ def test_a_grace_period_below_zero_or_not_finite_is_refused_and_nothing_changes(
     v1 = ready_version(k, fake_log, ROWS_V1)
     with pytest.raises(ConfigError, match=rf"promote of {PIPELINE}: the standby grace period must be 0 or more "
                                           rf"seconds, not {grace!r} \(--grace; empty for the pipeline's 60 s\)"):
-        promote(k, PIPELINE, v1, actor="alice", reason="first", grace_seconds=grace)
+        promote(k.version(PIPELINE, v1), actor="alice", reason="first", grace_seconds=grace)
     assert k.registry.get_alias(ALIAS) is None and k.registry.audit_log(PIPELINE, action="promote") == []
 
 
@@ -485,22 +485,22 @@ def test_the_version_a_rollback_leaves_is_a_standby_for_the_pipelines_grace_peri
     pipeline's (60 s); the one it serves again no longer carries its standby times."""
     from orchestrator.lifecycle.monitor import standby_until
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
-    promote(k, PIPELINE, v2, actor="alice", reason="second", grace_seconds=5)
-    assert standby_until(k, PIPELINE, v1) == k.registry.get_version(PIPELINE, v1).details["standby_since"] + 5
-    rollback(k, PIPELINE, actor="alice", reason="bad v2", poll_seconds=0.01)
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second", grace_seconds=5)
+    assert standby_until(k.version(PIPELINE, v1)) == k.registry.get_version(PIPELINE, v1).details["standby_since"] + 5
+    rollback(k, k.pipeline(PIPELINE), actor="alice", reason="bad v2", poll_seconds=0.01)
     back, left = k.registry.get_version(PIPELINE, v1), k.registry.get_version(PIPELINE, v2)
     assert back.state == "serving" and not {"standby_since", "standby_until"} & set(back.details)
     assert left.state == "standby" and left.details["standby_until"] == left.details["standby_since"] + 60
-    assert (standby_until(k, PIPELINE, v1), standby_until(k, PIPELINE, v2)) == (None, left.details["standby_until"])
+    assert (standby_until(k.version(PIPELINE, v1)), standby_until(k.version(PIPELINE, v2))) == (None, left.details["standby_until"])
 
 
 def test_kappa_promote_grace_is_the_promotes_own_grace_period(k, fake_log, tmp_path, monkeypatch):
     from typer.testing import CliRunner
     from orchestrator.cli import app
     v1 = ready_version(k, fake_log, ROWS_V1)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = ready_version(k, fake_log, ROWS_V2)
     pipelines = tmp_path / "pipelines.toml"
     pipelines.write_text(f'[pipelines.{PIPELINE}]\njob = "standardize"\ntopics = ["orders"]\nkey = "member_id"\n'

@@ -42,8 +42,8 @@ def _disarm():
 def running(k, fake_log, state="caught_up") -> int:
     """A version whose fake job process runs, in `state`, with a table and lag samples at 0."""
     v = allocate(k).version
-    start_version(k, PIPELINE, v, actor="t")
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, f"the fake job of v{v} to run")
+    start_version(k.version(PIPELINE, v), actor="t")
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", 15, f"the fake job of v{v} to run")
     if state != "starting":
         k.registry.set_state(PIPELINE, v, state, expected="starting")
     fake_log.read_all()
@@ -56,9 +56,9 @@ def running(k, fake_log, state="caught_up") -> int:
 def serving_pair(k, fake_log) -> tuple[int, int]:
     """v1 promoted, then v2 promoted over it: v2 serves, v1 is standby (its job still runs)."""
     v1 = running(k, fake_log)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = running(k, fake_log)
-    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second")
     return v1, v2
 
 
@@ -86,7 +86,7 @@ def test_case1_two_starts_of_one_version_start_one_job(k, fake_jobs, monkeypatch
 
     monkeypatch.setattr(launch, "inspect_version", inspect_then_wait)
     results: list = []
-    threads = [threading.Thread(target=lambda: results.append(start_version(k, PIPELINE, v, actor=f"op{i}")))
+    threads = [threading.Thread(target=lambda: results.append(start_version(k.version(PIPELINE, v), actor=f"op{i}")))
                for i in range(2)]
     for t in threads:
         t.start()
@@ -103,18 +103,18 @@ def test_case2_no_flip_lands_on_a_version_being_retired(k, fake_log, fake_jobs, 
     monkeypatch.setattr("orchestrator.lifecycle.retire._delete_group", lambda k, g: "deleted")
     v1, v2 = serving_pair(k, fake_log)
     v3 = running(k, fake_log)
-    promote(k, PIPELINE, v3, actor="alice", reason="third")      # v3 serves, v2 standby, v1 standby
+    promote(k.version(PIPELINE, v3), actor="alice", reason="third")      # v3 serves, v2 standby, v1 standby
     k.registry.set_state(PIPELINE, v1, "stopped", expected="standby")
     outcome: dict = {}
 
     def rollback_to_v1():
         try:
-            flip(k, PIPELINE, expected_version=v3, new_version=v1, actor="bob", reason="race", action="rollback")
+            flip(k.version(PIPELINE, v1), expected_version=v3, actor="bob", reason="race", action="rollback")
         except KappaError as e:
             outcome["error"] = e
 
     crashpoints.hook("retire.marked", rollback_to_v1)
-    retire(k, PIPELINE, v1, actor="cron", reason="old")
+    retire(k.version(PIPELINE, v1), actor="cron", reason="old")
     assert isinstance(outcome.get("error"), (NotReadyError, ConflictError))
     assert k.registry.get_alias(ALIAS).version == v3
     assert states(k)[v1] == "retired"
@@ -130,8 +130,8 @@ def test_case3_standby_stop_loses_to_a_rollback_that_landed_first(k, fake_log, f
     v1, v2 = serving_pair(k, fake_log)
     real = monitor_mod.standby_expired
 
-    def rollback_lands_then_expired(kk, pipeline, rec, now=None):
-        rollback(k, PIPELINE, actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=10)
+    def rollback_lands_then_expired(v, now=None):
+        rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=10)
         return 1.0  # the grace period is over, as the monitor's snapshot says
 
     monkeypatch.setattr(monitor_mod, "standby_expired", rollback_lands_then_expired)
@@ -139,7 +139,7 @@ def test_case3_standby_stop_loses_to_a_rollback_that_landed_first(k, fake_log, f
     assert report.stopped == []
     assert k.registry.get_alias(ALIAS).version == v1
     assert (states(k)[v1], states(k)[v2]) == ("serving", "standby")
-    assert inspect_version(k, PIPELINE, v1).alive
+    assert inspect_version(k.version(PIPELINE, v1)).alive
     assert real is not None
 
 
@@ -149,7 +149,7 @@ def test_case3_rollback_after_the_standby_was_marked_stopped_is_refused(k, fake_
 
     def rollback_now():
         try:
-            plan = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad")
+            plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad")
             finish_rollback(k, plan, actor="bob", poll_seconds=0.01, deadline_seconds=0.5)
         except KappaError as e:
             outcome["error"] = e
@@ -187,15 +187,15 @@ def test_case3_rollback_during_a_standby_stop_waits_for_it(k, fake_log, fake_job
     from orchestrator.lifecycle import rollback as rollback_mod
 
     v1, v2, hold = _stop_under_way(k, fake_log, fake_jobs)
-    monkeypatch.setattr(monitor_mod, "standby_expired", lambda kk, p, rec, now=None: 1.0 if rec.version == v1 else None)
+    monkeypatch.setattr(monitor_mod, "standby_expired", lambda v, now=None: 1.0 if v.version == v1 else None)
     rollback_ready = threading.Event()
     crashpoints.hook("rollback.awaiting_stop", rollback_ready.set)
     real_inspect, real_audit = rollback_mod.inspect_version, k.registry.audit
     seen: list = []
 
-    def inspect_then_release(kk, pipeline, version):
-        st = real_inspect(kk, pipeline, version)
-        if version == v1 and not seen:
+    def inspect_then_release(v):
+        st = real_inspect(v)
+        if v.version == v1 and not seen:
             seen.append(st.alive)
             hold.unlink()                 # the rollback has seen v1's job alive: now it may end
         return st
@@ -211,7 +211,7 @@ def test_case3_rollback_during_a_standby_stop_waits_for_it(k, fake_log, fake_job
     cron.start()
     try:
         wait_for(lambda: k.paths(PIPELINE, v1).stop_file.exists(), 15, "the monitor's STOP file of v1")
-        plan = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad")
+        plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad")
         rollback_ready.set()
         finish_rollback(k, plan, actor="bob", poll_seconds=0.01, deadline_seconds=15)
     finally:
@@ -229,7 +229,7 @@ def test_case3_rollback_during_a_standby_stop_waits_for_it(k, fake_log, fake_job
                      r"rollback waited [0-9.]+ s for that stop to end\): restarting it from its checkpoint", plan.message), \
         plan.message
     assert k.registry.get_alias(ALIAS).version == v1
-    assert states(k)[v1] == "serving" and inspect_version(k, PIPELINE, v1).alive
+    assert states(k)[v1] == "serving" and inspect_version(k.version(PIPELINE, v1)).alive
 
 
 def test_case3_a_rollback_refuses_when_the_stop_under_way_does_not_end_in_time(k, fake_log, fake_jobs):
@@ -238,13 +238,13 @@ def test_case3_a_rollback_refuses_when_the_stop_under_way_does_not_end_in_time(k
     from orchestrator.jobctl import stop_version
 
     v1, v2, hold = _stop_under_way(k, fake_log, fake_jobs)
-    cron = threading.Thread(target=lambda: stop_version(k, PIPELINE, v1, actor="cron", expected_state="standby",
+    cron = threading.Thread(target=lambda: stop_version(k.version(PIPELINE, v1), actor="cron", expected_state="standby",
                                                         reason="standby grace period of 0 s is over"))
     cron.start()
     try:
         wait_for(lambda: k.paths(PIPELINE, v1).stop_file.exists(), 15, "the STOP file of v1")
         with pytest.raises(LifecycleError) as e:
-            prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad", stop_wait_seconds=0.3)
+            prepare_rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad", stop_wait_seconds=0.3)
     finally:
         hold.unlink(missing_ok=True)
         cron.join(60)
@@ -258,15 +258,15 @@ def test_case3_a_rollback_refuses_when_the_stop_under_way_does_not_end_in_time(k
 
 def test_case4_two_promotes_in_a_row_leave_exactly_one_serving(k, fake_log, fake_jobs):
     v1 = running(k, fake_log)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2, v3 = running(k, fake_log), running(k, fake_log)
     ran: list = []
 
     def second_promote():
-        ran.append(promote(k, PIPELINE, v3, actor="bob", reason="right after"))
+        ran.append(promote(k.version(PIPELINE, v3), actor="bob", reason="right after"))
 
     crashpoints.hook("promote.flipped", second_promote)
-    promote(k, PIPELINE, v2, actor="alice", reason="first of two")
+    promote(k.version(PIPELINE, v2), actor="alice", reason="first of two")
     assert ran and k.registry.get_alias(ALIAS).version == v3
     st = states(k)
     assert [v for v, s in st.items() if s == "serving"] == [v3]
@@ -275,20 +275,20 @@ def test_case4_two_promotes_in_a_row_leave_exactly_one_serving(k, fake_log, fake
 
 def test_case5_promote_refuses_a_job_that_died_after_the_checks(k, fake_log, fake_jobs, monkeypatch):
     v1 = running(k, fake_log)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = running(k, fake_log)
     real_checks = promote_mod._checks
 
     def checks_then_job_dies(*a, **kw):
         out = real_checks(*a, **kw)
-        pid = inspect_version(k, PIPELINE, v2).pid
+        pid = inspect_version(k.version(PIPELINE, v2)).pid
         psutil.Process(pid).kill()
-        wait_for(lambda: not inspect_version(k, PIPELINE, v2).alive, 10, "the job of v2 to die")
+        wait_for(lambda: not inspect_version(k.version(PIPELINE, v2)).alive, 10, "the job of v2 to die")
         return out
 
     monkeypatch.setattr(promote_mod, "_checks", checks_then_job_dies)
     with pytest.raises(NotReadyError, match=f"promote of {PIPELINE} v{v2} refused at flip time"):
-        promote(k, PIPELINE, v2, actor="alice", reason="second")
+        promote(k.version(PIPELINE, v2), actor="alice", reason="second")
     assert k.registry.get_alias(ALIAS).version == v1
     rec = k.registry.get_version(PIPELINE, v2)
     assert rec.state == "failed" and "exited" in rec.error  # its error recorded, not erased
@@ -297,14 +297,14 @@ def test_case5_promote_refuses_a_job_that_died_after_the_checks(k, fake_log, fak
 @pytest.mark.parametrize("point", ["promote.flipped", "promote.published"])
 def test_case6_a_crash_after_the_swap_leaves_the_states_right(k, fake_log, fake_jobs, point):
     v1 = running(k, fake_log)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = running(k, fake_log)
     with crashpoints.armed_at(point), pytest.raises(crashpoints.KappaCrashed):
-        promote(k, PIPELINE, v2, actor="bob", reason="crash")
+        promote(k.version(PIPELINE, v2), actor="bob", reason="crash")
     assert (states(k)[v1], states(k)[v2]) == ("standby", "serving")  # without any repair
     reconcile(k, actor="cron")
     assert resolve_alias(ALIAS, k.settings)["version"] == v2
-    assert promote(k, PIPELINE, v2, actor="bob", reason="retry").flipped is False
+    assert promote(k.version(PIPELINE, v2), actor="bob", reason="retry").flipped is False
 
 
 def test_case7_a_rollback_that_times_out_stops_the_job_it_restarted(k, fake_log, fake_jobs):
@@ -312,13 +312,13 @@ def test_case7_a_rollback_that_times_out_stops_the_job_it_restarted(k, fake_log,
     k.registry.set_state(PIPELINE, v1, "standby", expected="standby")
     from orchestrator.jobctl import stop_version
 
-    stop_version(k, PIPELINE, v1, actor="cron", expected_state="standby")
+    stop_version(k.version(PIPELINE, v1), actor="cron", expected_state="standby")
     Path(k.paths(PIPELINE, v1).checkpoint).mkdir(parents=True, exist_ok=True)
     fake_log.ends = {tp: end + 10**6 for tp, end in fake_log.ends.items()}  # the log grew: it lags
     with pytest.raises(NotReadyError, match="stopped before the flip"):
-        rollback(k, PIPELINE, actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=0.3)
+        rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=0.3)
     assert k.registry.get_alias(ALIAS).version == v2
-    assert not inspect_version(k, PIPELINE, v1).alive
+    assert not inspect_version(k.version(PIPELINE, v1)).alive
     assert states(k)[v1] == "stopped"
     assert [e.reason for e in k.registry.audit_log(PIPELINE, action="stop")][-1].startswith(
         f"rollback of alias '{ALIAS}' to v{v1} abandoned")
@@ -329,17 +329,17 @@ def test_case8_reconcile_does_not_kill_a_job_being_started(k, fake_log, fake_job
     k.registry.set_state(PIPELINE, v, "stopped")
     seen: list = []
     crashpoints.hook("start.launched", lambda: seen.append(reconcile(k, actor="monitor")))
-    res = start_version(k, PIPELINE, v, actor="rollback")
+    res = start_version(k.version(PIPELINE, v), actor="rollback")
     assert seen == [[]]                      # the lease kept reconcile off it
-    assert res.started and inspect_version(k, PIPELINE, v).alive
+    assert res.started and inspect_version(k.version(PIPELINE, v)).alive
     assert states(k)[v] == "starting"
 
 
 def test_case11_a_promote_that_lands_while_a_rollback_waits_is_not_undone(k, fake_log, fake_jobs):
     v1, v2 = serving_pair(k, fake_log)
-    plan = prepare_rollback(k, PIPELINE, actor="airflow:bob", reason="v2 is bad")
+    plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="airflow:bob", reason="v2 is bad")
     v3 = running(k, fake_log)
-    promote(k, PIPELINE, v3, actor="alice", reason="lands while the rollback waits")
+    promote(k.version(PIPELINE, v3), actor="alice", reason="lands while the rollback waits")
     with pytest.raises(ConflictError, match="lost the race"):
         finish_rollback(k, plan, actor="airflow:bob", poll_seconds=0.01, deadline_seconds=5)
     assert k.registry.get_alias(ALIAS).version == v3
@@ -358,7 +358,7 @@ def test_case11_the_airflow_rollback_task_expects_the_alias_where_prepare_found_
     v1, v2 = serving_pair(k, fake_log)
     prepared = tasks.prepare_rollback(PIPELINE, None, "v2 is bad", user="bob", run_id="manual__1")
     v3 = running(k, fake_log)
-    promote(k, PIPELINE, v3, actor="alice", reason="lands while the rollback waits")
+    promote(k.version(PIPELINE, v3), actor="alice", reason="lands while the rollback waits")
     with pytest.raises(ConflictError, match="lost the race"):
         tasks.rollback(prepared, "v2 is bad", deadline_at=time.time() + 5, user="bob", run_id="manual__1")
     assert k.registry.get_alias(ALIAS).version == v3
@@ -368,7 +368,7 @@ def test_case11_the_airflow_rollback_task_expects_the_alias_where_prepare_found_
 def test_case15_a_start_cut_off_before_the_launch_is_not_stuck(k, fake_log, fake_jobs, monkeypatch):
     v = allocate(k).version
     with crashpoints.armed_at("start.leased"), pytest.raises(crashpoints.KappaCrashed):
-        start_version(k, PIPELINE, v, actor="deployer")
+        start_version(k.version(PIPELINE, v), actor="deployer")
     rec = k.registry.get_version(PIPELINE, v)
     assert rec.state == "starting" and rec.lease_held()
     assert reconcile(k, actor="cron") == []          # its lease is fresh: someone may still be starting it
@@ -399,7 +399,7 @@ def test_a_flip_between_the_state_repair_s_alias_read_and_its_move_is_not_undone
         return real_get_version(pipeline, n)
 
     monkeypatch.setattr(reg, "get_version", rollback_lands_first)
-    set_serving_states(k, PIPELINE, v2, v1)
+    set_serving_states(k, k.pipeline(PIPELINE), v2, v1)
     assert flipped == [v1]
     states = {r.version: r.state for r in reg.list_versions(PIPELINE)}
     assert (states[v1], states[v2]) == ("serving", "standby"), states

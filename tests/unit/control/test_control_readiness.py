@@ -23,7 +23,7 @@ def test_hydrating_until_n_samples_a_micro_batch_apart(k, fake_log, monkeypatch)
     v = allocate(k).version
     k.registry.set_state(PIPELINE, v, "starting")
     fake_running(k, v)
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert (r.state, r.total_lag, r.consecutive_ok) == ("hydrating", 150, 0)
     assert k.registry.get_version(PIPELINE, v).state == "backfilling"   # the job runs: backfilling
     fake_log.read_all()
@@ -42,17 +42,17 @@ def test_samples_closer_than_a_micro_batch_or_a_trigger_interval_count_once(k, f
     fake_log.ends[(TOPIC, 0)] = fake_log.checkpoint[(TOPIC, 0)] = 100
     fake_log.ends[(TOPIC, 1)] += 3                         # 3 records behind, the threshold is 3
     k.settings = k.settings.model_copy(update={"readiness_window_seconds": 1e9})
-    rs = [readiness(k, PIPELINE, v, threshold=3) for _ in range(4)]   # no micro-batch commits meanwhile
+    rs = [readiness(k.version(PIPELINE, v), threshold=3) for _ in range(4)]   # no micro-batch commits meanwhile
     assert [r.consecutive_ok for r in rs] == [1, 1, 1, 1]
     assert rs[-1].reason == "1 of 3 samples a micro-batch apart with lag <= 3 records and <= 60 s behind"
     fake_log.read_all()                                   # nothing left to read: the trigger interval spaces
     rs = []
     for _ in range(3):
-        rs += [readiness(k, PIPELINE, v), readiness(k, PIPELINE, v)]
+        rs += [readiness(k.version(PIPELINE, v)), readiness(k.version(PIPELINE, v))]
         clock.now += 0.5
     assert [r.consecutive_ok for r in rs] == [1, 1, 1, 1, 2, 2]
     clock.now += 0.5
-    rs = [readiness(k, PIPELINE, v) for _ in range(2)] + samples_a_batch_apart(k, v, 3)
+    rs = [readiness(k.version(PIPELINE, v)) for _ in range(2)] + samples_a_batch_apart(k, v, 3)
     assert [(r.state, r.consecutive_ok) for r in rs] == [("ready", 3)] * 5   # never 4/3 or 6/3
     assert len(rs[-1].samples) == 3
 
@@ -104,7 +104,7 @@ def test_failed_job_is_failing_and_left_to_the_supervisor(k, fake_log):
     k.registry.set_state(PIPELINE, v, "backfilling")
     fake_running(k, v, state="failed", error="SinkError: disk full")
     fake_log.read_all()
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert r.state == "failing" and "disk full" in r.reason
     # readiness only says so: restarting the job or failing the version is the supervisor's decision
     rec = k.registry.get_version(PIPELINE, v)
@@ -115,7 +115,7 @@ def test_stale_heartbeat_is_failing(k, fake_log):
     v = allocate(k).version
     k.registry.set_state(PIPELINE, v, "backfilling")
     fake_running(k, v, heartbeat_age=120)
-    r = readiness(k, PIPELINE, v, record=False)
+    r = readiness(k.version(PIPELINE, v), record=False)
     assert r.state == "failing" and "heartbeat is 120 s old" in r.reason
 
 
@@ -123,7 +123,7 @@ def test_lagging_after_it_had_caught_up(k, fake_log):
     v = allocate(k).version
     k.registry.set_state(PIPELINE, v, "caught_up")
     fake_running(k, v)
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert r.state == "lagging" and r.total_lag == 150
 
 
@@ -131,7 +131,7 @@ def test_record_false_writes_nothing(k, fake_log):
     v = allocate(k).version
     k.registry.set_state(PIPELINE, v, "starting")
     fake_running(k, v)
-    readiness(k, PIPELINE, v, record=False)
+    readiness(k.version(PIPELINE, v), record=False)
     assert k.registry.lag_samples(PIPELINE, v) == []
     assert k.registry.get_version(PIPELINE, v).state == "starting"
 
@@ -142,7 +142,7 @@ def test_wait_ready_timeout_names_the_lagging_partitions(k, fake_log):
     fake_running(k, v)
     fake_log.read_all(1)  # partition 0 still 100 behind
     with pytest.raises(NotReadyError) as e:
-        wait_ready(k, PIPELINE, v, deadline_seconds=0.3, poll_seconds=0.1)
+        wait_ready(k.version(PIPELINE, v), deadline_seconds=0.3, poll_seconds=0.1)
     msg = str(e.value)
     assert f"{PIPELINE} v{v} is not ready after" in msg
     assert f"total lag 100 records, 2 s behind, partitions over the threshold 0: {TOPIC}:0=100;" in msg
@@ -159,7 +159,7 @@ def test_wait_ready_returns_once_ready_and_reports_each_sample(k, fake_log):
     def sampled(r):                     # the job commits a micro-batch between two samples
         seen.append(r)
         commit_batch(k, v)
-    r = wait_ready(k, PIPELINE, v, deadline_seconds=30, poll_seconds=0.01, on_sample=sampled)
+    r = wait_ready(k.version(PIPELINE, v), deadline_seconds=30, poll_seconds=0.01, on_sample=sampled)
     assert r.ready and [x.consecutive_ok for x in seen] == [1, 2, 3]
 
 
@@ -169,7 +169,7 @@ def test_wait_ready_fails_at_once_when_the_job_fails(k, fake_log):
     fake_running(k, v, state="failed", error="RulesError: bad rule")
     with pytest.raises(NotReadyError, match=rf"{PIPELINE} v{v} cannot become ready: the job reported "
                                             r"failure: RulesError: bad rule"):
-        wait_ready(k, PIPELINE, v, deadline_seconds=600, poll_seconds=5)
+        wait_ready(k.version(PIPELINE, v), deadline_seconds=600, poll_seconds=5)
 
 
 @pytest.mark.parametrize("lag", [5, 6])
@@ -207,7 +207,7 @@ def test_only_samples_since_the_jobs_current_start_count(k, fake_log):
     k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=started - 0.5, lag_seconds=0.0, batches=2)   # the previous run's
     k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=started + 0.5, lag_seconds=0.0, batches=3)   # this run's
     fake_log.read_all()
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert (r.state, r.consecutive_ok) == ("hydrating", 2)
     assert [s["at"] for s in r.samples][1:] == [started + 0.5]
     assert samples_a_batch_apart(k, v, 1)[0].state == "ready"
@@ -220,7 +220,7 @@ def test_wait_ready_deadline_and_poll_are_seconds(k, fake_log, monkeypatch):
     fake_log.read_all(1)  # partition 0 stays 100 behind
     clock = Clock().install(monkeypatch, await_ready)
     with pytest.raises(NotReadyError) as e:
-        wait_ready(k, PIPELINE, v, deadline_seconds=10, poll_seconds=2)
+        wait_ready(k.version(PIPELINE, v), deadline_seconds=10, poll_seconds=2)
     assert clock.slept == [2.0] * 5   # samples at 0, 2, 4, 6, 8 and 10 s; the next would pass the deadline
     assert str(e.value).startswith(f"{PIPELINE} v{v} is not ready after 10 s (hydrating): total lag 100 records, 2 s "
                                    f"behind")
@@ -233,10 +233,10 @@ def test_a_requested_stop_in_progress_is_not_failing_but_a_running_version_whose
     k.registry.set_state(PIPELINE, v, "caught_up")
     k.registry.set_state(PIPELINE, v, "stopped")          # request_stop marks the state first
     fake_running(k, v, state="stopping")                  # the job finishes its micro-batch meanwhile
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert (r.state, r.job_health) == ("lagging", "stopping")
     assert "stopping" in r.reason and "stop requested" in r.reason
     assert k.registry.get_version(PIPELINE, v).state == "stopped"
     k.registry.set_state(PIPELINE, v, "standby")
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert r.state == "failing" and "stopping" in r.reason

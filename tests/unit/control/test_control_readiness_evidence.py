@@ -32,7 +32,7 @@ def _restarted(k, fake_log, behind: int) -> int:
 
 def test_a_restarted_job_is_not_ready_before_it_commits_a_micro_batch(k, fake_log):
     v = _restarted(k, fake_log, behind=100)
-    rs = [readiness(k, PIPELINE, v, threshold=150) for _ in range(5)]   # lag 100, under the threshold 150
+    rs = [readiness(k.version(PIPELINE, v), threshold=150) for _ in range(5)]   # lag 100, under the threshold 150
     assert [(r.state, r.total_lag, r.job_health) for r in rs] == [("hydrating", 100, "running")] * 5
     assert rs[-1].reason.startswith("no micro-batch committed since its job started")
     assert rs[-1].consecutive_ok == 0 and rs[-1].batches == 0
@@ -41,7 +41,7 @@ def test_a_restarted_job_is_not_ready_before_it_commits_a_micro_batch(k, fake_lo
     fake_log.ends[(TOPIC, 0)] -= 50                       # (the records it committed; 50 arrived meanwhile)
     rs = []
     for _ in range(3):
-        rs.append(readiness(k, PIPELINE, v, threshold=150))
+        rs.append(readiness(k.version(PIPELINE, v), threshold=150))
         _commit(k, v)
     assert [(r.state, r.consecutive_ok) for r in rs] == [("hydrating", 1), ("hydrating", 2), ("ready", 3)]
     assert [s["batches"] for s in rs[-1].samples] == [3, 2, 1]
@@ -55,7 +55,7 @@ def test_a_growing_lag_is_not_caught_up_even_under_the_threshold(k, fake_log):
         _commit(k, v)
         fake_log.read_all()
         fake_log.ends[(TOPIC, 0)] += lag
-        rs.append(readiness(k, PIPELINE, v, threshold=1000))
+        rs.append(readiness(k.version(PIPELINE, v), threshold=1000))
     assert [(r.ready, r.consecutive_ok, r.growing) for r in rs] == [(False, 1, False), (False, 2, True),
                                                                       (False, 3, True)]
     assert rs[-1].reason == "lag grew across the last 3 samples (677 -> 799 records)"
@@ -63,7 +63,7 @@ def test_a_growing_lag_is_not_caught_up_even_under_the_threshold(k, fake_log):
         _commit(k, v)
         fake_log.read_all()
         fake_log.ends[(TOPIC, 0)] += lag
-        r = readiness(k, PIPELINE, v, threshold=1000)
+        r = readiness(k.version(PIPELINE, v), threshold=1000)
     assert (r.state, r.growing, [s["total"] for s in r.samples]) == ("ready", False, [650, 700, 799])
 
 
@@ -75,5 +75,5 @@ def test_a_live_tails_lag_moving_by_a_few_records_is_not_growing(k, fake_log):
         _commit(k, v)
         fake_log.read_all()
         fake_log.ends[(TOPIC, 0)] += lag
-        rs.append(readiness(k, PIPELINE, v, threshold=1000))
+        rs.append(readiness(k.version(PIPELINE, v), threshold=1000))
     assert [(r.ready, r.growing) for r in rs] == [(False, False), (False, False)] + [(True, False)] * 4

@@ -23,15 +23,15 @@ def test_samples_from_an_hour_ago_do_not_make_a_run(k, fake_log, monkeypatch):
     k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0, lag_seconds=0.0, batches=1)       # two samples at lag 0 ...
     k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0 + 1, lag_seconds=0.0, batches=2)
     clock = Clock(now=t0 + 3600).install(monkeypatch, lag_mod)      # ... an hour before this one
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert (r.state, r.consecutive_ok, r.reason) == (
         "hydrating", 1, "1 of 3 samples a micro-batch apart with lag <= 0 records and <= 60 s behind")
     assert [s["at"] for s in r.samples] == [t0 + 3600]
     assert k.registry.get_version(PIPELINE, v).state == "backfilling"
     clock.sleep(2)
-    assert readiness(k, PIPELINE, v).consecutive_ok == 2
+    assert readiness(k.version(PIPELINE, v)).consecutive_ok == 2
     clock.sleep(2)
-    r = readiness(k, PIPELINE, v)
+    r = readiness(k.version(PIPELINE, v))
     assert (r.state, r.consecutive_ok) == ("ready", 3)
     assert k.registry.get_version(PIPELINE, v).state == "caught_up"
 
@@ -44,6 +44,6 @@ def test_the_window_is_a_setting_and_its_edge_counts(k, fake_log, monkeypatch):
     k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0, lag_seconds=0.0)         # exactly 60 s before: in
     k.registry.add_lag_sample(PIPELINE, v, 0, {}, at=t0 + 30, lag_seconds=0.0)
     Clock(now=t0 + 60).install(monkeypatch, lag_mod)
-    r = readiness(k, PIPELINE, v, record=False)
+    r = readiness(k.version(PIPELINE, v), record=False)
     assert [s["at"] for s in r.samples] == [t0 + 60, t0 + 30, t0]
     assert (r.state, r.consecutive_ok) == ("ready", 3)

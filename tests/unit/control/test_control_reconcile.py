@@ -24,8 +24,8 @@ from orchestrator.serving import publish_current, read_pointer
 
 
 def _start(k, v) -> int:
-    pid = start_version(k, PIPELINE, v, actor="t").pid
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, f"the fake job of v{v} to run")
+    pid = start_version(k.version(PIPELINE, v), actor="t").pid
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", 15, f"the fake job of v{v} to run")
     return pid
 
 
@@ -33,7 +33,7 @@ def _stopped_on_its_own(k, v) -> None:
     """The job stops (its STOP file) while the registry is not told: what a crash of `kappa stop` leaves."""
     _start(k, v)
     k.paths(PIPELINE, v).stop_file.write_text("stop")
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "stopped", 15, f"the fake job of v{v} to stop")
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).health == "stopped", 15, f"the fake job of v{v} to stop")
 
 
 def _reconcile_entries(k):
@@ -49,14 +49,14 @@ def _serve(k, v):
 def test_a_crashed_job_is_restarted_from_its_checkpoint(k, fake_jobs):
     v = allocate(k).version
     fake_jobs[v] = "crash"
-    pid = start_version(k, PIPELINE, v, actor="t", check_exit_seconds=0).pid
+    pid = start_version(k.version(PIPELINE, v), actor="t", check_exit_seconds=0).pid
     k.registry.set_state(PIPELINE, v, "backfilling")
-    wait_for(lambda: not inspect_version(k, PIPELINE, v).alive, 10, "the fake job to crash")
+    wait_for(lambda: not inspect_version(k.version(PIPELINE, v)).alive, 10, "the fake job to crash")
     fake_jobs[v] = "normal"
     (action,) = reconcile(k, actor="cron")
     error = (f"the job process {pid} exited with code 3 (last state 'starting'); see {k.paths(PIPELINE, v).log_file}")
     assert (action["kind"], action["error"], action["state"], action["attempt"]) == ("restart", error, "backfilling", 1)
-    assert action["pid"] != pid and inspect_version(k, PIPELINE, v).alive
+    assert action["pid"] != pid and inspect_version(k.version(PIPELINE, v)).alive
     (entry,) = k.registry.audit_log(PIPELINE, action="restart")
     assert (entry.actor, entry.outcome) == ("cron", "ok")
     assert k.registry.get_version(PIPELINE, v).state == "starting"   # a restart goes through starting
@@ -102,7 +102,7 @@ def test_stop_orphan_job_stops_a_job_the_registry_says_is_not_running(k, fake_jo
                 "version": v}
     assert actions == [expected]
     assert not psutil.pid_exists(pid) and pid not in CHILDREN
-    assert inspect_version(k, PIPELINE, v).health == "stopped"
+    assert inspect_version(k.version(PIPELINE, v)).health == "stopped"
     after = k.registry.get_version(PIPELINE, v)
     assert (after.state, after.error, after.stopped_at) == (state, before.error, before.stopped_at)  # left as it was
     (stop,) = k.registry.audit_log(PIPELINE, action="stop")

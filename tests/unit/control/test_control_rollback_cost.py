@@ -27,8 +27,8 @@ NOON = 1_750_000_000.0          # 2025-06-15 15:06:40 UTC
 
 def _running(k, fake_log) -> int:
     v = allocate(k).version
-    start_version(k, PIPELINE, v, actor="t")
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, f"the fake job of v{v} to run")
+    start_version(k.version(PIPELINE, v), actor="t")
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", 15, f"the fake job of v{v} to run")
     k.registry.set_state(PIPELINE, v, "caught_up", expected="starting")
     fake_log.read_all()
     write_table(k.paths(PIPELINE, v).table, profiles(ROWS))
@@ -41,23 +41,23 @@ def _running(k, fake_log) -> int:
 def pair(k, fake_log, fake_jobs):
     """v2 serves, v1 is a running standby with a checkpoint."""
     v1 = _running(k, fake_log)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = _running(k, fake_log)
-    promote(k, PIPELINE, v2, actor="alice", reason="second")
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second")
     Path(k.paths(PIPELINE, v1).checkpoint).mkdir(parents=True, exist_ok=True)
     return v1, v2
 
 
 def _stop_standby(k, fake_log, v1: int) -> None:
     """The grace period is over: v1 is stopped, and the log grows by 1,240 records since its checkpoint."""
-    stop_version(k, PIPELINE, v1, actor="kappa-monitor", expected_state="standby",
+    stop_version(k.version(PIPELINE, v1), actor="kappa-monitor", expected_state="standby",
                  reason="standby grace period of 300 s is over [airflow kappa_monitor run scheduled__1]")
     fake_log.ends = {(TOPIC, 0): fake_log.ends[(TOPIC, 0)] + 1000, (TOPIC, 1): fake_log.ends[(TOPIC, 1)] + 240}
 
 
 def test_a_rollback_to_a_running_standby_says_the_flip_is_instant(k, fake_log, pair):
     v1, v2 = pair
-    plan = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad")
+    plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad")
     until = k.registry.get_version(PIPELINE, v1).details["standby_until"]
     assert plan.message.startswith(f"{PIPELINE} v{v1} still runs as a standby: the flip is instant (until ")
     assert plan.message.endswith(" UTC, when its grace period ends)")
@@ -68,10 +68,10 @@ def test_a_rollback_to_a_running_standby_says_the_flip_is_instant(k, fake_log, p
 
 def test_a_standby_past_its_grace_period_not_stopped_yet_says_so(k, fake_log, fake_jobs):
     v1 = _running(k, fake_log)
-    promote(k, PIPELINE, v1, actor="alice", reason="first")
+    promote(k.version(PIPELINE, v1), actor="alice", reason="first")
     v2 = _running(k, fake_log)
-    promote(k, PIPELINE, v2, actor="alice", reason="second", grace_seconds=0)
-    plan = prepare_rollback(k, PIPELINE, actor="bob")
+    promote(k.version(PIPELINE, v2), actor="alice", reason="second", grace_seconds=0)
+    plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob")
     assert re.fullmatch(rf"{PIPELINE} v{v1} still runs as a standby: the flip is instant \(its grace period ended at "
                         r"[0-9: -]+ UTC: the monitor stops it at its next pass\)", plan.message), plan.message
 
@@ -80,7 +80,7 @@ def test_a_rollback_to_a_stopped_version_says_it_restarts_it_and_how_far_behind_
     v1, v2 = pair
     _stop_standby(k, fake_log, v1)
     stop = k.registry.audit_log(PIPELINE, action="stop", version=v1)[-1]
-    plan = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad")
+    plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad")
     est = plan.estimate
     assert plan.restarted and est.restart
     assert est.records_behind == 1240 == sum(fake_log.ends.values()) - sum(fake_log.checkpoint.values())
@@ -98,9 +98,9 @@ def test_a_rollback_to_a_stopped_version_says_it_restarts_it_and_how_far_behind_
     assert flip.details["restart_seconds"] >= flip.details["waited_seconds"] > 0
 
     # forward to v2 again (v1 runs: instant), v1's grace period ends, and a second rollback knows the first's cost
-    assert rollback(k, PIPELINE, v2, actor="bob", reason="fixed", poll_seconds=0.01).flipped
+    assert rollback(k, k.pipeline(PIPELINE), v2, actor="bob", reason="fixed", poll_seconds=0.01).flipped
     _stop_standby(k, fake_log, v1)
-    again = prepare_rollback(k, PIPELINE, actor="bob", reason="v2 is bad again")
+    again = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad again")
     assert again.estimate.last_restart_seconds == flip.details["restart_seconds"]
     assert again.estimate.records_behind == 1240
     assert f"; the last such restart took {round(flip.details['restart_seconds'])} s. v{v2} serves until the flip." \
@@ -111,19 +111,19 @@ def test_a_restarted_target_not_caught_up_by_the_deadline_is_not_flipped_to_unle
     v1, v2 = pair
     _stop_standby(k, fake_log, v1)                             # 1,240 records behind; it does not catch up here
     with pytest.raises(NotReadyError) as e:
-        rollback(k, PIPELINE, actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=0.3)
+        rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=0.3)
     msg = str(e.value)
     assert msg.startswith(f"rollback of alias '{ALIAS}' to {PIPELINE} v{v1} stopped before the flip (v{v2} still "
                           f"serves): {PIPELINE} v{v1} is not ready after 0 s"), msg
     assert "total lag 1,240 records" in msg
     assert msg.endswith("Raise the deadline (--deadline, the form's catch-up deadline; it was 0 s), or flip anyway "
                         "with --force and a reason (audited).")
-    assert k.registry.get_alias(ALIAS).version == v2 and not inspect_version(k, PIPELINE, v1).alive
+    assert k.registry.get_alias(ALIAS).version == v2 and not inspect_version(k.version(PIPELINE, v1)).alive
     failed = k.registry.audit_log(PIPELINE, action="rollback")[-1]
     assert (failed.outcome, failed.details["readiness"]["lag"]) == ("failed", 1240)
     with pytest.raises(ConfigError, match=r"rollback of .* with --force needs a reason"):
-        rollback(k, PIPELINE, actor="bob", force=True)
-    res = rollback(k, PIPELINE, actor="bob", reason="v2 is worse", force=True, poll_seconds=0.01, deadline_seconds=0.3)
+        rollback(k, k.pipeline(PIPELINE), actor="bob", force=True)
+    res = rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is worse", force=True, poll_seconds=0.01, deadline_seconds=0.3)
     assert (res.flipped, res.forced, k.registry.get_alias(ALIAS).version) == (True, True, v1)
     assert res.message.startswith(f"rolled back alias '{ALIAS}' from v{v2} to v{v1} at the deadline although v{v1} had "
                                   f"not caught up (--force): {PIPELINE} v{v1}: "), res.message
@@ -136,7 +136,7 @@ def test_an_unknown_lag_is_said_to_be_unknown_not_zero(k, fake_log, pair):
     v1, v2 = pair
     _stop_standby(k, fake_log, v1)
     fake_log.down = True
-    plan = prepare_rollback(k, PIPELINE, actor="bob")
+    plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob")
     assert plan.estimate.records_behind is None and "cannot read log end offsets" in plan.estimate.lag_error
     assert "restarting it from its checkpoint, records to catch up unknown (cannot read log end offsets" in plan.message
 
@@ -145,10 +145,10 @@ def test_a_version_started_since_its_last_stop_is_not_said_to_be_stopped(k, fake
     """v1 stopped, started again, then its job died: the old stop does not explain why it is down."""
     v1, v2 = pair
     _stop_standby(k, fake_log, v1)
-    pid = start_version(k, PIPELINE, v1, actor="alice").pid
+    pid = start_version(k.version(PIPELINE, v1), actor="alice").pid
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not inspect_version(k, PIPELINE, v1).alive, 15, f"the job of v{v1} to die")
-    plan = prepare_rollback(k, PIPELINE, actor="bob")
+    wait_for(lambda: not inspect_version(k.version(PIPELINE, v1)).alive, 15, f"the job of v{v1} to die")
+    plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob")
     assert plan.estimate.stopped_at is None
     assert plan.message.startswith(f"{PIPELINE} v{v1} is not running (it is starting): restarting it from its "
                                    f"checkpoint, ")

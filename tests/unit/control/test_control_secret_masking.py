@@ -39,7 +39,7 @@ def _mode(path) -> int:
 @pytest.mark.parametrize("master", ["local[2]", "spark://127.0.0.1:7077"])
 def test_the_command_line_holds_a_path_not_the_secret(ks, master):
     v = allocate(ks).version
-    cmd, _ = launch.job_command(ks, PIPELINE, v, master=master)
+    cmd, _ = launch.job_command(ks.version(PIPELINE, v), master=master)
     assert not any(SECRET in a or "sasl" in a for a in cmd)      # was: --kafka-config {"sasl.password": ...}
     path = ks.paths(PIPELINE, v).version_dir / "kafka.json"
     assert cmd[cmd.index("--kafka-config-file") + 1] == str(path)
@@ -54,7 +54,7 @@ def test_no_kafka_config_means_no_file(k):
     stale = k.paths(PIPELINE, v).version_dir / "kafka.json"
     stale.parent.mkdir(parents=True)
     stale.write_text("{}")
-    cmd, _ = launch.job_command(k, PIPELINE, v)
+    cmd, _ = launch.job_command(k.version(PIPELINE, v))
     assert "--kafka-config-file" not in cmd and not stale.exists()
 
 
@@ -97,7 +97,7 @@ def test_a_failed_jobs_error_and_log_are_masked_in_status_registry_and_audit(ks)
     ks.registry.set_state(PIPELINE, v, "backfilling")
     fake_running(ks, v, state="failed", error=f"SourceError: SASL authentication failed ({SECRET})")
     ks.paths(PIPELINE, v).log_file.write_text(f"librdkafka config: sasl.password={SECRET}\n")
-    st = inspect_version(ks, PIPELINE, v)
+    st = inspect_version(ks.version(PIPELINE, v))
     assert st.failed and SECRET not in st.error and SECRET not in st.log_tail and "***" in st.log_tail
     assert mark_failed(ks, st, actor="tester")
     assert SECRET not in ks.registry.get_version(PIPELINE, v).error
@@ -117,7 +117,7 @@ class _SleepUntilTheChildExits:
 
 
 def test_a_job_that_exits_at_once_is_reported_without_its_secret(ks, monkeypatch):
-    def job_command(k, pipeline, version, **_):
+    def job_command(v, **_):
         return [sys.executable, "-c", f"print('connecting with sasl.password=' + {SECRET!r}); raise SystemExit(3)"], \
             "local"
 
@@ -125,7 +125,7 @@ def test_a_job_that_exits_at_once_is_reported_without_its_secret(ks, monkeypatch
     monkeypatch.setattr(launch, "time", _SleepUntilTheChildExits())
     v = allocate(ks).version
     with pytest.raises(LifecycleError) as e:
-        launch.start_version(ks, PIPELINE, v, actor="tester")
+        launch.start_version(ks.version(PIPELINE, v), actor="tester")
     assert "exited at once with code 3" in str(e.value) and "sasl.password=***" in str(e.value)
     assert SECRET not in str(e.value)
     assert SECRET not in json.dumps([a.model_dump(mode="json") for a in ks.registry.audit_log(PIPELINE)])

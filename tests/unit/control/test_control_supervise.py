@@ -37,21 +37,21 @@ def spec():
 
 
 def start(k, v: int, **kw) -> int:
-    pid = start_version(k, PIPELINE, v, actor="operator", reason="test start", **kw).pid
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, f"the fake job of v{v} to run")
+    pid = start_version(k.version(PIPELINE, v), actor="operator", reason="test start", **kw).pid
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", 15, f"the fake job of v{v} to run")
     return pid
 
 
 def kill(k, v: int) -> None:
     """kill -9 of the job's process group, as an operator or the OOM killer would."""
-    pid = inspect_version(k, PIPELINE, v).pid
+    pid = inspect_version(k.version(PIPELINE, v)).pid
     os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: inspect_version(k, PIPELINE, v).failed, 15, f"v{v}'s job to count as dead")
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).failed, 15, f"v{v}'s job to count as dead")
 
 
 def decide(k, v: int, now: float | None = None) -> dict | None:
-    return supervise_version(k, k.pipeline(PIPELINE), k.registry.get_version(PIPELINE, v),
-                             inspect_version(k, PIPELINE, v), actor="supervisor", now=now)
+    ref = k.version(PIPELINE, v)
+    return supervise_version(ref, inspect_version(ref), actor="supervisor", now=now)
 
 
 def restarts(k, v: int) -> list:
@@ -65,7 +65,7 @@ def test_a_killed_job_is_restarted_at_once_and_the_restart_audited(k, fake_jobs)
     d = decide(k, v)
     assert (d["kind"], d["attempt"], d["failure"]) == ("restart", 1, "died"), d
     assert d["pid"] != old and "exited" in d["error"]
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, "the restarted job to run")
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", 15, "the restarted job to run")
     [entry] = restarts(k, v)
     assert (entry.outcome, entry.actor, entry.details["attempt"], entry.details["pid"]) == ("ok", "supervisor", 1,
                                                                                            d["pid"])
@@ -85,7 +85,7 @@ def test_backoff_between_restarts_is_respected_to_the_second(k, fake_jobs):
     pending = decide(k, v, now=first + BACKOFF - 1)
     assert pending["kind"] == "restart_pending" and pending["in_seconds"] == pytest.approx(1.0, abs=0.01)
     assert pending["attempt"] == 2 and len(restarts(k, v)) == 1
-    assert not inspect_version(k, PIPELINE, v).alive  # nothing was started meanwhile
+    assert not inspect_version(k.version(PIPELINE, v)).alive  # nothing was started meanwhile
     d = decide(k, v, now=first + BACKOFF)
     assert (d["kind"], d["attempt"]) == ("restart", 2)
     assert sup.backoff_seconds(k.pipeline(PIPELINE), 2) == 45.0  # doubled (60), capped at the max
@@ -160,14 +160,14 @@ def test_a_reported_failure_is_restarted_unless_a_restart_would_repeat_it(k, fak
     assert d["kind"] == "gave_up" and f"its job reported a {kind}, which a restart would repeat" in d["error"]
     assert k.registry.get_version(PIPELINE, v).state == "failed"
     assert [e.outcome for e in restarts(k, v)] == ["gave_up"]
-    assert not inspect_version(k, PIPELINE, v).alive
+    assert not inspect_version(k.version(PIPELINE, v)).alive
 
 
 def test_a_job_that_reports_bad_rules_is_not_restarted_in_a_loop(k, fake_jobs):
     v = allocate(k).version
     fake_jobs[v] = "fail"      # reports state failed with "RulesError: bad rule", exit 1
-    start_version(k, PIPELINE, v, actor="operator", check_exit_seconds=0)
-    wait_for(lambda: inspect_version(k, PIPELINE, v).failed, 15, "the job to report its failure")
+    start_version(k.version(PIPELINE, v), actor="operator", check_exit_seconds=0)
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).failed, 15, "the job to report its failure")
     assert decide(k, v)["kind"] == "gave_up"
     assert [e.action for e in k.registry.audit_log(PIPELINE, limit=None, version=v)
             if e.action in ("start", sup.ACTION)] == ["start", sup.ACTION]
@@ -179,7 +179,7 @@ def test_a_hung_job_is_stopped_then_restarted(k, fake_jobs):
     old = start(k, v)
     status = k.paths(PIPELINE, v).status_file
     status.write_text(json.dumps({**json.loads(status.read_text()), "heartbeat_at": time.time() - 3600}))
-    st = inspect_version(k, PIPELINE, v)
+    st = inspect_version(k.version(PIPELINE, v))
     assert st.alive and st.failed
     fake_jobs[v] = "normal"
     d = decide(k, v)
@@ -229,7 +229,7 @@ def test_a_version_being_started_by_someone_else_is_left_alone(k, fake_jobs, mon
 def _serving(k, v: int) -> None:
     k.registry.set_state(PIPELINE, v, "caught_up")
     k.registry.flip_alias(ALIAS, PIPELINE, expected_version=None, new_version=v, actor="t", reason="r")
-    set_serving_states(k, PIPELINE, v, None)
+    set_serving_states(k, k.pipeline(PIPELINE), v, None)
     publish_current(k, ALIAS)
     assert k.registry.get_version(PIPELINE, v).state == "serving"
 
@@ -243,7 +243,7 @@ def test_the_serving_version_is_restarted_and_past_the_bound_keeps_serving_and_t
     kill(k, v)
     d = decide(k, v)
     assert d["kind"] == "restart" and k.registry.get_version(PIPELINE, v).state == "serving"
-    wait_for(lambda: inspect_version(k, PIPELINE, v).health == "running", 15, "the serving job to run again")
+    wait_for(lambda: inspect_version(k.version(PIPELINE, v)).health == "running", 15, "the serving job to run again")
     t0 = time.time()
     for attempt in range(BOUND - 1):
         kill(k, v)
@@ -270,7 +270,7 @@ def test_a_monitor_pass_restarts_a_dead_serving_job(k, fake_jobs, fake_log):
     kill(k, v)
     report = monitor(k, actor="cron")
     assert [a["kind"] for a in report.reconciled if a.get("version") == v] == ["restart"]
-    assert inspect_version(k, PIPELINE, v).alive and restarts(k, v)[-1].outcome == "ok"
+    assert inspect_version(k.version(PIPELINE, v)).alive and restarts(k, v)[-1].outcome == "ok"
 
 
 def test_a_monitor_pass_that_gives_up_fails_the_version_and_raises_naming_it(k, fake_jobs, fake_log):

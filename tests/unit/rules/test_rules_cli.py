@@ -46,7 +46,7 @@ def test_preview_json_is_the_verbs_result(k, run):
     res = run("rules", "preview", PIPELINE, "--rules", "v1", "--json", "--top", "1")
     assert res.exit_code == 0, res.stderr
     got = json.loads(res.stdout)
-    want = preview_rules(k, PIPELINE, "v1", top=1).model_dump(mode="json")
+    want = preview_rules(k, k.pipeline(PIPELINE), "v1", top=1).model_dump(mode="json")
     for volatile in ("generated_at", "seconds"):
         got.pop(volatile), want.pop(volatile)
     assert got == want and got["rows_changed"] == 0 and got["serving_rules_hash"] == got["rules_hash"]
@@ -105,7 +105,7 @@ def test_check_gives_the_error_deploy_gives(k, run, rules_dir):
     bad = rules_dir / "titles" / "v3.toml"
     bad.write_text(BAD)
     with pytest.raises(RulesError) as deploy_error:
-        check_request(k, PIPELINE, "v3")
+        check_request(k, k.pipeline(PIPELINE), "v3")
     line = one_error_line(run("rules", "check", str(bad)))
     assert line == error_line(deploy_error.value)
     assert line == (f"Error: rules file {bad}: titles.aliases[\"Senior Software Engineer\"][0] (line 4): spelling "
@@ -158,7 +158,7 @@ def _deploy(home, rules_version: str) -> int:
     from orchestrator.lifecycle.deploy import deploy
 
     with Kappa(resolve_settings(home=str(home), env={})) as kk:
-        return deploy(kk, PIPELINE, rules_version, actor="alice", reason="r", start=False, queue=True).version
+        return deploy(kk, kk.pipeline(PIPELINE), rules_version, actor="alice", reason="r", start=False, queue=True).version
 
 
 def test_rules_diff_prints_what_changed_between_two_deployed_versions(run, team, home):

@@ -35,7 +35,7 @@ TITLE_CHANGES = [
 def test_preview_reports_what_the_new_rules_would_change_and_writes_nothing(k):
     pointer = serve(k, standardized(ROWS, "v1"))
     table = k.paths(PIPELINE, 1).table
-    p = preview_rules(k, PIPELINE, "v2")
+    p = preview_rules(k, k.pipeline(PIPELINE), "v2")
     assert (p.pipeline, p.alias, p.rules_version, p.serving_version, p.serving_rules_version) == \
         (PIPELINE, ALIAS, "v2", 1, "v1")
     assert (p.table, p.delta_version, p.published_at) == (str(table), 0, pointer["published_at"])
@@ -57,7 +57,7 @@ def test_preview_counts_what_the_validation_report_of_the_rebuilt_version_counts
     rows = ROWS + [(f"x{i}", t, c) for i, (t, c) in enumerate(
         [("sr swe", "wayne ent"), ("Software Dev", "ACME Corp"), ("ingénieur logiciel", None), ("cto", "stark")] * 3)]
     serve(k, standardized(rows, "v1"))
-    p = preview_rules(k, PIPELINE, "v2", top=3)
+    p = preview_rules(k, k.pipeline(PIPELINE), "v2", top=3)
     report = compare_tables(standardized(rows, "v2"), standardized(rows, "v1"), ["member_id"], top=3)
     assert p.rows_changed == report["rows_changed"] > 0
     assert p.changed_by_column == report["changed_by_column"]
@@ -66,7 +66,7 @@ def test_preview_counts_what_the_validation_report_of_the_rebuilt_version_counts
 
 def test_the_served_rules_change_nothing(k):
     serve(k, standardized(ROWS, "v2"), rules_version="v2")
-    p = preview_rules(k, PIPELINE, "v2")
+    p = preview_rules(k, k.pipeline(PIPELINE), "v2")
     assert (p.rows_changed, p.top_changes, p.same_rules) == (0, {}, True)
     assert p.changed_by_column == {"title": 0, "company": 0}
 
@@ -74,7 +74,7 @@ def test_the_served_rules_change_nothing(k):
 def test_preview_follows_the_alias_to_the_version_it_serves_now(k):
     serve(k, standardized(ROWS, "v1"))
     serve(k, standardized(ROWS, "v2"), rules_version="v2")
-    p = preview_rules(k, PIPELINE, "v1")
+    p = preview_rules(k, k.pipeline(PIPELINE), "v1")
     assert (p.serving_version, p.serving_rules_version) == (2, "v2")
     assert p.changed_by_column == {"title": 4, "company": 1}
     assert p.top_changes["company"] == [{"old": "Wayne Enterprises", "new": "Wayne Ent.", "count": 1}]
@@ -82,26 +82,26 @@ def test_preview_follows_the_alias_to_the_version_it_serves_now(k):
 
 def test_unknown_pipeline_nothing_served_and_bad_rules_versions_are_refused(k):
     with pytest.raises(NotFoundError, match=r"^unknown pipeline 'nope': the pipelines declared in "):
-        preview_rules(k, "nope", "v2")
+        preview_rules(k, k.pipeline("nope"), "v2")
     with pytest.raises(NotFoundError) as e:
-        preview_rules(k, PIPELINE, "v2")
+        preview_rules(k, k.pipeline(PIPELINE), "v2")
     assert str(e.value) == (
         f"pipeline '{PIPELINE}' serves nothing yet (alias '{ALIAS}' is not published), so there is no table to "
         f"preview rules v2 on; deploy and promote a first version (`kappa deploy {PIPELINE} --rules v2 --wait`, "
         f"then `kappa promote {PIPELINE}`)")
     serve(k, standardized(ROWS, "v1"))
     with pytest.raises(RulesError, match=r"^no rules file .*/titles/v9\.toml: ruleset 'titles' has versions v1, v2; "):
-        preview_rules(k, PIPELINE, "v9")
+        preview_rules(k, k.pipeline(PIPELINE), "v9")
     with pytest.raises(RulesError, match=r"^invalid rules version '\.\./v1'"):
-        preview_rules(k, PIPELINE, "../v1")
+        preview_rules(k, k.pipeline(PIPELINE), "../v1")
     with pytest.raises(ConfigError, match=r"^pipeline 'pageviews_hourly' \(job 'pageviews_hourly'\) takes no rules"):
-        preview_rules(k, "pageviews_hourly", "v2")
+        preview_rules(k, k.pipeline("pageviews_hourly"), "v2")
 
 
 def test_a_served_table_without_raw_columns_is_refused_by_name(k):
     serve(k, standardized(ROWS, "v1").drop_columns(["title_raw", "company_raw"]))
     with pytest.raises(SinkError) as e:
-        preview_rules(k, PIPELINE, "v2")
+        preview_rules(k, k.pipeline(PIPELINE), "v2")
     assert str(e.value) == (
         f"the table {k.paths(PIPELINE, 1).table} that alias '{ALIAS}' serves ({PIPELINE} v1) keeps no raw column "
         f"beside its derived one (title_raw and title, company_raw and company); a rules preview needs the raw "

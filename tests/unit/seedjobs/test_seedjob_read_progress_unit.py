@@ -124,7 +124,7 @@ def fake_kappa(threshold: int, max_seconds: float = 60.0, override=None):
     (0, 60.0, None, (1, 61.0)), (1000, 30.0, None, (1001, 31.0)), (0, 60.0, 500, (501, 61.0)),
 ])
 def test_uncommitted_limits_sit_just_over_the_catch_up_rule(threshold, max_seconds, override, limits):
-    assert uncommitted_limits(fake_kappa(threshold, max_seconds, override), "p", 1) == limits
+    assert uncommitted_limits(fake_kappa(threshold, max_seconds, override).version("p", 1)) == limits
 
 
 def test_a_fully_read_uncommitted_backfill_is_floored_over_the_rule():
