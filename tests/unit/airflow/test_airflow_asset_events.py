@@ -135,10 +135,10 @@ def test_an_automatic_rollback_is_an_event_on_the_alias_asset_and_fails_the_moni
     k.registry.flip_alias("std_a_served", "std_a", expected_version=1, new_version=2, actor="ops", reason="promote")
     cause = "v2: lag 42.0 s over the limit 5 s (watch_max_lag_seconds) for 3 samples in a row"
 
-    def the_watch_rolls_back(kk, pipeline, *, actor):   # what watch_pass does on the real stack
+    def the_watch_rolls_back(kk, spec, *, actor):   # what watch_pass does on the real stack
         kk.registry.flip_alias("std_a_served", "std_a", expected_version=2, new_version=1, actor="kappa-watch",
                                reason=f"automatic rollback: {cause}")
-        return [{"kind": "rolled_back", "pipeline": pipeline, "version": 2, "to_version": 1, "cause": cause,
+        return [{"kind": "rolled_back", "pipeline": spec.name, "version": 2, "to_version": 1, "cause": cause,
                  "degraded": "stopped"}]
 
     monkeypatch.setattr(tasks, "_kappa", lambda: nullcontext(k))

@@ -158,6 +158,16 @@ REPORT = {"pipeline": "std_a", "version": 4, "serving_version": 3, "rules_versio
           "checks": [], "problems": []}
 
 
+
+def _versions(n: int) -> None:
+    """Versions 1..n of std_a in the registry: the tasks resolve the version they act on first."""
+    from orchestrator.context import Kappa
+
+    with Kappa() as k:
+        for _ in range(n):
+            k.registry.allocate_version("std_a", rules_version="v1", rules_hash=None, code_ref="test",
+                                        paths=lambda m: k.paths("std_a", m), actor="t", reason="r", queue=True)
+
 def test_the_report_task_logs_whole_lines_and_its_note_sums_up_and_links_to_it(kappa_env, monkeypatch, caplog):
     """Issue 30, items 5-7: the log broke sentences mid-line ("(input skew, not / counted)") and printed the keys
     only one version holds twice; the note said "4,846 keys (v1: 4,875, 0.00 % off)" without the 29 keys left
@@ -180,7 +190,8 @@ def test_the_report_task_logs_whole_lines_and_its_note_sums_up_and_links_to_it(k
 
     set_notes = []
     monkeypatch.setenv(tasks.BASE_URL_ENV, "http://127.0.0.1:8080")
-    monkeypatch.setattr(report_mod, "validation_report", lambda k, p, v: Rep())
+    monkeypatch.setattr(report_mod, "validation_report", lambda v: Rep())
+    _versions(4)
     monkeypatch.setattr(notes, "set_run_note", lambda head, body=(), **kw: set_notes.append((head, list(body))))
     with caplog.at_level(logging.INFO, logger="kappa.airflow"):
         tasks.report("std_a", 4, dag_id="kappa_reprocess", run_id="manual__1")
@@ -222,7 +233,9 @@ def test_an_auto_promote_refused_because_the_version_fell_behind_waits_and_promo
         raise AssertionError("the task calls the verb under its own refusal policy")
     wrapper.__wrapped__ = verb
     monkeypatch.setattr(tasks, "promote", wrapper)
-    monkeypatch.setattr(await_ready, "wait_ready", lambda k, p, v, **kw: waits.append((p, v, kw["deadline_seconds"])))
+    monkeypatch.setattr(await_ready, "wait_ready", lambda v, **kw: waits.append((v.pipeline, v.version,
+                                                                                kw["deadline_seconds"])))
+    _versions(4)
     assert tasks.promote_if_asked("std_a", 4, True, "why", user="alice", run_id="r") == {"flipped": True}
     assert calls == [4, 4] and waits == [("std_a", 4, tasks.READY_AGAIN_SECONDS)]
 

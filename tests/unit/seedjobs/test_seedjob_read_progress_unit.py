@@ -114,30 +114,31 @@ def test_a_committed_checkpoint_wins_over_read_progress():
     assert (r.source, r.pending_commit, r.total) == ("checkpoint", False, 30)
 
 
-def fake_kappa(threshold: int, max_seconds: float = 60.0, override=None):
+def fake_version(threshold: int, max_seconds: float = 60.0, override=None):
+    """What the limits read of a `VersionRef`: the spec's catch-up limits and the deploy's override."""
     spec = SimpleNamespace(catchup_threshold=threshold, catchup_seconds=max_seconds)
     rec = SimpleNamespace(details={} if override is None else {"threshold": override})
-    return SimpleNamespace(pipeline=lambda name: spec, registry=SimpleNamespace(get_version=lambda p, v: rec))
+    return SimpleNamespace(spec=spec, record=rec)
 
 
 @pytest.mark.parametrize("threshold, max_seconds, override, limits", [
     (0, 60.0, None, (1, 61.0)), (1000, 30.0, None, (1001, 31.0)), (0, 60.0, 500, (501, 61.0)),
 ])
 def test_uncommitted_limits_sit_just_over_the_catch_up_rule(threshold, max_seconds, override, limits):
-    assert uncommitted_limits(fake_kappa(threshold, max_seconds, override).version("p", 1)) == limits
+    assert uncommitted_limits(fake_version(threshold, max_seconds, override)) == limits
 
 
 def test_a_fully_read_uncommitted_backfill_is_floored_over_the_rule():
     done = {(T, 0): ReadPosition(next_offset=130, unread=0, end=130), (T, 1): ReadPosition(40, 0, 40)}
     r = lag_from_offsets("p", 1, LOGS, None, None, at=1.0, reading=done).model_copy(update={"lag_seconds": 0.0})
     assert r.total == 0
-    floored = pending_floor(fake_kappa(1000, 30.0), r)
+    floored = pending_floor(fake_version(1000, 30.0), r)
     assert (floored.total, floored.lag_seconds, floored.partitions) == (1001, 31.0, r.partitions)
     assert floored.floored and floored.unread == 0
     assert fmt_lag(floored.total, floored=floored.floored, unread=floored.unread) == \
         "≥ 1,001 (first batch not yet committed; 0 left to read)"
     partly = lag_from_offsets("p", 1, LOGS, None, None, at=1.0, reading={(T, 0): ReadPosition(0, 130, 130)})
-    over = pending_floor(fake_kappa(0), partly)
+    over = pending_floor(fake_version(0), partly)
     assert (over.total, over.floored) == (170, False)              # over the floor: the real figure
 
 
