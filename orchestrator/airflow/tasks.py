@@ -31,7 +31,7 @@ from orchestrator.context import Kappa
 from orchestrator.core.states import VersionState
 from orchestrator.lifecycle.await_ready import Readiness
 
-__all__ = ["refusals_are_final", "actor_for", "run_tag", "tagged_reason",
+__all__ = ["refusals_are_final", "task_kappa", "actor_for", "run_tag", "tagged_reason",
            "validate_reprocess", "preview_rules", "start_reprocess", "poke_ready", "report", "promote_if_asked",
            "check_promote", "promote", "stop_previous",
            "prepare_rollback", "poke_rollback_ready", "rollback"]
@@ -82,8 +82,10 @@ def tagged_reason(reason: str | None, dag_id: str, run_id: str, default: str) ->
     return f"{text} {run_tag(dag_id, run_id)}"
 
 
-def _kappa() -> Kappa:
-    """Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*), the
+def task_kappa() -> Kappa:
+    """The `Kappa` a task body runs with (`with task_kappa() as k:`; `monitor_tasks` uses it too).
+
+    Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*), the
     Variable `kappa_settings` over it and the Kafka settings of the Airflow connection
     `kafka_default` over both, when they are defined (`settings_var`, `kafka_conn`)."""
     from orchestrator.airflow.settings_var import airflow_settings
@@ -147,7 +149,7 @@ def validate_reprocess(pipeline: str, rules_version: str | None = None, threshol
     """
     from orchestrator.lifecycle.deploy import check_request
 
-    with _kappa() as k:
+    with task_kappa() as k:
         plan = check_request(k, pipeline, rules_version, threshold=threshold)
         busy = _in_flight_elsewhere(k, pipeline, dag_id, run_id, actor_for(user))
         if busy is not None:
@@ -175,7 +177,7 @@ def preview_rules(pipeline: str, rules_version: str | None) -> dict[str, Any]:
         log.info("pipeline %s takes no rules: nothing to preview", pipeline)
         return {"previewed": False, "reason": f"pipeline {pipeline!r} takes no rules"}
     try:
-        with _kappa() as k:
+        with task_kappa() as k:
             p = preview_verb(k, pipeline, rules_version)
     except KappaError as e:
         log.warning("no rules preview (the reprocess goes on): %s", e)
@@ -194,7 +196,7 @@ def start_reprocess(pipeline: str, rules_version: str | None = None, threshold: 
     from orchestrator.lifecycle.deploy import deploy
 
     actor = actor_for(user)
-    with _kappa() as k:
+    with task_kappa() as k:
         mine = _run_version(k, pipeline, dag_id, run_id)
         if mine is not None and mine.state in (VersionState.SERVING, VersionState.STANDBY):
             log.info("this run already deployed %s v%s, now %s: nothing to start", pipeline, mine.version, mine.state)
@@ -222,7 +224,7 @@ def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | N
     """
     from orchestrator.lifecycle.await_ready import ENDED, failing_error, readiness
 
-    with _kappa() as k:
+    with task_kappa() as k:
         r = readiness(k, pipeline, version, record=True, actor=actor_for(user))
         log.info("%s", _lag_line(r))
         if on_sample is not None:
@@ -273,7 +275,7 @@ def report(pipeline: str, version: int, *, dag_id: str = "kappa_reprocess", run_
     from orchestrator.lifecycle.report import validation_report
     from orchestrator.observe.render import render_report
 
-    with _kappa() as k:
+    with task_kappa() as k:
         rep = validation_report(k, pipeline, version)
     d = rep.model_dump(mode="json")
     for line in _text(render_report, d):
@@ -334,7 +336,7 @@ def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: st
             log.warning("the promote was refused: %s v%s fell behind again since the sensor found it ready (%s); "
                         "waiting until it has caught up again (attempt %d of %d)", pipeline, version, e, attempt,
                         READY_AGAIN_TRIES)
-            with _kappa() as k:
+            with task_kappa() as k:
                 wait_ready(k, pipeline, version, deadline_seconds=READY_AGAIN_SECONDS, poll_seconds=2.0,
                            actor=actor_for(user))
     raise AssertionError("unreachable")
@@ -360,7 +362,7 @@ def check_promote(pipeline: str, version: int | None = None, reason: str | None 
     from orchestrator.lifecycle.promote import promote as promote_verb
 
     _override(pipeline, reason, force)
-    with _kappa() as k:
+    with task_kappa() as k:
         res = promote_verb(k, pipeline, version, actor=actor_for(user), dry_run=True, force=force,
                            allow_schema_change=allow_schema_change,
                            reason=tagged_reason(reason, dag_id, run_id, f"promote requested in Airflow by {user}"))
@@ -398,7 +400,7 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
     from orchestrator.airflow.assets import announce_flip
     from orchestrator.lifecycle.promote import promote as promote_verb
 
-    with _kappa() as k:
+    with task_kappa() as k:
         _override(pipeline, reason, force)
         res = promote_verb(k, pipeline, version, actor=actor_for(user), force=force,
                            allow_schema_change=allow_schema_change, grace_seconds=grace_seconds,
@@ -440,7 +442,7 @@ def stop_previous(pipeline: str, promoted: dict[str, Any] | None, *, user: str |
     if not promoted or previous is None or previous == version:
         log.info("no previous version to stop")
         return {"stopped": None}
-    with _kappa() as k:
+    with task_kappa() as k:
         standby = _standby(k, pipeline, previous)
         alias = k.registry.get_alias(k.pipeline(pipeline).alias)
         if standby is None or (alias is not None and alias.version == previous):
@@ -473,7 +475,7 @@ def prepare_rollback(pipeline: str, to_version: int | None = None, reason: str |
     from orchestrator.airflow import notes
     from orchestrator.lifecycle.rollback import prepare_rollback as prepare_verb
 
-    with _kappa() as k:
+    with task_kappa() as k:
         plan = prepare_verb(k, pipeline, to_version, actor=actor_for(user),
                             reason=_rollback_reason(reason, user, dag_id, run_id))
     log.info("%s", plan.message)
@@ -523,7 +525,7 @@ def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at
     from orchestrator.lifecycle.rollback import RollbackPlan, finish_rollback
 
     plan = RollbackPlan.model_validate(prepared)
-    with _kappa() as k:
+    with task_kappa() as k:
         res = finish_rollback(k, plan, actor=actor_for(user), deadline_seconds=max(0.0, deadline_at - time.time()),
                               reason=_rollback_reason(reason, user, dag_id, run_id), force=force)
         log.info("%s", res.message)
