@@ -17,9 +17,10 @@ import sqlalchemy as sa
 
 from orchestrator.core.exceptions import ConflictError
 from orchestrator.core.states import VersionState
+from orchestrator.core.times import utc_clock
 from orchestrator.registry.records import VersionRecord
 from orchestrator.registry.schema import aliases, versions
-from orchestrator.registry.values import _actor, _check_state, _iso, field_values
+from orchestrator.registry.values import _actor, _check_state, field_values
 
 __all__ = ["LeaseOps"]
 
@@ -66,7 +67,7 @@ class LeaseOps:
             if rec.lease_held(now) and rec.lease_owner != owner:
                 raise ConflictError(
                     f"{pipeline} v{n}'s job is being started or stopped by {rec.lease_owner} (lease until "
-                    f"{_iso(rec.lease_expires)}); nothing was done. Retry after that, or check kappa status {pipeline}")
+                    f"{utc_clock(rec.lease_expires)}); nothing was done. Retry after that, or check kappa status {pipeline}")
             raise ConflictError(
                 f"{pipeline} v{n} is {rec.state}, not {' or '.join(expected_states)} as expected: another operation "
                 f"changed it since it was read; nothing was changed. Re-read it (kappa status {pipeline}) and retry "

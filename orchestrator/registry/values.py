@@ -9,6 +9,7 @@ from typing import Any
 from orchestrator.core.exceptions import RegistryError
 from orchestrator.core.states import ALL as ALL_STATES
 from orchestrator.core.states import VersionState
+from orchestrator.core.times import utc_clock
 
 #: What `set_state` may change besides the state.
 SET_STATE_FIELDS = ("pid", "run_dir", "rejects_path", "error", "started_at", "stopped_at", "caught_up_at",
@@ -49,12 +50,6 @@ def _ts(value: Any, what: str) -> float:
     raise RegistryError(f"{what} must be unix seconds or a datetime, got {value!r}")
 
 
-def _iso(ts: float | None) -> str:
-    if ts is None:
-        return "?"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def _json(value: Any, what: str) -> Any:
     """Round-trip through JSON so the database gets plain data (datetimes and paths become text)."""
     if value is None:
@@ -89,5 +84,5 @@ def _render(value: Any, n: int, what: str) -> str | None:
 
 
 def _by(actor: str | None, reason: str | None, at: float | None) -> str:
-    text = f"by {actor or '?'} at {_iso(at)}"
+    text = f"by {actor or '?'} at {utc_clock(at)}"
     return f"{text} (reason: {reason!r})" if reason else text
