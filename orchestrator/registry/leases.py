@@ -20,7 +20,7 @@ from orchestrator.core.states import VersionState
 from orchestrator.core.times import utc_clock
 from orchestrator.registry.records import VersionRecord
 from orchestrator.registry.schema import aliases, versions
-from orchestrator.registry.values import _actor, _check_state, field_values
+from orchestrator.registry.values import check_actor, check_state, field_values
 
 __all__ = ["LeaseOps"]
 
@@ -41,12 +41,12 @@ class LeaseOps:
         takes it) is recorded in the same transaction. ConflictError otherwise, naming the holder.
         The returned record carries the new `lease_epoch`.
         """
-        expected_states = tuple(_check_state(st, "expected state") for st in expected)
+        expected_states = tuple(check_state(st, "expected state") for st in expected)
         now = time.time()
-        values: dict[str, Any] = {"lease_owner": _actor(owner), "lease_expires": now + ttl, "updated_at": now,
+        values: dict[str, Any] = {"lease_owner": check_actor(owner), "lease_expires": now + ttl, "updated_at": now,
                                   "lease_epoch": sa.func.coalesce(versions.c.lease_epoch, 0) + 1}
         if to_state is not None:
-            values["state"] = _check_state(to_state)
+            values["state"] = check_state(to_state)
             if to_state == S.STARTING:
                 values["started_at"] = now
         values.update(field_values(fields))
@@ -84,12 +84,12 @@ class LeaseOps:
         now = time.time()
         values: dict[str, Any] = {"lease_owner": None, "lease_expires": None, "updated_at": now}
         if to_state is not None:
-            values["state"] = _check_state(to_state)
+            values["state"] = check_state(to_state)
         values.update(field_values(fields))
         where = [versions.c.pipeline == pipeline, versions.c.version == n, versions.c.lease_owner == owner,
                  versions.c.lease_epoch == epoch]
         if expected is not None:
-            where.append(versions.c.state.in_(tuple(_check_state(st, "expected state") for st in expected)))
+            where.append(versions.c.state.in_(tuple(check_state(st, "expected state") for st in expected)))
         with self._tx(f"releasing the lease of {pipeline} v{n}", write=True) as conn:
             count = conn.execute(versions.update().where(*where).values(**values)).rowcount
             row = conn.execute(sa.select(versions).where(versions.c.pipeline == pipeline,
@@ -135,7 +135,7 @@ class LeaseOps:
                                     f"then retire it")
             conn.execute(versions.update().where(versions.c.pipeline == pipeline, versions.c.version == n)
                          .values(state=S.RETIRING.value, updated_at=now))
-            self._insert_audit(conn, "begin_retire", actor=_actor(actor), pipeline=pipeline, version=n,
+            self._insert_audit(conn, "begin_retire", actor=check_actor(actor), pipeline=pipeline, version=n,
                                reason=reason, outcome="ok", details={"state_before": rec.state}, at=now)
             rec = self._locked_version(conn, pipeline, n)
         return rec
