@@ -67,7 +67,8 @@ class LeaseOps:
             if rec.lease_held(now) and rec.lease_owner != owner:
                 raise ConflictError(
                     f"{pipeline} v{n}'s job is being started or stopped by {rec.lease_owner} (lease until "
-                    f"{utc_clock(rec.lease_expires)}); nothing was done. Retry after that, or check kappa status {pipeline}")
+                    f"{utc_clock(rec.lease_expires)}); nothing was done. Retry after that, or check kappa status "
+                    f"{pipeline}")
             raise ConflictError(
                 f"{pipeline} v{n} is {rec.state}, not {' or '.join(expected_states)} as expected: another operation "
                 f"changed it since it was read; nothing was changed. Re-read it (kappa status {pipeline}) and retry "
