@@ -29,7 +29,7 @@ def watch(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor", outle
     from orchestrator.lifecycle.watch import ACTOR, watch_pass
 
     actions: list[dict[str, Any]] = []
-    with tasks._kappa() as k:
+    with tasks.task_kappa() as k:
         specs = k.specs()
         names = [spec.name for spec in specs]
         for spec in specs:
@@ -56,7 +56,7 @@ def monitor(*, user: str | None, run_id: str, dag_id: str = "kappa_monitor",
     (or the `watch` task rolled a version back: `watched`, its actions)."""
     from orchestrator.lifecycle.monitor import alert, monitor as monitor_verb, report_lines
 
-    with tasks._kappa() as k:
+    with tasks.task_kappa() as k:
         report = monitor_verb(k, actor=actor_for(user), watched=list(watched or []), raise_on_problem=False)
         for line in report_lines(report):
             log.info("%s", line)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from typing import Any, Iterable, Mapping
 
+from orchestrator.core.times import utc_clock
+
 __all__ = ["NOTE_LIMIT", "CONN_ID", "MARK", "compose", "report_md", "report_summary", "report_link", "next_step_md",
-           "conf_md", "standby_md", "set_run_note", "utc", "REPORT_TASK"]
+           "conf_md", "standby_md", "set_run_note", "REPORT_TASK"]
 
 log = logging.getLogger("kappa.airflow")
 NOTE_LIMIT = 1000          # Airflow's DagRunNote.content is String(1000); the API refuses longer notes
@@ -34,10 +35,6 @@ MARK = "**kappa:** "
 OPERATOR = "\n\n---\nNote at trigger: "
 CELL = 40                  # characters of a value in a top-changes table
 REPORT_TASK = "validation_report"   # kappa_reprocess's task whose log holds the whole report as text
-
-
-def utc(ts: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
 
 
 def _cell(value: Any) -> str:
@@ -119,7 +116,8 @@ def next_step_md(pipeline: str, version: int, base_url: str | None = None) -> li
 
 def standby_md(pipeline: str, previous: int, until: float, grace: float) -> str:
     """What happens to the version a promote replaced."""
-    return (f"v{previous} stays a running standby until {utc(until)} (grace period {grace:.0f} s): kappa_rollback "
+    clock = utc_clock(until, date="never")
+    return (f"v{previous} stays a running standby until {clock} (grace period {grace:.0f} s): kappa_rollback "
             f"flips back to it at once until then; kappa_monitor stops it after (or `kappa stop {pipeline} {previous}`), "
             f"and a rollback then restarts it from its checkpoint.")
 

@@ -31,10 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 
 from orchestrator.core.exceptions import AirflowError
 from orchestrator.core.files import read_json, tail, write_json_atomic
+from orchestrator.core.net import free_port
 from orchestrator.core.resources import dags_folder as _dags_folder
 from orchestrator.core.secrets import mask_url
 from orchestrator.core.settings import Settings
-from orchestrator.dev.broker import free_port
 from orchestrator.jobctl.process import create_time, group_alive, is_ours, signal_group, wait_gone
 
 __all__ = ["AirflowStack", "DAGS_FOLDER", "KAPPA_DAG_IDS", "airflow_home", "sqlite_url", "check_db_url",

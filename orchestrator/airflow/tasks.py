@@ -32,7 +32,7 @@ from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import VersionState
 from orchestrator.lifecycle.await_ready import Readiness
 
-__all__ = ["refusals_are_final", "actor_for", "run_tag", "tagged_reason",
+__all__ = ["refusals_are_final", "task_kappa", "actor_for", "run_tag", "tagged_reason",
            "validate_reprocess", "preview_rules", "start_reprocess", "poke_ready", "report", "promote_if_asked",
            "check_promote", "promote", "stop_previous",
            "prepare_rollback", "poke_rollback_ready", "rollback"]
@@ -83,8 +83,10 @@ def tagged_reason(reason: str | None, dag_id: str, run_id: str, default: str) ->
     return f"{text} {run_tag(dag_id, run_id)}"
 
 
-def _kappa() -> Kappa:
-    """Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*), the
+def task_kappa() -> Kappa:
+    """The `Kappa` a task body runs with (`with task_kappa() as k:`; `monitor_tasks` uses it too).
+
+    Settings resolved from the environment `kappa airflow start` gave Airflow (KAPPA_*), the
     Variable `kappa_settings` over it and the Kafka settings of the Airflow connection
     `kafka_default` over both, when they are defined (`settings_var`, `kafka_conn`)."""
     from orchestrator.airflow.settings_var import airflow_settings
@@ -148,7 +150,7 @@ def validate_reprocess(pipeline: str, rules_version: str | None = None, threshol
     """
     from orchestrator.lifecycle.deploy import check_request
 
-    with _kappa() as k:
+    with task_kappa() as k:
         spec = k.pipeline(pipeline)
         plan = check_request(k, spec, rules_version, threshold=threshold)
         busy = _in_flight_elsewhere(k, spec, dag_id, run_id, actor_for(user))
@@ -177,7 +179,7 @@ def preview_rules(pipeline: str, rules_version: str | None) -> dict[str, Any]:
         log.info("pipeline %s takes no rules: nothing to preview", pipeline)
         return {"previewed": False, "reason": f"pipeline {pipeline!r} takes no rules"}
     try:
-        with _kappa() as k:
+        with task_kappa() as k:
             p = preview_verb(k, k.pipeline(pipeline), rules_version)
     except KappaError as e:
         log.warning("no rules preview (the reprocess goes on): %s", e)
@@ -196,7 +198,7 @@ def start_reprocess(pipeline: str, rules_version: str | None = None, threshold: 
     from orchestrator.lifecycle.deploy import deploy
 
     actor = actor_for(user)
-    with _kappa() as k:
+    with task_kappa() as k:
         mine = _run_version(k, pipeline, dag_id, run_id)
         if mine is not None and mine.state in (VersionState.SERVING, VersionState.STANDBY):
             log.info("this run already deployed %s v%s, now %s: nothing to start", pipeline, mine.version, mine.state)
@@ -225,7 +227,7 @@ def poke_ready(pipeline: str, version: int, *, deadline_at: float, user: str | N
     """
     from orchestrator.lifecycle.await_ready import ENDED, failing_error, readiness
 
-    with _kappa() as k:
+    with task_kappa() as k:
         v = k.version(pipeline, version)
         r = readiness(v, record=True, actor=actor_for(user))
         log.info("%s", _lag_line(r))
@@ -277,7 +279,7 @@ def report(pipeline: str, version: int, *, dag_id: str = "kappa_reprocess", run_
     from orchestrator.lifecycle.report import validation_report
     from orchestrator.observe.render import render_report
 
-    with _kappa() as k:
+    with task_kappa() as k:
         rep = validation_report(k.version(pipeline, version))
     d = rep.model_dump(mode="json")
     for line in _text(render_report, d):
@@ -338,7 +340,7 @@ def promote_if_asked(pipeline: str, version: int, auto_promote: bool, reason: st
             log.warning("the promote was refused: %s v%s fell behind again since the sensor found it ready (%s); "
                         "waiting until it has caught up again (attempt %d of %d)", pipeline, version, e, attempt,
                         READY_AGAIN_TRIES)
-            with _kappa() as k:
+            with task_kappa() as k:
                 wait_ready(k.version(pipeline, version), deadline_seconds=READY_AGAIN_SECONDS, poll_seconds=2.0,
                            actor=actor_for(user))
     raise AssertionError("unreachable")
@@ -364,7 +366,7 @@ def check_promote(pipeline: str, version: int | None = None, reason: str | None 
     from orchestrator.lifecycle.promote import promote as promote_verb, promote_target
 
     _override(pipeline, reason, force)
-    with _kappa() as k:
+    with task_kappa() as k:
         v = k.version(pipeline, version if version is not None else promote_target(k, pipeline))
         res = promote_verb(v, actor=actor_for(user), dry_run=True, force=force,
                            allow_schema_change=allow_schema_change,
@@ -403,7 +405,7 @@ def promote(pipeline: str, version: int | None, reason: str | None = None, *, us
     from orchestrator.airflow.assets import announce_flip
     from orchestrator.lifecycle.promote import promote as promote_verb, promote_target
 
-    with _kappa() as k:
+    with task_kappa() as k:
         _override(pipeline, reason, force)
         v = k.version(pipeline, version if version is not None else promote_target(k, pipeline))
         res = promote_verb(v, actor=actor_for(user), force=force,
@@ -446,7 +448,7 @@ def stop_previous(pipeline: str, promoted: dict[str, Any] | None, *, user: str |
     if not promoted or previous is None or previous == version:
         log.info("no previous version to stop")
         return {"stopped": None}
-    with _kappa() as k:
+    with task_kappa() as k:
         v = k.version(pipeline, previous)
         standby = _standby(v)
         alias = k.registry.get_alias(v.alias)
@@ -479,7 +481,7 @@ def prepare_rollback(pipeline: str, to_version: int | None = None, reason: str |
     from orchestrator.airflow import notes
     from orchestrator.lifecycle.rollback import prepare_rollback as prepare_verb
 
-    with _kappa() as k:
+    with task_kappa() as k:
         plan = prepare_verb(k, k.pipeline(pipeline), to_version, actor=actor_for(user),
                             reason=_rollback_reason(reason, user, dag_id, run_id))
     log.info("%s", plan.message)
@@ -529,7 +531,7 @@ def rollback(prepared: dict[str, Any], reason: str | None = None, *, deadline_at
     from orchestrator.lifecycle.rollback import RollbackPlan, finish_rollback
 
     plan = RollbackPlan.model_validate(prepared)
-    with _kappa() as k:
+    with task_kappa() as k:
         res = finish_rollback(k, plan, actor=actor_for(user), deadline_seconds=max(0.0, deadline_at - time.time()),
                               reason=_rollback_reason(reason, user, dag_id, run_id), force=force)
         log.info("%s", res.message)

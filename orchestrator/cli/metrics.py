@@ -53,7 +53,7 @@ def serve_cmd(
     actor: Actor = None,
 ) -> None:
     """Serve /metrics (Prometheus text format) while running monitor passes every --interval s, until Ctrl-C."""
-    from orchestrator.cli.supervise import _now
+    from orchestrator.cli.supervise import now_stamp
     from orchestrator.observe.metrics import MetricsHub, MetricsServer
     from orchestrator.observe.otel import start_otel
 
@@ -75,7 +75,7 @@ def serve_cmd(
         except ValueError:  # not the main thread (tests)
             pass
     who = actor or f"metrics:{default_actor()}"
-    cli.out.print(f"{_now()} serving metrics at {server.url}"
+    cli.out.print(f"{now_stamp()} serving metrics at {server.url}"
                   + (f"; monitor passes every {interval:g} s as {who}" if monitor else "")
                   + ("; OpenTelemetry export on" if provider is not None else "") + "; Ctrl-C stops", markup=False)
     try:
@@ -91,7 +91,7 @@ def serve_cmd(
         server.stop()
         if provider is not None:
             provider.shutdown()
-    cli.out.print(f"{_now()} metrics server stopped", markup=False)
+    cli.out.print(f"{now_stamp()} metrics server stopped", markup=False)
 
 
 @metrics_app.command("show")

@@ -26,22 +26,23 @@ import typer
 
 from orchestrator.cli.app import Actor, app, cli_of, default_actor
 
-__all__ = ["supervise_cmd", "action_line", "run_passes"]
+__all__ = ["supervise_cmd", "action_line", "now_stamp", "run_passes"]
 
 
 def watch_line(a: dict) -> str:
     """One line per watch decision of a pass (samples are in `kappa status`)."""
     kind, where = a.get("kind"), f"{a.get('pipeline')} v{a.get('version')}"
     if kind == "rolled_back":
-        return (f"{_now()} watch {where}: rolled back automatically to v{a.get('to_version')}: {a.get('cause')}"
+        return (f"{now_stamp()} watch {where}: rolled back automatically to v{a.get('to_version')}: {a.get('cause')}"
                 + (f"; v{a.get('version')} {a['degraded']}" if a.get("degraded") else ""))
     if kind == "passed":
-        return f"{_now()} watch {where}: passed its grace period, healthy"
+        return f"{now_stamp()} watch {where}: passed its grace period, healthy"
     detail = a.get("error") or a.get("reason") or a.get("cause") or ""
-    return f"{_now()} watch {where}: {kind} {detail}".rstrip()
+    return f"{now_stamp()} watch {where}: {kind} {detail}".rstrip()
 
 
-def _now() -> str:
+def now_stamp() -> str:
+    """The current time (UTC) at the head of a supervision line: '2025-05-01T12:05:01Z'."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -51,7 +52,7 @@ def action_line(a: dict[str, Any]) -> str:
     if a.get("version") is not None:
         where += f" v{a['version']}"
     rest = {k: v for k, v in a.items() if k not in ("kind", "pipeline", "version") and v is not None}
-    return f"{_now()} {a.get('kind', 'action')} {where} {json.dumps(rest, default=str, ensure_ascii=False)}"
+    return f"{now_stamp()} {a.get('kind', 'action')} {where} {json.dumps(rest, default=str, ensure_ascii=False)}"
 
 
 def run_passes(k_of, *, actor: str, interval: float, passes: int | None, out, err,
@@ -77,15 +78,15 @@ def run_passes(k_of, *, actor: str, interval: float, passes: int | None, out, er
                 if w.get("kind") != "sampled":
                     out(watch_line(w))
             for e in report.errors:
-                err(f"{_now()} error {e}")
+                err(f"{now_stamp()} error {e}")
             for p in report.problems:
-                err(f"{_now()} problem {p}")
+                err(f"{now_stamp()} problem {p}")
         except Exception as e:  # noqa: BLE001 - a supervisor outlives any one pass
             failed += 1
             if on_report is not None:
                 on_report(None)
             text = " ".join(str(e).split()) or type(e).__name__
-            err(f"{_now()} error pass {n} failed ({type(e).__name__}): {text}; next pass in {interval:g} s")
+            err(f"{now_stamp()} error pass {n} failed ({type(e).__name__}): {text}; next pass in {interval:g} s")
         if passes is not None and n >= passes:
             break
         stop.wait(interval)
@@ -117,7 +118,7 @@ def supervise_cmd(
             previous[sig] = signal.signal(sig, on_signal)
         except ValueError:  # not the main thread (tests)
             pass
-    cli.out.print(f"{_now()} supervising {', '.join(pipeline) if pipeline else 'every pipeline'} every "
+    cli.out.print(f"{now_stamp()} supervising {', '.join(pipeline) if pipeline else 'every pipeline'} every "
                   f"{interval:g} s as {who}; Ctrl-C stops", markup=False)
     started = time.monotonic()
     try:
@@ -127,5 +128,5 @@ def supervise_cmd(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    cli.out.print(f"{_now()} supervisor stopped after {time.monotonic() - started:.0f} s"
+    cli.out.print(f"{now_stamp()} supervisor stopped after {time.monotonic() - started:.0f} s"
                   + (f" ({failed} passes failed)" if failed else ""), markup=False)

@@ -60,6 +60,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import (BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict,
                                TomlConfigSettingsSource)
 
+from orchestrator.core.dburls import check_registry_url
 from orchestrator.core.envvars import CATALOGUE, KAPPA_CONFIG, SETTINGS_VARS
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.resources import default_pipelines_file
@@ -180,8 +181,6 @@ class Settings(BaseSettings):
     @field_validator("registry_url")
     @classmethod
     def _check_registry_url(cls, v: str) -> str:
-        from orchestrator.registry.engine import check_registry_url
-
         return check_registry_url(v)
 
     @field_validator("job_path", mode="before")

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.core.exceptions import BrokerError
+from orchestrator.core.net import free_port
 from orchestrator.jobctl.process import stop_process
 
-__all__ = ["EmbeddedBroker", "FAST_COMPACTION", "SCRAM_MECHANISM", "free_port", "kafka_tool", "wait_for_broker"]
+__all__ = ["EmbeddedBroker", "FAST_COMPACTION", "SCRAM_MECHANISM", "kafka_tool", "wait_for_broker"]
 
 #: Topic settings of demo and test topics: the cleaner compacts a closed segment within seconds.
 #: A segment closes when a record arrives more than `segment.ms` after the segment's first one;
@@ -51,12 +52,6 @@ logger.server.level = INFO
 logger.cleaner.name = kafka.log.LogCleaner
 logger.cleaner.level = INFO
 """
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_free(port: int) -> bool:

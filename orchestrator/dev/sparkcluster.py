@@ -69,7 +69,7 @@ class StandaloneCluster:
             time.sleep(0.3)
 
     def start(self) -> "StandaloneCluster":
-        from orchestrator.dev.broker import free_port
+        from orchestrator.core.net import free_port
 
         self.work.mkdir(parents=True, exist_ok=True)
         port, ui = free_port(), free_port()
@@ -89,7 +89,7 @@ class StandaloneCluster:
 
     def add_worker(self, cores: int = 1, memory: str = "2g") -> int:
         """Start one more worker and wait until the master has registered it; its PID."""
-        from orchestrator.dev.broker import free_port
+        from orchestrator.core.net import free_port
 
         if self.url is None:
             raise LifecycleError("start the cluster's master before adding workers")

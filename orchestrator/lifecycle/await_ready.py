@@ -52,6 +52,7 @@ from jobs.lib.runtime.args import TRIGGER_SECONDS
 from orchestrator.context import VersionRef
 from orchestrator.core.exceptions import ConflictError, NotReadyError
 from orchestrator.core.states import LIVE, VersionState
+from orchestrator.core.times import utc_clock
 from orchestrator.core.files import tail as log_tail
 from orchestrator.core.secrets import mask_secrets
 from orchestrator.jobctl import JobStatus, inspect_version
@@ -273,7 +274,7 @@ def _why_not(job: JobStatus, reading: LagReading, threshold: int, max_seconds: f
     if reading.lag_seconds is not None and reading.lag_seconds > max_seconds:
         return f"{fmt_seconds(reading.lag_seconds)} behind > catchup_seconds {max_seconds:g}"
     if reading.total > 0 and not batches:
-        started = "" if job.started_at is None else time.strftime(" at %H:%M:%S UTC", time.gmtime(job.started_at))
+        started = "" if job.started_at is None else f" at {utc_clock(job.started_at, date='never')}"
         return (f"no micro-batch committed since its job started{started}: its lag is from the checkpoint of "
                 f"its last run, no evidence that it keeps up")
     if growing:

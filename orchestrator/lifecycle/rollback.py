@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
@@ -49,6 +48,7 @@ from orchestrator.core.exceptions import ConfigError, KappaError, LifecycleError
 from orchestrator.context import Kappa, VersionRef
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.core.states import FLIP_TARGETS, VersionState
+from orchestrator.core.times import utc_clock
 from orchestrator.jobctl import inspect_version, restart_version, start_version, stop_version
 from orchestrator.jobctl.stop import stop_under_way, wait_stop_finished
 from orchestrator.lifecycle.await_ready import ENDED, POLL_SECONDS, Readiness, wait_ready
@@ -187,13 +187,6 @@ def restart_estimate(v: VersionRef, *, restart: bool = True) -> RestartEstimate:
                            stopped_by=stop.actor if stop else None, stop_reason=stop.reason if stop else None)
 
 
-def _clock(at: float, now: float | None = None) -> str:
-    """'12:05:01 UTC' for today (UTC), else '2025-05-01 12:05:01 UTC'."""
-    t = datetime.fromtimestamp(at, timezone.utc)
-    today = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).date()
-    return t.strftime("%H:%M:%S UTC" if t.date() == today else "%Y-%m-%d %H:%M:%S UTC")
-
-
 def _short_reason(reason: str | None) -> str | None:
     """A stop's reason for a one-line message: the Airflow run tag dropped, a grace period named."""
     text = re.sub(r"\s*\[airflow [^\]]*\]\s*$", "", reason or "").strip()
@@ -207,7 +200,7 @@ def _restart_message(pipeline: str, target: int, current: int | None, est: Resta
     notes = [n for n in (_short_reason(est.stop_reason),
                          None if waited is None else f"this rollback waited {waited:.1f} s for that stop to end") if n]
     if est.stopped_at is not None:
-        head = (f"{pipeline} v{target} was stopped at {_clock(est.stopped_at)} by {est.stopped_by}"
+        head = (f"{pipeline} v{target} was stopped at {utc_clock(est.stopped_at, date='unless today')} by {est.stopped_by}"
                 + (f" ({'; '.join(notes)})" if notes else ""))
     else:
         head = f"{pipeline} v{target} {down}"
@@ -223,8 +216,8 @@ def _instant_message(pipeline: str, est: RestartEstimate) -> str:
     until = est.standby_until
     if until is None:
         return f"{pipeline} v{est.version} still runs: the flip is instant"
-    when = (f"until {_clock(until)}, when its grace period ends" if until > time.time() else
-            f"its grace period ended at {_clock(until)}: the monitor stops it at its next pass")
+    when = (f"until {utc_clock(until, date='unless today')}, when its grace period ends" if until > time.time() else
+            f"its grace period ended at {utc_clock(until, date='unless today')}: the monitor stops it at its next pass")
     return f"{pipeline} v{est.version} still runs as a standby: the flip is instant ({when})"
 
 
@@ -249,7 +242,7 @@ def restart_progress_line(version: int, lag: int | None, *, eta_seconds: float |
         line += f" ({rate:,.0f} records/s)"
     if eta_seconds is not None:
         at = (time.time() if now is None else now) + eta_seconds
-        line += f", ETA {fmt_seconds(eta_seconds)} ({_clock(at, now)})"
+        line += f", ETA {fmt_seconds(eta_seconds)} ({utc_clock(at, date='unless today', now=now)})"
     return line
 
 

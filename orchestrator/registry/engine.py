@@ -26,14 +26,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 
+from orchestrator.core.dburls import DRIVERS
 from orchestrator.core.exceptions import ConfigError, KappaError, RegistryError
 from orchestrator.core.secrets import mask_url
 
-__all__ = ["DRIVERS", "SQLITE_SYNCHRONOUS", "check_registry_url", "create_engine", "registry_url", "transaction"]
+__all__ = ["SQLITE_SYNCHRONOUS", "create_engine", "registry_url", "transaction"]
 
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
-#: The one driver kappa installs and connects with, per database.
-DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg2"}
 
 
 def registry_url(url: str | sa.URL) -> sa.URL:
@@ -160,28 +159,3 @@ def transaction(engine: Engine, what: str, *, write: bool, url: str, busy_timeou
     except sa.exc.SQLAlchemyError as e:
         orig = getattr(e, "orig", None) or e
         raise RegistryError(f"registry {url}: {what} failed: {str(orig).strip()}") from e
-
-
-_REGISTRY_URL_HINT = "expected sqlite:///<path> or postgresql+psycopg2://<user>[:<password>]@<host>:<port>/<db>"
-
-
-def check_registry_url(v: str) -> str:
-    """The registry URL a setting gives, with the driver kappa uses (ValueError saying what is wrong,
-    for the settings' one-line error)."""
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        url = make_url(v)
-    except ArgumentError:
-        raise ValueError(f"not a database URL; {_REGISTRY_URL_HINT}") from None
-    backend, _, driver = url.drivername.partition("+")
-    backend = "postgresql" if backend == "postgres" else backend
-    if backend not in DRIVERS:
-        raise ValueError(f"the registry runs on SQLite or PostgreSQL, not {backend}; {_REGISTRY_URL_HINT}")
-    if driver and driver != DRIVERS[backend]:
-        plain = url.set(drivername=backend).render_as_string(hide_password=True)
-        raise ValueError(f"kappa connects to {backend} with {DRIVERS[backend]} and does not install the "
-                         f"driver {driver!r}; write {plain}")
-    if backend == "postgresql":  # postgresql:// and postgres:// mean psycopg2, not SQLAlchemy's psycopg 3
-        return url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
-    return v

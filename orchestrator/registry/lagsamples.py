@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from orchestrator.core.exceptions import RegistryError
 from orchestrator.registry.records import LagSampleRecord
 from orchestrator.registry.schema import audit_log, lag_samples_table, versions
-from orchestrator.registry.values import _json, _ts
+from orchestrator.registry.values import plain_json, unix_seconds
 
 __all__ = ["LagSampleOps", "add_lag_sample", "audit_counts", "latest_lag_samples"]
 
@@ -39,7 +39,7 @@ class LagSampleOps:
         t = lag_samples_table
         q = sa.select(t).where(t.c.pipeline == pipeline, t.c.version == n)
         if since is not None:
-            q = q.where(t.c.at >= _ts(since, "since"))
+            q = q.where(t.c.at >= unix_seconds(since, "since"))
         q = q.order_by(t.c.at.desc(), t.c.id.desc())
         if limit is not None:
             q = q.limit(limit)
@@ -49,7 +49,7 @@ class LagSampleOps:
 
     def prune_lag_samples(self, older_than: Any) -> int:
         """Delete every lag sample taken before `older_than` (all pipelines); the number deleted."""
-        cutoff = _ts(older_than, "older_than")
+        cutoff = unix_seconds(older_than, "older_than")
         with self._tx("pruning old lag samples", write=True) as conn:
             return conn.execute(lag_samples_table.delete().where(lag_samples_table.c.at < cutoff)).rowcount or 0
 
@@ -69,8 +69,8 @@ def add_lag_sample(reg: Any, pipeline: str, n: int, total: int | None, partition
         lag_seconds = float(lag_seconds)
     if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int) or batches < 0):
         raise RegistryError(f"batches of a lag sample must be an integer >= 0 or None (unknown), got {batches!r}")
-    at_ts = time.time() if at is None else _ts(at, "at")
-    parts = _json(partitions or {}, "lag partitions")
+    at_ts = time.time() if at is None else unix_seconds(at, "at")
+    parts = plain_json(partitions or {}, "lag partitions")
     with reg._tx(f"recording a lag sample of {pipeline} v{n}", write=True) as conn:
         exists = conn.execute(sa.select(versions.c.version).where(
             versions.c.pipeline == pipeline, versions.c.version == n)).first()

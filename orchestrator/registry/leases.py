@@ -17,9 +17,10 @@ import sqlalchemy as sa
 
 from orchestrator.core.exceptions import ConflictError
 from orchestrator.core.states import VersionState
+from orchestrator.core.times import utc_clock
 from orchestrator.registry.records import VersionRecord
 from orchestrator.registry.schema import aliases, versions
-from orchestrator.registry.values import _actor, _check_state, _iso, field_values
+from orchestrator.registry.values import check_actor, check_state, field_values
 
 __all__ = ["LeaseOps"]
 
@@ -40,12 +41,12 @@ class LeaseOps:
         takes it) is recorded in the same transaction. ConflictError otherwise, naming the holder.
         The returned record carries the new `lease_epoch`.
         """
-        expected_states = tuple(_check_state(st, "expected state") for st in expected)
+        expected_states = tuple(check_state(st, "expected state") for st in expected)
         now = time.time()
-        values: dict[str, Any] = {"lease_owner": _actor(owner), "lease_expires": now + ttl, "updated_at": now,
+        values: dict[str, Any] = {"lease_owner": check_actor(owner), "lease_expires": now + ttl, "updated_at": now,
                                   "lease_epoch": sa.func.coalesce(versions.c.lease_epoch, 0) + 1}
         if to_state is not None:
-            values["state"] = _check_state(to_state)
+            values["state"] = check_state(to_state)
             if to_state == S.STARTING:
                 values["started_at"] = now
         values.update(field_values(fields))
@@ -66,7 +67,8 @@ class LeaseOps:
             if rec.lease_held(now) and rec.lease_owner != owner:
                 raise ConflictError(
                     f"{pipeline} v{n}'s job is being started or stopped by {rec.lease_owner} (lease until "
-                    f"{_iso(rec.lease_expires)}); nothing was done. Retry after that, or check kappa status {pipeline}")
+                    f"{utc_clock(rec.lease_expires)}); nothing was done. Retry after that, or check kappa status "
+                    f"{pipeline}")
             raise ConflictError(
                 f"{pipeline} v{n} is {rec.state}, not {' or '.join(expected_states)} as expected: another operation "
                 f"changed it since it was read; nothing was changed. Re-read it (kappa status {pipeline}) and retry "
@@ -83,12 +85,12 @@ class LeaseOps:
         now = time.time()
         values: dict[str, Any] = {"lease_owner": None, "lease_expires": None, "updated_at": now}
         if to_state is not None:
-            values["state"] = _check_state(to_state)
+            values["state"] = check_state(to_state)
         values.update(field_values(fields))
         where = [versions.c.pipeline == pipeline, versions.c.version == n, versions.c.lease_owner == owner,
                  versions.c.lease_epoch == epoch]
         if expected is not None:
-            where.append(versions.c.state.in_(tuple(_check_state(st, "expected state") for st in expected)))
+            where.append(versions.c.state.in_(tuple(check_state(st, "expected state") for st in expected)))
         with self._tx(f"releasing the lease of {pipeline} v{n}", write=True) as conn:
             count = conn.execute(versions.update().where(*where).values(**values)).rowcount
             row = conn.execute(sa.select(versions).where(versions.c.pipeline == pipeline,
@@ -134,7 +136,7 @@ class LeaseOps:
                                     f"then retire it")
             conn.execute(versions.update().where(versions.c.pipeline == pipeline, versions.c.version == n)
                          .values(state=S.RETIRING.value, updated_at=now))
-            self._insert_audit(conn, "begin_retire", actor=_actor(actor), pipeline=pipeline, version=n,
+            self._insert_audit(conn, "begin_retire", actor=check_actor(actor), pipeline=pipeline, version=n,
                                reason=reason, outcome="ok", details={"state_before": rec.state}, at=now)
             rec = self._locked_version(conn, pipeline, n)
         return rec

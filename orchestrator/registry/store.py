@@ -46,8 +46,8 @@ from orchestrator.registry.leases import LeaseOps
 from orchestrator.registry.watches import WatchOps, end_watch_in_flip
 from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord,
                                            PipelineRecord, VersionRecord)
-from orchestrator.registry.values import (SET_STATE_FIELDS, STANDBY_KEYS, _actor, _by, _check_state, _json, _render,
-                                          field_values)
+from orchestrator.registry.values import (SET_STATE_FIELDS, STANDBY_KEYS, changed_by, check_actor, check_state,
+                                          field_values, plain_json, render_for_version)
 from orchestrator.registry.schema import (HEAD, alias_history, aliases, apply_migrations, audit_log,
                                           pipelines, schema_version, versions)
 
@@ -116,8 +116,8 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
                       version: int | None, reason: str | None, outcome: str, details: Any,
                       at: float | None = None) -> int:
         result = conn.execute(audit_log.insert().values(
-            at=at if at is not None else time.time(), actor=_actor(actor), action=action, pipeline=pipeline,
-            version=version, reason=reason, outcome=outcome, details=_json(details or {}, "audit details")))
+            at=at if at is not None else time.time(), actor=check_actor(actor), action=action, pipeline=pipeline,
+            version=version, reason=reason, outcome=outcome, details=plain_json(details or {}, "audit details")))
         return result.inserted_primary_key[0]
 
     @classmethod
@@ -201,10 +201,10 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
         A ConflictError for a version in flight carries its number as `.in_flight_version`.
         """
         validate_pipeline_name(pipeline)
-        actor = _actor(actor)
+        actor = check_actor(actor)
         if paths is None and (table_path is None or checkpoint_path is None or group_id is None):
             raise RegistryError("allocate_version needs table_path, checkpoint_path and group_id, or paths=")
-        details = _json(details or {}, "version details")
+        details = plain_json(details or {}, "version details")
         audit_details = {"rules_version": rules_version, "rules_hash": rules_hash, "code_ref": code_ref,
                          "queue": queue}
         try:
@@ -218,7 +218,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
                         b = busy._mapping
                         err = ConflictError(
                             f"pipeline {pipeline!r} already has v{b['version']} in flight (state {b['state']}, "
-                            f"deployed {_by(b['actor'], b['reason'], b['created_at'])}); refusing a second "
+                            f"deployed {changed_by(b['actor'], b['reason'], b['created_at'])}); refusing a second "
                             f"reprocess. Promote or stop v{b['version']} first "
                             f"(kappa stop {pipeline} {b['version']}), or queue this one (--queue)")
                         err.in_flight_version = b["version"]  # type: ignore[attr-defined]
@@ -226,12 +226,12 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
                 n = last + 1
                 p = paths(n) if paths is not None else None
                 values = {
-                    "table_path": _render(table_path if p is None else p.table, n, "table_path"),
-                    "checkpoint_path": _render(checkpoint_path if p is None else p.checkpoint, n,
+                    "table_path": render_for_version(table_path if p is None else p.table, n, "table_path"),
+                    "checkpoint_path": render_for_version(checkpoint_path if p is None else p.checkpoint, n,
                                                "checkpoint_path"),
-                    "group_id": _render(group_id if p is None else p.group_id, n, "group_id"),
-                    "run_dir": _render(run_dir if p is None else p.run_dir, n, "run_dir"),
-                    "rejects_path": _render(rejects_path if p is None else p.rejects, n, "rejects_path"),
+                    "group_id": render_for_version(group_id if p is None else p.group_id, n, "group_id"),
+                    "run_dir": render_for_version(run_dir if p is None else p.run_dir, n, "run_dir"),
+                    "rejects_path": render_for_version(rejects_path if p is None else p.rejects, n, "rejects_path"),
                 }
                 now = time.time()
                 conn.execute(pipelines.update().where(pipelines.c.name == pipeline).values(last_version=n))
@@ -272,7 +272,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
         """Versions of `pipeline` (only those in `states` if given), ascending."""
         q = sa.select(versions).where(versions.c.pipeline == pipeline)
         if states is not None:
-            wanted = tuple(_check_state(st) for st in ([states] if isinstance(states, str) else states))
+            wanted = tuple(check_state(st) for st in ([states] if isinstance(states, str) else states))
             q = q.where(versions.c.state.in_(wanted))
         with self._tx(f"listing versions of {pipeline}", write=False) as conn:
             rows = conn.execute(q.order_by(versions.c.version)).all()
@@ -295,10 +295,10 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
         while it does not. The alias is read (and on PostgreSQL locked) in the same transaction, so a
         flip that commits meanwhile cannot leave two versions serving or none (ConflictError instead).
         """
-        state = _check_state(state)
+        state = check_state(state)
         expected_states: tuple[str, ...] | None = None
         if expected is not None:
-            expected_states = tuple(_check_state(s, "expected state")
+            expected_states = tuple(check_state(s, "expected state")
                                     for s in ((expected,) if isinstance(expected, str) else expected))
         unknown = sorted(set(fields) - set(SET_STATE_FIELDS))
         if unknown:
@@ -373,11 +373,11 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
         if expected is None:
             return ConflictError(
                 f"alias {alias!r} already exists and points at v{m['version']} (set "
-                f"{_by(m['updated_by'], m['reason'], m['updated_at'])}); this flip expected to create it. "
+                f"{changed_by(m['updated_by'], m['reason'], m['updated_at'])}); this flip expected to create it. "
                 f"Nothing was changed. Re-read the alias (kappa status) and retry if the move still makes sense")
         return ConflictError(
             f"alias {alias!r} points at v{m['version']} now, not v{expected} as this flip expected: it was moved "
-            f"{_by(m['updated_by'], m['reason'], m['updated_at'])}. Nothing was changed. Re-read the alias "
+            f"{changed_by(m['updated_by'], m['reason'], m['updated_at'])}. Nothing was changed. Re-read the alias "
             f"(kappa status) and retry if the move still makes sense")
 
     def _refuse_flip_target(self, conn: Connection, alias: str, pipeline: str, n: int) -> None:
@@ -410,7 +410,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
         validate_version_number(new_version, "new_version")
         if expected_version is not None:
             validate_version_number(expected_version, "expected_version")
-        actor = _actor(actor)
+        actor = check_actor(actor)
         details = {"alias": alias, "from_version": expected_version, "to_version": new_version}
         if action:
             details["action"] = action
@@ -505,7 +505,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps):
                     details["standby_until"] = standby_since + grace
                 details = end_watch_in_flip(details, action=action, to_version=new, now=now)
             elif watch is not None:
-                details["watch"] = _json(watch, "watch")
+                details["watch"] = plain_json(watch, "watch")
             elif (details.get("watch") or {}).get("state") != "rolled_back":
                 # a flip to it without a watch: an earlier one is history; a rolled_back one stays
                 # (promote refuses the version without --force)

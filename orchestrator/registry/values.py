@@ -9,6 +9,10 @@ from typing import Any
 from orchestrator.core.exceptions import RegistryError
 from orchestrator.core.states import ALL as ALL_STATES
 from orchestrator.core.states import VersionState
+from orchestrator.core.times import utc_clock
+
+__all__ = ["SET_STATE_FIELDS", "STANDBY_KEYS", "changed_by", "check_actor", "check_state", "field_values", "plain_json",
+           "render_for_version", "unix_seconds"]
 
 #: What `set_state` may change besides the state.
 SET_STATE_FIELDS = ("pid", "run_dir", "rejects_path", "error", "started_at", "stopped_at", "caught_up_at",
@@ -28,9 +32,9 @@ def field_values(fields: dict[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name, value in fields.items():
         if name in _TIME_FIELDS and value is not None:
-            value = _ts(value, name)
+            value = unix_seconds(value, name)
         elif name == "details":
-            value = _json(value or {}, "version details")
+            value = plain_json(value or {}, "version details")
         elif name in ("run_dir", "rejects_path") and value is not None:
             value = str(value)
         values[name] = value
@@ -39,7 +43,8 @@ def field_values(fields: dict[str, Any]) -> dict[str, Any]:
 
 # -- helpers ------------------------------------------------------------------------------------
 
-def _ts(value: Any, what: str) -> float:
+def unix_seconds(value: Any, what: str) -> float:
+    """Unix seconds of a number or a datetime (naive means UTC); RegistryError naming `what` otherwise."""
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=timezone.utc)
@@ -49,13 +54,7 @@ def _ts(value: Any, what: str) -> float:
     raise RegistryError(f"{what} must be unix seconds or a datetime, got {value!r}")
 
 
-def _iso(ts: float | None) -> str:
-    if ts is None:
-        return "?"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _json(value: Any, what: str) -> Any:
+def plain_json(value: Any, what: str) -> Any:
     """Round-trip through JSON so the database gets plain data (datetimes and paths become text)."""
     if value is None:
         return None
@@ -65,21 +64,23 @@ def _json(value: Any, what: str) -> Any:
         raise RegistryError(f"{what} must be JSON-serializable: {e}") from None
 
 
-def _actor(actor: Any) -> str:
+def check_actor(actor: Any) -> str:
+    """Who asked for a change, stripped and at most 200 characters; RegistryError if there is no one."""
     if not isinstance(actor, str) or not actor.strip():
         raise RegistryError("every registry change needs an actor (who asked for it), e.g. a user name "
                             "or 'airflow:<dag>/<run>'")
     return actor.strip()[:200]
 
 
-def _check_state(state: Any, what: str = "state") -> str:
+def check_state(state: Any, what: str = "state") -> str:
     """The state's plain value, or RegistryError naming the states there are."""
     if state not in ALL_STATES:
         raise RegistryError(f"unknown version {what} {state!r}; states are {', '.join(ALL_STATES)}")
     return VersionState(state).value
 
 
-def _render(value: Any, n: int, what: str) -> str | None:
+def render_for_version(value: Any, n: int, what: str) -> str | None:
+    """A version's path or name: `value(n)` if it is callable, with `{n}` and `{version}` replaced by `n`."""
     if value is None:
         return None
     if callable(value):
@@ -88,6 +89,7 @@ def _render(value: Any, n: int, what: str) -> str | None:
     return text.replace("{n}", str(n)).replace("{version}", str(n))
 
 
-def _by(actor: str | None, reason: str | None, at: float | None) -> str:
-    text = f"by {actor or '?'} at {_iso(at)}"
+def changed_by(actor: str | None, reason: str | None, at: float | None) -> str:
+    """'by alice at 2025-05-01 12:05:01 UTC (reason: ...)', for messages about who changed a row."""
+    text = f"by {actor or '?'} at {utc_clock(at)}"
     return f"{text} (reason: {reason!r})" if reason else text

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from orchestrator.core.exceptions import ConflictError
 from orchestrator.registry.schema import versions
-from orchestrator.registry.values import _json
+from orchestrator.registry.values import plain_json
 
 __all__ = ["WatchOps", "ACTIVE", "end_watch_in_flip"]
 
@@ -62,7 +62,7 @@ class WatchOps:
             if now_w.get("state") != expected_state or int(now_w.get("samples", 0)) != expected_samples:
                 raise ConflictError(f"the watch of {pipeline} v{n} moved meanwhile (now {now_w.get('state')!r}, "
                                     f"{now_w.get('samples', 0)} samples); this pass leaves it alone")
-            details["watch"] = _json({**watch, "updated_at": time.time()}, "watch")
+            details["watch"] = plain_json({**watch, "updated_at": time.time()}, "watch")
             conn.execute(versions.update().where(versions.c.pipeline == pipeline, versions.c.version == n)
                          .values(details=details))
             if audit is not None:

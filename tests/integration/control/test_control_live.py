@@ -31,7 +31,7 @@ from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served
 from orchestrator.core.checks import CheckSpec
 from orchestrator.dev import datagen
 from orchestrator.lifecycle.await_ready import readiness, wait_ready
-from orchestrator.dev.broker import free_port
+from orchestrator.core.net import free_port
 from orchestrator.core.settings import Settings
 from orchestrator.context import Kappa
 from orchestrator.lifecycle.deploy import deploy

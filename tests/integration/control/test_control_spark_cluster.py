@@ -21,7 +21,7 @@ import pytest
 from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
 from orchestrator.dev import datagen
 from orchestrator.lifecycle.await_ready import wait_ready
-from orchestrator.dev.broker import free_port
+from orchestrator.core.net import free_port
 from orchestrator.core.settings import Settings
 from orchestrator.context import Kappa
 from orchestrator.lifecycle.deploy import deploy

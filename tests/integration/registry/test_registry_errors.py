@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from registry_helpers import allocate
 
-from orchestrator.dev.broker import free_port
 from orchestrator.core.exceptions import ConfigError, RegistryError
+from orchestrator.core.net import free_port
 from orchestrator.registry import HEAD, Registry
 
 pytestmark = pytest.mark.integration

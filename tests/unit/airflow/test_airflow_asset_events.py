@@ -141,7 +141,7 @@ def test_an_automatic_rollback_is_an_event_on_the_alias_asset_and_fails_the_moni
         return [{"kind": "rolled_back", "pipeline": spec.name, "version": 2, "to_version": 1, "cause": cause,
                  "degraded": "stopped"}]
 
-    monkeypatch.setattr(tasks, "_kappa", lambda: nullcontext(k))
+    monkeypatch.setattr(tasks, "task_kappa", lambda: nullcontext(k))
     monkeypatch.setattr(watch_mod, "watch_pass", the_watch_rolls_back)
     events = OutletEventAccessors()
     caplog.set_level("INFO", logger="kappa.airflow")

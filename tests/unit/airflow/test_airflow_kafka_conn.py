@@ -57,7 +57,7 @@ def test_tasks_use_the_connection_when_it_is_defined_and_mask_its_password(monke
 
     monkeypatch.setattr(Connection, "get", staticmethod(get))
     monkeypatch.setenv(kafka_conn.CONN_ID_ENV, "kafka_prod")
-    with tasks._kappa() as k:
+    with tasks.task_kappa() as k:
         s = k.settings
         assert asked == ["kafka_prod"]
         assert s.bootstrap_servers == "127.0.0.1:19092"
@@ -75,6 +75,6 @@ def test_tasks_keep_their_environment_settings_without_the_connection(monkeypatc
         raise AirflowNotFoundException(f"The conn_id `{conn_id}` isn't defined")
 
     monkeypatch.setattr(Connection, "get", staticmethod(get))
-    with tasks._kappa() as k:
+    with tasks.task_kappa() as k:
         assert k.settings.bootstrap_servers == "127.0.0.1:9"
         assert "sasl.password" not in k.settings.kafka_config

@@ -38,7 +38,7 @@ def test_the_variable_points_the_tasks_and_the_forms_at_a_teams_rules(monkeypatc
     shutil.copy(team / "titles" / "v2.toml", team / "titles" / "v3.toml")
     monkeypatch.setenv("KAPPA_RULES", str(tmp_path / "elsewhere"))         # the Variable wins over it
     _variable(monkeypatch, json.dumps({"rules_location": str(team)}))
-    with tasks._kappa() as k:
+    with tasks.task_kappa() as k:
         assert k.settings.rules_location == str(team)
         assert k.settings.source_of("rules_location") == "Airflow Variable 'kappa_settings'"
         assert k.settings.bootstrap_servers == "127.0.0.1:9"             # the environment's, untouched
@@ -49,7 +49,7 @@ def test_the_variable_points_the_tasks_and_the_forms_at_a_teams_rules(monkeypatc
 def test_without_the_variable_the_environment_stands(monkeypatch, tmp_path, no_connection):
     monkeypatch.setenv("KAPPA_RULES", str(tmp_path / "team-rules"))
     _variable(monkeypatch, None)
-    with tasks._kappa() as k:
+    with tasks.task_kappa() as k:
         assert k.settings.rules_location == str(tmp_path / "team-rules")
         assert k.settings.source_of("rules_location") == "KAPPA_RULES"
 

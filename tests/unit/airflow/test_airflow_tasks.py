@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.airflow import params, tasks
 from orchestrator.core.exceptions import ConflictError, NotFoundError, RulesError
+from orchestrator.core.times import utc_clock
 
 pytestmark = pytest.mark.airflow
 
@@ -255,7 +256,6 @@ def test_stop_previous_stops_only_a_standby_whose_grace_period_is_over(kappa_env
 
     from orchestrator.context import Kappa
 
-    from orchestrator.airflow import notes
     from orchestrator.lifecycle.monitor import standby_until
 
     monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "kappa_promote")
@@ -275,7 +275,8 @@ def test_stop_previous_stops_only_a_standby_whose_grace_period_is_over(kappa_env
     if not done:
         with pytest.raises(AirflowSkipException) as e:
             tasks.stop_previous("std_a", promoted, user="alice", run_id="r7", dag_id="kappa_promote")
-        assert str(e.value).startswith(f"v1 stays a running standby until {notes.utc(until)} (grace period 300 s): "
+        clock = utc_clock(until, date="never")
+        assert str(e.value).startswith(f"v1 stays a running standby until {clock} (grace period 300 s): "
                                        "kappa_rollback flips back to it at once until then; kappa_monitor stops it")
     else:
         res = tasks.stop_previous("std_a", promoted, user="alice", run_id="r7", dag_id="kappa_promote")
@@ -310,5 +311,5 @@ def test_a_restarting_rollback_heads_its_note_with_lag_and_eta_at_every_poke(kap
     assert tasks.poke_rollback_ready(prepared, deadline_at=0, user="bob") == {"is_done": False, "xcom_value": None}
     assert [h for h, _ in set_notes] == ["rolling back std_a to v1, restarting v1: job starting...",
                                          f"rolling back std_a to v1, restarting v1: lag 312 records, ETA 8 s "
-                                         f"({notes.utc(1_700_000_008.0)[:-4]} UTC)"]
+                                         f"({utc_clock(1_700_000_008.0, date='never')})"]
     assert all(body == [message] for _, body in set_notes)

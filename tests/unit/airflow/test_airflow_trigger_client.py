@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from orchestrator.airflow import client as trigger
-from orchestrator.dev.broker import free_port
+from orchestrator.core.net import free_port
 from orchestrator.core.exceptions import AirflowError
 
 pytestmark = pytest.mark.airflow

@@ -97,7 +97,7 @@ def test_usage_errors_exit_2(run, argv):
 
 
 def test_airflow_unreachable_is_one_line(run):
-    from orchestrator.dev.broker import free_port
+    from orchestrator.core.net import free_port
 
     result = run("trigger", "reprocess", "standardize", "--airflow-url", f"http://127.0.0.1:{free_port()}")
     assert result.exit_code == 1
@@ -160,7 +160,7 @@ def test_deploy_without_any_broker_says_how_to_get_one(run, kappa):
 
 def test_trigger_sends_a_default_reason_the_dags_accept(run, monkeypatch):
     """The DAGs refuse a reason under 3 characters; `kappa trigger` without --reason names the actor."""
-    from orchestrator.dev.broker import free_port
+    from orchestrator.core.net import free_port
 
     seen = {}
 

@@ -354,7 +354,7 @@ def test_case11_the_airflow_rollback_task_expects_the_alias_where_prepare_found_
 
     from orchestrator.airflow import tasks
 
-    monkeypatch.setattr(tasks, "_kappa", lambda: nullcontext(k))
+    monkeypatch.setattr(tasks, "task_kappa", lambda: nullcontext(k))
     v1, v2 = serving_pair(k, fake_log)
     prepared = tasks.prepare_rollback(PIPELINE, None, "v2 is bad", user="bob", run_id="manual__1")
     v3 = running(k, fake_log)
