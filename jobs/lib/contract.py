@@ -57,29 +57,22 @@ when the query starts for what it returns, before anything is written.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.core.exceptions import ContractError
+from orchestrator.core.jobref import parse_job_ref, resolve_job
 
-__all__ = ["JobInput", "Upserts", "Stateful", "SOURCE_COLUMNS", "ERROR", "DELETED", "DEFAULT_FUNCTION",
-           "resolve_job", "parse_job_ref", "load_job", "check_job", "check_result"]
+__all__ = ["JobInput", "Upserts", "Stateful", "SOURCE_COLUMNS", "ERROR", "DELETED", "load_job", "check_job",
+           "check_result"]
 
 #: The columns of Spark's Kafka source that an `Upserts` job keeps (kappa reads and removes them).
 SOURCE_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
 ERROR = "error"
 DELETED = "_deleted"
-DEFAULT_FUNCTION = "transform"
-#: kappa's own jobs: a bare name in the pipelines file is the module of that name in `jobs`.
-OWN_PACKAGE = "jobs"
-
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -113,32 +106,6 @@ class Stateful:
     output_mode: str = "update"
     write: str = "upsert"
     parsed: Any = None
-
-
-def parse_job_ref(ref: str) -> tuple[str, str]:
-    """(module, function) of a pipeline's ``job``: ``module:function``, a module (its `transform`),
-    or a bare name of one of kappa's own jobs (``standardize``: ``jobs.standardize:transform``).
-    ContractError naming what is malformed."""
-    module, _, function = ref.partition(":")
-    function = function or DEFAULT_FUNCTION
-    if not _MODULE.match(module) or not _FUNCTION.match(function):
-        raise ContractError(f"job {ref!r} is not a Python module or module:function (for example "
-                            f"team_jobs.profiles:transform)")
-    if "." not in module and _own_job(module):
-        module = f"{OWN_PACKAGE}.{module}"
-    return module, function
-
-
-def _own_job(name: str) -> bool:
-    spec = importlib.util.find_spec(OWN_PACKAGE)
-    return bool(spec and spec.submodule_search_locations and any(
-        (Path(p) / f"{name}.py").is_file() for p in spec.submodule_search_locations))
-
-
-def resolve_job(ref: str) -> str:
-    """The ``module:function`` a pipeline's ``job`` names."""
-    module, function = parse_job_ref(ref)
-    return f"{module}:{function}"
 
 
 def load_job(ref: str, job_path: list[str] | tuple[str, ...] = ()) -> Callable[[JobInput], Any]:

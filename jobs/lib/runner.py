@@ -33,15 +33,15 @@ from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, kafka_
 from jobs.lib.sink import KEY_ORDERS, MAX_CONFLICTS, DeltaTables, key_order_columns
 from jobs.lib.upkeep import Upkeep
 from orchestrator.core.exceptions import ConfigError, ContractError, KappaError
+from orchestrator.core.jobref import KAPPA_OPTIONS
 from orchestrator.core.names import app_id
 
-__all__ = ["KAPPA_OPTIONS", "REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
+__all__ = ["REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
            "batch_rejects", "batch_latest", "split_batch", "reads_twice", "UpsertBatches",
            "start_query", "start_job", "main"]
 
 log = logging.getLogger("kappa.job")
 
-KAPPA_OPTIONS = ("key_order", "backfill", "source_options", "upkeep", "state_partitions")
 REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error", "batch_id"]
 POSITION = {"partition": "source_partition", "offset": "source_offset", "timestamp": "source_timestamp"}
 

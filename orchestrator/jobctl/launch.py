@@ -107,7 +107,7 @@ def _job_args(k, pipeline: str, version: int, *, trigger: str = "continuous",
     """The job's command-line arguments (see jobs/lib/runtime.py); no secret among them."""
     spec = k.pipeline(pipeline)
     paths = k.paths(pipeline, version)
-    from jobs.lib.contract import resolve_job
+    from orchestrator.core.jobref import resolve_job
 
     args = [
         "--job", resolve_job(spec.job), "--key", ",".join(spec.key_columns),

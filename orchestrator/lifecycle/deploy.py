@@ -164,7 +164,8 @@ def check_request(k: Kappa, pipeline: str, rules_version: str | None = None, *, 
 def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold: int | None,
                 force: bool) -> DeployPlan:
     """The checks of a deploy request that need no broker: pipeline, job module, threshold, rules file."""
-    from orchestrator.core.pipelines import check_job_exists, check_ruleset_exists
+    from orchestrator.core.pipelines import check_ruleset_exists
+    from orchestrator.jobctl.jobcheck import check_job_exists
 
     from jobs.lib.rules import rules_root
 
@@ -206,7 +207,7 @@ def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold
 
 
 def _own_job(job: str) -> bool:
-    from jobs.lib.contract import OWN_PACKAGE, parse_job_ref
+    from orchestrator.core.jobref import OWN_PACKAGE, parse_job_ref
 
     return parse_job_ref(job)[0].split(".")[0] == OWN_PACKAGE
 

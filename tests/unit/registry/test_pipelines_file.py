@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from orchestrator.core.resources import default_pipelines_file
 from orchestrator.core.exceptions import ConfigError
-from orchestrator.core.pipelines import (PipelineSpec, check_job_exists, check_pipeline_code, check_ruleset_exists,
-                                    load_pipelines)
+from orchestrator.core.pipelines import PipelineSpec, check_ruleset_exists, load_pipelines
+from orchestrator.jobctl.jobcheck import check_job_exists, check_pipeline_code
 
 BASE = {
     "job": '"standardize"',
@@ -208,8 +208,8 @@ def spec_with(job: str) -> PipelineSpec:
 
 def test_code_checks_pass(tmp_path, code_dirs):
     path = pipelines_file(tmp_path, ("standardize", {"job": '"team_jobs.profiles"'}))
-    specs = load_pipelines(path, check_code=True, job_path=[str(code_dirs)], rules_dir=code_dirs / "rules")
-    spec = specs["standardize"]
+    spec = load_pipelines(path)["standardize"]
+    check_pipeline_code(spec, job_path=[str(code_dirs)], rules_dir=code_dirs / "rules")
     assert check_job_exists(spec, job_path=[str(code_dirs)]) == "team_jobs.profiles:transform"
     assert check_ruleset_exists(spec, rules_dir=code_dirs / "rules") == code_dirs / "rules" / "titles"
     # kappa's own jobs by name, found as files
