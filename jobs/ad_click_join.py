@@ -3,7 +3,7 @@
     [pipelines.ad_click_join]  job = "ad_click_join", topics = ["ad_impressions", "ad_clicks"],
     options = { bound = "10 minutes", impressions_watermark = "10 minutes", clicks_watermark = "10 minutes" }
 
-A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` pairs, appended.
+A job of the contract (`jobs.lib.contract.api`): ``transform(job)`` returns `Stateful` pairs, appended.
 
 `--topics` names the impressions topic first, the clicks topic second; both keyed by impression id.
 Spark's native inner stream-stream join with a watermark on each side and a time-range condition:
@@ -33,10 +33,10 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 
-from jobs.lib.contract import JobInput, Stateful
-from jobs.lib.event_columns import parse_events
-from jobs.lib.events import AD_CLICK, AD_IMPRESSION
-from jobs.lib.seedjob import duration_options, topic_roles
+from jobs.lib.contract.api import JobInput, Stateful
+from jobs.lib.runtime.seedjob import duration_options, topic_roles
+from jobs.lib.source.event_columns import parse_events
+from jobs.lib.source.events import AD_CLICK, AD_IMPRESSION
 
 __all__ = ["OPTIONS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "pairs", "transform"]
 

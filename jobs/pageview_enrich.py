@@ -2,9 +2,9 @@
 
     [pipelines.pageview_enrich]  job = "pageview_enrich", topics = ["page_views", "member_profiles"]
 
-A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` rows, appended;
+A job of the contract (`jobs.lib.contract.api`): ``transform(job)`` returns `Stateful` rows, appended;
 its stateful function sees the raw records, so it emits its rejects and counts among its rows
-(`jobs.lib.seedjob.TAIL_DDL`). The pipeline's topics name the page views topic first, the profiles
+(`jobs.lib.runtime.seedjob.TAIL_DDL`). The pipeline's topics name the page views topic first, the profiles
 topic second; both keyed by member id
 (co-partitioned, as the Samza pattern requires). The Samza implementation: a key-value store maps
 member id -> ZIP code; a profile update writes it, a page view reads it and is emitted with it.
@@ -51,9 +51,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from jobs.lib.contract import JobInput, Stateful
-from jobs.lib.events import PAGE_VIEW, PROFILE, decode_key, parse_value
-from jobs.lib.seedjob import TAIL_DDL, duration_options, reject_row, rows_frame, topic_roles
+from jobs.lib.contract.api import JobInput, Stateful
+from jobs.lib.runtime.seedjob import TAIL_DDL, duration_options, reject_row, rows_frame, topic_roles
+from jobs.lib.source.events import PAGE_VIEW, PROFILE, decode_key, parse_value
 
 __all__ = ["OUTPUT_SCHEMA", "OUTPUT_DDL", "enrich_member", "enrich", "transform"]
 
@@ -124,7 +124,7 @@ def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Itera
 
 def enrich(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
     """Kafka rows of both topics -> enriched views to append, rejects and input counts
-    (`jobs.lib.seedjob.TAIL_DDL`)."""
+    (`jobs.lib.runtime.seedjob.TAIL_DDL`)."""
     return (
         source.select("key", "value", "topic", "partition", "offset", "timestamp")
         .groupBy("key")

@@ -3,13 +3,13 @@
     [pipelines.pageviews_hourly]  job = "pageviews_hourly", topics = ["page_views"],
     options = { window = "1 hour", watermark = "2 hours" }
 
-A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` rows in update
+A job of the contract (`jobs.lib.contract.api`): ``transform(job)`` returns `Stateful` rows in update
 mode, upserted by (member_id, window_start); kappa takes the rejects from the parsed records.
 
 The Samza pattern "counting page views per user per hour" with Spark's native operator: page
 views are grouped by member and 1-hour tumbling window of their event time (`viewed_at`); the
 running counts live in the state store, RocksDB with changelog checkpointing (configured in
-`jobs.lib.session.build_session`), so a restart replays a small changelog instead of the input.
+`jobs.lib.runtime.session.build_session`), so a restart replays a small changelog instead of the input.
 
 Output mode: *update*. Every micro-batch emits the current count of each window it touched, and
 the sink upserts it by (member_id, window_start). The table therefore holds complete counts of
@@ -24,8 +24,8 @@ order views arrive in the live tail; windows older than the watermark are evicte
 backfill of a new version is one micro-batch (source option ``backfill=one-batch``, the default):
 no capped batches that let a sparse partition run ahead of a dense one in event time, so a
 reprocess drops no view that a batch computation over the same log would count.
-State partitions: the pipeline option ``state_partitions`` (`jobs.lib.seedjob.state_partitions`). Late views are not errors
-and do not go to the rejects table; malformed records do (see `jobs.lib.events.PAGE_VIEW`).
+State partitions: the pipeline option ``state_partitions`` (`jobs.lib.runtime.seedjob.state_partitions`). Late views are not errors
+and do not go to the rejects table; malformed records do (see `jobs.lib.source.events.PAGE_VIEW`).
 
 Output table: member_id string, window_start timestamp, window_end timestamp, views int64.
 """
@@ -35,10 +35,10 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 
-from jobs.lib.contract import JobInput, Stateful
-from jobs.lib.event_columns import parse_events
-from jobs.lib.events import PAGE_VIEW
-from jobs.lib.seedjob import duration_options, topic_roles
+from jobs.lib.contract.api import JobInput, Stateful
+from jobs.lib.runtime.seedjob import duration_options, topic_roles
+from jobs.lib.source.event_columns import parse_events
+from jobs.lib.source.events import PAGE_VIEW
 
 __all__ = ["OPTIONS", "KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "counts", "transform"]
 
@@ -58,7 +58,7 @@ OUTPUT_DDL = "member_id string, window_start timestamp, window_end timestamp, vi
 
 
 def counts(parsed: DataFrame, *, window: str = DEFAULT_WINDOW, watermark: str = DEFAULT_WATERMARK) -> DataFrame:
-    """Parsed page views (`jobs.lib.event_columns.parse_events`) -> the updated count of each
+    """Parsed page views (`jobs.lib.source.event_columns.parse_events`) -> the updated count of each
     (member, window) they touch, `OUTPUT_DDL`."""
     return (
         parsed.where(F.col("error").isNull())

@@ -3,7 +3,7 @@
     [pipelines.profile_settings_join]  job = "profile_settings_join",
     topics = ["member_profiles", "member_settings"]
 
-A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` rows in update
+A job of the contract (`jobs.lib.contract.api`): ``transform(job)`` returns `Stateful` rows in update
 mode, upserted by member_id. The pipeline's topics name the profiles topic first, the settings
 topic second. Both are compacted
 changelogs keyed by member id (the Kafka key, UTF-8); a tombstone (null value) deletes that side.
@@ -14,7 +14,7 @@ that store is a streaming aggregation in the JVM over the union of both topics (
 grouped by member id, on the RocksDB state store with changelog checkpointing: per side, ``max_by``
 of the side's record (fields, offset, tombstone) by its (partition, offset). A key lives in one
 partition of each topic, so the latest record of each side wins exactly as compaction would keep
-it. Records are parsed in the JVM too (`jobs.lib.event_columns.parse_events`).
+it. Records are parsed in the JVM too (`jobs.lib.source.event_columns.parse_events`).
 
 Emission and output: for every member touched in a micro-batch the function emits the joined
 record as of the end of the batch (the intermediate joins of one batch would be overwritten by the
@@ -37,10 +37,10 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 
-from jobs.lib.contract import JobInput, Stateful
-from jobs.lib.event_columns import parse_events
-from jobs.lib.events import PROFILE, SETTINGS
-from jobs.lib.seedjob import duration_options, topic_roles
+from jobs.lib.contract.api import JobInput, Stateful
+from jobs.lib.runtime.seedjob import duration_options, topic_roles
+from jobs.lib.source.event_columns import parse_events
+from jobs.lib.source.events import PROFILE, SETTINGS
 
 __all__ = ["KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "join", "transform"]
 

@@ -1,9 +1,9 @@
 """A pipeline's job reference read without importing the job, and the option names kappa keeps for itself.
 
-A pipeline's ``job`` names a function of the job contract (`jobs.lib.contract`): ``module:function``,
+A pipeline's ``job`` names a function of the job contract (`jobs.lib.contract.api`): ``module:function``,
 a module (its ``transform``), or a bare name of one of kappa's own jobs (``standardize``, a module in
 the `jobs` package). The control plane reads it here (the pipelines file's checks, the job's command
-line) and the job side reads it here too (`jobs.lib.contract.load_job`), so both agree on what a
+line) and the job side reads it here too (`jobs.lib.contract.api.load_job`), so both agree on what a
 reference means. Pure data and parsing: nothing here imports the jobs; kappa's own jobs are found as
 files (`importlib.util.find_spec`), never imported.
 """
@@ -21,7 +21,7 @@ __all__ = ["OWN_PACKAGE", "DEFAULT_FUNCTION", "KAPPA_OPTIONS", "parse_job_ref", 
 #: kappa's own jobs: a bare name in the pipelines file is the module of that name in `jobs`.
 OWN_PACKAGE = "jobs"
 DEFAULT_FUNCTION = "transform"
-#: The keys of a pipeline's ``options`` that kappa's runner takes for itself (`jobs.lib.runner`);
+#: The keys of a pipeline's ``options`` that kappa's runner takes for itself (`jobs.lib.contract.runner`);
 #: the job's function gets the others.
 KAPPA_OPTIONS = ("key_order", "backfill", "source_options", "upkeep", "state_partitions")
 

@@ -1,6 +1,6 @@
 """Pipelines: the named derivations kappa knows, declared in `deploy/pipelines.toml`.
 
-A pipeline names its job (a function of the job contract, `jobs.lib.contract`), its source topics, its output key, its rules
+A pipeline names its job (a function of the job contract, `jobs.lib.contract.api`), its source topics, its output key, its rules
 set (if the job takes rules), the serving alias readers use, and the numbers the control plane
 decides with (catch-up threshold and samples, standby grace period, retention, promote limits).
 

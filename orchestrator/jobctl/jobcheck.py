@@ -1,7 +1,7 @@
 """A pipeline's code checked before a deploy: its job keeps the job contract, its ruleset has rules files.
 
 The job check sits here, above the jobs, because a team's job is checked by the job contract's own
-`check_job` (`jobs.lib.contract`: the job imported, and with ``call`` called on a Kafka stream, in a
+`check_job` (`jobs.lib.contract.api`: the job imported, and with ``call`` called on a Kafka stream, in a
 separate Python process, so the deploying process imports no team code); `orchestrator.core` reads
 the pipelines file and the job's reference (`orchestrator.core.jobref`) without importing the jobs.
 kappa's own jobs are found as files, nothing imported.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.lib.contract import check_job
+from jobs.lib.contract.api import check_job
 from orchestrator.core.exceptions import ContractError
 from orchestrator.core.jobref import KAPPA_OPTIONS, OWN_PACKAGE, parse_job_ref
 from orchestrator.core.pipelines import PipelineSpec, check_ruleset_exists, jobs_directory
@@ -25,7 +25,7 @@ def check_job_exists(spec: PipelineSpec, *, job_path: list[str] | tuple[str, ...
     what is wrong. kappa's own jobs: their file exists (their contract is kappa's tests'). A team's
     job: it imports, in a separate process, from `job_path`, and its function takes one argument;
     with `call`, it is also called on a Kafka stream there (a local Spark session, `rules_file`) and
-    what it returns is checked (`jobs.lib.contract.check_job`)."""
+    what it returns is checked (`jobs.lib.contract.api.check_job`)."""
     try:
         module, function = parse_job_ref(spec.job)
         if module.split(".")[0] == OWN_PACKAGE and (jobs_directory() / f"{module.split('.', 1)[1]}.py").is_file():

@@ -167,7 +167,7 @@ def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold
     from orchestrator.core.pipelines import check_ruleset_exists
     from orchestrator.jobctl.jobcheck import check_job_exists
 
-    from jobs.lib.rules import rules_root
+    from jobs.lib.rules.files import rules_root
 
     spec = k.pipeline(pipeline)
     if _own_job(spec.job):
@@ -177,7 +177,7 @@ def _check_spec(k: Kappa, pipeline: str, rules_version: str | None, *, threshold
         raise ConfigError(f"invalid catch-up threshold {threshold!r}: expected a number of records >= 0")
     rules_file = rules_hash = rules_text = None
     if spec.ruleset:
-        from jobs.lib.rules import available_rules, rules_path
+        from jobs.lib.rules.files import available_rules, rules_path
         from orchestrator.lifecycle.version_rules import read_rules_file
 
         location = k.settings.rules_location

@@ -230,8 +230,8 @@ def test_code_checks_pass(tmp_path, code_dirs):
     ("team_jobs.profiles:LIMIT", "job 'team_jobs.profiles:LIMIT': team_jobs.profiles.LIMIT is a int, not a function"),
     ("team_jobs.profiles:two", "job 'team_jobs.profiles:two': team_jobs.profiles.two(job, extra) must take exactly "
                                "one argument, the JobInput (def two(job): ...)"),
-    ("jobs.lib.session", "job 'jobs.lib.session': module 'jobs.lib.session' has no function 'transform'; name it "
-                         "jobs.lib.session:<function> in the pipelines file"),
+    ("jobs.lib.runtime.session", "job 'jobs.lib.runtime.session': module 'jobs.lib.runtime.session' has no function 'transform'; name it "
+                         "jobs.lib.runtime.session:<function> in the pipelines file"),
 ])
 def test_a_job_that_does_not_import_or_keep_the_contract_is_refused_in_one_line(code_dirs, job, message):
     path = [str(code_dirs)] if "." in job else []
