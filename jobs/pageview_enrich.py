@@ -73,6 +73,30 @@ OUTPUT_DDL = ("view_id string, member_id string, page string, viewed_at timestam
 _OUT_COLUMNS = [c.split(" ")[0] for c in OUTPUT_DDL.split(", ")]
 
 
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: topics page views then profiles, one source over both; no options."""
+    views, profiles = topic_roles(job, ("page views", "member profiles"), "pageview_enrich")
+    duration_options(job, {}, "pageview_enrich")
+    # Source: one Kafka stream over both topics.
+    source = job.source
+    # Transformation: each view with the member's ZIP code as of its time, from the state of
+    # applyInPandasWithState grouped by the Kafka key.
+    rows = enrich(source, views, profiles)
+    # Sink: the enriched views appended; the rows carry their own rejects and counts (`TAIL_DDL`).
+    return Stateful(rows, output_mode="append", write="append")
+
+
+def enrich(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
+    """Kafka rows of both topics -> enriched views to append, rejects and input counts
+    (`jobs.lib.runtime.seedjob.TAIL_DDL`)."""
+    return (
+        source.select("key", "value", "topic", "partition", "offset", "timestamp")
+        .groupBy("key")
+        .applyInPandasWithState(partial(enrich_member, views_topic, profiles_topic), OUTPUT_DDL,
+                                STATE_DDL, "append", GroupStateTimeout.NoTimeout)
+    )
+
+
 def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Iterator[pd.DataFrame],
                   state: GroupState) -> Iterator[pd.DataFrame]:
     """One member's views and profile records of one micro-batch -> enriched views and rejects.
@@ -120,21 +144,3 @@ def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Itera
     else:
         state.update((zip_code,))
     yield rows_frame(out, _OUT_COLUMNS)
-
-
-def enrich(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
-    """Kafka rows of both topics -> enriched views to append, rejects and input counts
-    (`jobs.lib.runtime.seedjob.TAIL_DDL`)."""
-    return (
-        source.select("key", "value", "topic", "partition", "offset", "timestamp")
-        .groupBy("key")
-        .applyInPandasWithState(partial(enrich_member, views_topic, profiles_topic), OUTPUT_DDL,
-                                STATE_DDL, "append", GroupStateTimeout.NoTimeout)
-    )
-
-
-def transform(job: JobInput) -> Stateful:
-    """The job contract's function: topics page views then profiles, one source over both; no options."""
-    views, profiles = topic_roles(job, ("page views", "member profiles"), "pageview_enrich")
-    duration_options(job, {}, "pageview_enrich")
-    return Stateful(enrich(job.source, views, profiles), output_mode="append", write="append")

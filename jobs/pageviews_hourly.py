@@ -57,6 +57,19 @@ OUTPUT_SCHEMA = pa.schema([
 OUTPUT_DDL = "member_id string, window_start timestamp, window_end timestamp, views bigint"
 
 
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: one topic of page views; options window and watermark."""
+    topic_roles(job, ("page views",), "pageviews_hourly")
+    options = duration_options(job, OPTIONS, "pageviews_hourly")
+    # Source: the page views topic, parsed in the JVM (a malformed record keeps its reason in `error`).
+    parsed = parse_events(job.source, PAGE_VIEW)
+    # Transformation: the running count of each (member, hour), in the state store.
+    rows = counts(parsed, **options)
+    # Sink: every window a batch touched, upserted by (member_id, window_start); kappa takes the
+    # rejects and the records read from `parsed`.
+    return Stateful(rows, output_mode="update", write="upsert", parsed=parsed)
+
+
 def counts(parsed: DataFrame, *, window: str = DEFAULT_WINDOW, watermark: str = DEFAULT_WATERMARK) -> DataFrame:
     """Parsed page views (`jobs.lib.source.event_columns.parse_events`) -> the updated count of each
     (member, window) they touch, `OUTPUT_DDL`."""
@@ -68,11 +81,3 @@ def counts(parsed: DataFrame, *, window: str = DEFAULT_WINDOW, watermark: str = 
         .select("member_id", F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
                 F.col("views").cast("bigint").alias("views"))
     )
-
-
-def transform(job: JobInput) -> Stateful:
-    """The job contract's function: one topic of page views; options window and watermark."""
-    topic_roles(job, ("page views",), "pageviews_hourly")
-    options = duration_options(job, OPTIONS, "pageviews_hourly")
-    parsed = parse_events(job.source, PAGE_VIEW)
-    return Stateful(counts(parsed, **options), output_mode="update", write="upsert", parsed=parsed)

@@ -59,16 +59,17 @@ OUTPUT_DDL = (
 _RAW = ["key", "value", "topic", "partition", "offset", "timestamp"]
 
 
-def _side(parsed: DataFrame, tombstones: DataFrame, et, name: str) -> DataFrame:
-    """One side's valid records and tombstones as (member_id, side struct, its order)."""
-    fields = list(et.fields)
-    valid = parsed.where(F.col("error").isNull()).select(
-        "member_id", *fields, "partition", "offset", F.lit(False).alias("gone"))
-    gone = tombstones.select(F.col("key").cast("string").alias("member_id"),
-                             *[F.lit(None).cast(valid.schema[n].dataType).alias(n) for n in fields],
-                             "partition", "offset", F.lit(True).alias("gone"))
-    return valid.unionByName(gone).select(
-        "member_id", F.struct(*fields, "offset", "gone").alias(name), F.struct("partition", "offset").alias("order"))
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: topics profiles then settings, one source over both; no options."""
+    profiles, settings = topic_roles(job, ("member profiles", "member settings"), "profile_settings_join")
+    duration_options(job, {}, "profile_settings_join")
+    # Source: one Kafka stream over both topics.
+    source = job.source
+    # Transformation: each side's latest record per member (a tombstone deletes it), joined.
+    joined, parsed = join(source, profiles, settings)
+    # Sink: upserted by member_id (`_deleted` deletes); kappa takes the rejects and the records read
+    # from `parsed`.
+    return Stateful(joined, output_mode="update", write="upsert", parsed=parsed)
 
 
 def join(source: DataFrame, profiles_topic: str, settings_topic: str) -> tuple[DataFrame, DataFrame]:
@@ -103,9 +104,13 @@ def join(source: DataFrame, profiles_topic: str, settings_topic: str) -> tuple[D
     return joined, counted.unionByName(tombs)
 
 
-def transform(job: JobInput) -> Stateful:
-    """The job contract's function: topics profiles then settings, one source over both; no options."""
-    profiles, settings = topic_roles(job, ("member profiles", "member settings"), "profile_settings_join")
-    duration_options(job, {}, "profile_settings_join")
-    joined, parsed = join(job.source, profiles, settings)
-    return Stateful(joined, output_mode="update", write="upsert", parsed=parsed)
+def _side(parsed: DataFrame, tombstones: DataFrame, et, name: str) -> DataFrame:
+    """One side's valid records and tombstones as (member_id, side struct, its order)."""
+    fields = list(et.fields)
+    valid = parsed.where(F.col("error").isNull()).select(
+        "member_id", *fields, "partition", "offset", F.lit(False).alias("gone"))
+    gone = tombstones.select(F.col("key").cast("string").alias("member_id"),
+                             *[F.lit(None).cast(valid.schema[n].dataType).alias(n) for n in fields],
+                             "partition", "offset", F.lit(True).alias("gone"))
+    return valid.unionByName(gone).select(
+        "member_id", F.struct(*fields, "offset", "gone").alias(name), F.struct("partition", "offset").alias("order"))

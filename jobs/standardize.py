@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from jobs.lib.contract.api import SOURCE_COLUMNS, JobInput, Upserts
 from jobs.lib.contract.runner import start_query as start_job_query
-from jobs.lib.rules.files import Rules
+from jobs.lib.rules.model import Rules
 from jobs.lib.sink.tables import CRASH_HOOK
 from jobs.lib.source.profiles import DELETED, KEY_COLUMNS, parse_records
 from orchestrator.core.exceptions import ConfigError, RulesError
@@ -44,9 +44,14 @@ def transform(job: JobInput) -> Upserts:
     rules = job.rules
     if rules is None:
         raise RulesError("the standardize job needs a rules file: deploy it with a rules version of its ruleset")
+    # Source: the profiles topic, parsed in the JVM (a malformed record keeps its reason in `error`,
+    # a tombstone sets `_deleted`).
     parsed = parse_records(job.source)
+    # Transformation: one profile row per record, the raw title and company kept for the rules.
     rows = parsed.select(*SOURCE_COLUMNS, "member_id", "name", F.col("title").alias("title_raw"),
                          F.col("company").alias("company_raw"), "location", "error", DELETED)
+    # Sink: kappa keeps the latest row of each member, standardizes it by the rules (`then`) and
+    # MERGEs it by member_id.
     return Upserts(rows, then=lambda latest: standardized(latest, rules))
 
 
