@@ -46,10 +46,10 @@ setup_python() {
 }
 
 setup_spark_cds() {
-  # the Spark driver JVM's class-data-sharing archive (jobs/lib/session.py): about 20 s once, then
+  # the Spark driver JVM's class-data-sharing archive (jobs/lib/runtime/session.py): about 20 s once, then
   # every Spark start-up is about 1.5 s shorter; a no-op once the archive exists
   "$venv/bin/python" -c '
-from jobs.lib.session import cds_archive_path, create_cds_archive
+from jobs.lib.runtime.session import cds_archive_path, create_cds_archive
 if not cds_archive_path().is_file():
     print("==> making the Spark driver class-data-sharing archive (once, about 20 s)", flush=True)
     print("    " + str(create_cds_archive() or "not made: Spark starts without it"))' || true

@@ -3,7 +3,7 @@
     [pipelines.ad_click_join]  job = "ad_click_join", topics = ["ad_impressions", "ad_clicks"],
     options = { bound = "10 minutes", impressions_watermark = "10 minutes", clicks_watermark = "10 minutes" }
 
-A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` pairs, appended.
+A job of the contract (`jobs.lib.contract.api`): ``transform(job)`` returns `Stateful` pairs, appended.
 
 `--topics` names the impressions topic first, the clicks topic second; both keyed by impression id.
 Spark's native inner stream-stream join with a watermark on each side and a time-range condition:
@@ -33,10 +33,10 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 
-from jobs.lib.contract import JobInput, Stateful
-from jobs.lib.event_columns import parse_events
-from jobs.lib.events import AD_CLICK, AD_IMPRESSION
-from jobs.lib.seedjob import duration_options, topic_roles
+from jobs.lib.contract.api import JobInput, Stateful
+from jobs.lib.runtime.seedjob import duration_options, topic_roles
+from jobs.lib.source.event_columns import parse_events
+from jobs.lib.source.events import AD_CLICK, AD_IMPRESSION
 
 __all__ = ["OPTIONS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "pairs", "transform"]
 
@@ -58,6 +58,19 @@ OUTPUT_DDL = ("impression_id string, ad_id string, member_id string, shown_at ti
               "clicked_at timestamp")
 
 
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: topics impressions then clicks, each its own source (both commit
+    to the version's consumer group); options bound and the two watermarks."""
+    impressions, clicks = topic_roles(job, ("ad impressions", "ad clicks"), "ad_click_join")
+    # Source: one Kafka stream per topic.
+    impression_records, click_records = job.read(impressions), job.read(clicks)
+    options = duration_options(job, OPTIONS, "ad_click_join")
+    # Transformation: both sides parsed and watermarked, each click joined to its impression within the bound.
+    out, parsed = pairs(impression_records, click_records, **options)
+    # Sink: the pairs appended; kappa takes the rejects and the records read from `parsed`.
+    return Stateful(out, output_mode="append", write="append", parsed=parsed)
+
+
 def pairs(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT_BOUND,
           impressions_watermark: str = DEFAULT_WATERMARK,
           clicks_watermark: str = DEFAULT_WATERMARK) -> tuple[DataFrame, DataFrame]:
@@ -77,11 +90,3 @@ def pairs(impressions: DataFrame, clicks: DataFrame, *, bound: str = DEFAULT_BOU
     out = joined.select("impression_id", "ad_id", "member_id", "shown_at", "click_id", "clicked_at")
     cols = ["key", "value", "topic", "partition", "offset", "error"]
     return out, imps.select(*cols).unionByName(clks.select(*cols))
-
-
-def transform(job: JobInput) -> Stateful:
-    """The job contract's function: topics impressions then clicks, each its own source (both commit
-    to the version's consumer group); options bound and the two watermarks."""
-    impressions, clicks = topic_roles(job, ("ad impressions", "ad clicks"), "ad_click_join")
-    out, parsed = pairs(job.read(impressions), job.read(clicks), **duration_options(job, OPTIONS, "ad_click_join"))
-    return Stateful(out, output_mode="append", write="append", parsed=parsed)

@@ -2,9 +2,9 @@
 
     [pipelines.pageview_enrich]  job = "pageview_enrich", topics = ["page_views", "member_profiles"]
 
-A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` rows, appended;
+A job of the contract (`jobs.lib.contract.api`): ``transform(job)`` returns `Stateful` rows, appended;
 its stateful function sees the raw records, so it emits its rejects and counts among its rows
-(`jobs.lib.seedjob.TAIL_DDL`). The pipeline's topics name the page views topic first, the profiles
+(`jobs.lib.runtime.seedjob.TAIL_DDL`). The pipeline's topics name the page views topic first, the profiles
 topic second; both keyed by member id
 (co-partitioned, as the Samza pattern requires). The Samza implementation: a key-value store maps
 member id -> ZIP code; a profile update writes it, a page view reads it and is emitted with it.
@@ -51,9 +51,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from jobs.lib.contract import JobInput, Stateful
-from jobs.lib.events import PAGE_VIEW, PROFILE, decode_key, parse_value
-from jobs.lib.seedjob import TAIL_DDL, duration_options, reject_row, rows_frame, topic_roles
+from jobs.lib.contract.api import JobInput, Stateful
+from jobs.lib.runtime.seedjob import TAIL_DDL, duration_options, reject_row, rows_frame, topic_roles
+from jobs.lib.source.events import PAGE_VIEW, PROFILE, decode_key, parse_value
 
 __all__ = ["OUTPUT_SCHEMA", "OUTPUT_DDL", "enrich_member", "enrich", "transform"]
 
@@ -71,6 +71,30 @@ STATE_DDL = "zip string"
 OUTPUT_DDL = ("view_id string, member_id string, page string, viewed_at timestamp, zip string, "
               "source_partition int, source_offset bigint, " + TAIL_DDL)
 _OUT_COLUMNS = [c.split(" ")[0] for c in OUTPUT_DDL.split(", ")]
+
+
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: topics page views then profiles, one source over both; no options."""
+    views, profiles = topic_roles(job, ("page views", "member profiles"), "pageview_enrich")
+    duration_options(job, {}, "pageview_enrich")
+    # Source: one Kafka stream over both topics.
+    source = job.source
+    # Transformation: each view with the member's ZIP code as of its time, from the state of
+    # applyInPandasWithState grouped by the Kafka key.
+    rows = enrich(source, views, profiles)
+    # Sink: the enriched views appended; the rows carry their own rejects and counts (`TAIL_DDL`).
+    return Stateful(rows, output_mode="append", write="append")
+
+
+def enrich(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
+    """Kafka rows of both topics -> enriched views to append, rejects and input counts
+    (`jobs.lib.runtime.seedjob.TAIL_DDL`)."""
+    return (
+        source.select("key", "value", "topic", "partition", "offset", "timestamp")
+        .groupBy("key")
+        .applyInPandasWithState(partial(enrich_member, views_topic, profiles_topic), OUTPUT_DDL,
+                                STATE_DDL, "append", GroupStateTimeout.NoTimeout)
+    )
 
 
 def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Iterator[pd.DataFrame],
@@ -120,21 +144,3 @@ def enrich_member(views_topic: str, profiles_topic: str, key: tuple, pdfs: Itera
     else:
         state.update((zip_code,))
     yield rows_frame(out, _OUT_COLUMNS)
-
-
-def enrich(source: DataFrame, views_topic: str, profiles_topic: str) -> DataFrame:
-    """Kafka rows of both topics -> enriched views to append, rejects and input counts
-    (`jobs.lib.seedjob.TAIL_DDL`)."""
-    return (
-        source.select("key", "value", "topic", "partition", "offset", "timestamp")
-        .groupBy("key")
-        .applyInPandasWithState(partial(enrich_member, views_topic, profiles_topic), OUTPUT_DDL,
-                                STATE_DDL, "append", GroupStateTimeout.NoTimeout)
-    )
-
-
-def transform(job: JobInput) -> Stateful:
-    """The job contract's function: topics page views then profiles, one source over both; no options."""
-    views, profiles = topic_roles(job, ("page views", "member profiles"), "pageview_enrich")
-    duration_options(job, {}, "pageview_enrich")
-    return Stateful(enrich(job.source, views, profiles), output_mode="append", write="append")

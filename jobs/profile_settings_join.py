@@ -3,7 +3,7 @@
     [pipelines.profile_settings_join]  job = "profile_settings_join",
     topics = ["member_profiles", "member_settings"]
 
-A job of the contract (`jobs.lib.contract`): ``transform(job)`` returns `Stateful` rows in update
+A job of the contract (`jobs.lib.contract.api`): ``transform(job)`` returns `Stateful` rows in update
 mode, upserted by member_id. The pipeline's topics name the profiles topic first, the settings
 topic second. Both are compacted
 changelogs keyed by member id (the Kafka key, UTF-8); a tombstone (null value) deletes that side.
@@ -14,7 +14,7 @@ that store is a streaming aggregation in the JVM over the union of both topics (
 grouped by member id, on the RocksDB state store with changelog checkpointing: per side, ``max_by``
 of the side's record (fields, offset, tombstone) by its (partition, offset). A key lives in one
 partition of each topic, so the latest record of each side wins exactly as compaction would keep
-it. Records are parsed in the JVM too (`jobs.lib.event_columns.parse_events`).
+it. Records are parsed in the JVM too (`jobs.lib.source.event_columns.parse_events`).
 
 Emission and output: for every member touched in a micro-batch the function emits the joined
 record as of the end of the batch (the intermediate joins of one batch would be overwritten by the
@@ -37,10 +37,10 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import DataFrame, functions as F
 
-from jobs.lib.contract import JobInput, Stateful
-from jobs.lib.event_columns import parse_events
-from jobs.lib.events import PROFILE, SETTINGS
-from jobs.lib.seedjob import duration_options, topic_roles
+from jobs.lib.contract.api import JobInput, Stateful
+from jobs.lib.runtime.seedjob import duration_options, topic_roles
+from jobs.lib.source.event_columns import parse_events
+from jobs.lib.source.events import PROFILE, SETTINGS
 
 __all__ = ["KEY_COLUMNS", "OUTPUT_SCHEMA", "OUTPUT_DDL", "join", "transform"]
 
@@ -59,16 +59,17 @@ OUTPUT_DDL = (
 _RAW = ["key", "value", "topic", "partition", "offset", "timestamp"]
 
 
-def _side(parsed: DataFrame, tombstones: DataFrame, et, name: str) -> DataFrame:
-    """One side's valid records and tombstones as (member_id, side struct, its order)."""
-    fields = list(et.fields)
-    valid = parsed.where(F.col("error").isNull()).select(
-        "member_id", *fields, "partition", "offset", F.lit(False).alias("gone"))
-    gone = tombstones.select(F.col("key").cast("string").alias("member_id"),
-                             *[F.lit(None).cast(valid.schema[n].dataType).alias(n) for n in fields],
-                             "partition", "offset", F.lit(True).alias("gone"))
-    return valid.unionByName(gone).select(
-        "member_id", F.struct(*fields, "offset", "gone").alias(name), F.struct("partition", "offset").alias("order"))
+def transform(job: JobInput) -> Stateful:
+    """The job contract's function: topics profiles then settings, one source over both; no options."""
+    profiles, settings = topic_roles(job, ("member profiles", "member settings"), "profile_settings_join")
+    duration_options(job, {}, "profile_settings_join")
+    # Source: one Kafka stream over both topics.
+    source = job.source
+    # Transformation: each side's latest record per member (a tombstone deletes it), joined.
+    joined, parsed = join(source, profiles, settings)
+    # Sink: upserted by member_id (`_deleted` deletes); kappa takes the rejects and the records read
+    # from `parsed`.
+    return Stateful(joined, output_mode="update", write="upsert", parsed=parsed)
 
 
 def join(source: DataFrame, profiles_topic: str, settings_topic: str) -> tuple[DataFrame, DataFrame]:
@@ -103,9 +104,13 @@ def join(source: DataFrame, profiles_topic: str, settings_topic: str) -> tuple[D
     return joined, counted.unionByName(tombs)
 
 
-def transform(job: JobInput) -> Stateful:
-    """The job contract's function: topics profiles then settings, one source over both; no options."""
-    profiles, settings = topic_roles(job, ("member profiles", "member settings"), "profile_settings_join")
-    duration_options(job, {}, "profile_settings_join")
-    joined, parsed = join(job.source, profiles, settings)
-    return Stateful(joined, output_mode="update", write="upsert", parsed=parsed)
+def _side(parsed: DataFrame, tombstones: DataFrame, et, name: str) -> DataFrame:
+    """One side's valid records and tombstones as (member_id, side struct, its order)."""
+    fields = list(et.fields)
+    valid = parsed.where(F.col("error").isNull()).select(
+        "member_id", *fields, "partition", "offset", F.lit(False).alias("gone"))
+    gone = tombstones.select(F.col("key").cast("string").alias("member_id"),
+                             *[F.lit(None).cast(valid.schema[n].dataType).alias(n) for n in fields],
+                             "partition", "offset", F.lit(True).alias("gone"))
+    return valid.unionByName(gone).select(
+        "member_id", F.struct(*fields, "offset", "gone").alias(name), F.struct("partition", "offset").alias("order"))

@@ -1,30 +1,30 @@
 """The headline job: a member-profile changelog becomes standardized profiles in a Delta table.
 
-A job of the contract (`jobs.lib.contract`), as a team would write its own: ``transform(job)`` gets the
-Kafka stream kappa configured and returns `Upserts`; kappa's runner (`jobs.lib.runner`) owns the
+A job of the contract (`jobs.lib.contract.api`), as a team would write its own: ``transform(job)`` gets the
+Kafka stream kappa configured and returns `Upserts`; kappa's runner (`jobs.lib.contract.runner`) owns the
 source options, the latest row per member, the MERGE, the rejects table, checkpoint and triggers.
 
 * transformation, DataFrame functions in the JVM: the JSON profile parsed with ``try_parse_json``
-  (`jobs.lib.profiles.parse_records`: values and keys the JVM cannot vouch for go to the exact
+  (`jobs.lib.source.profiles.parse_records`: values and keys the JVM cannot vouch for go to the exact
   Python parser, which gives the reject reason in ``error``; a tombstone sets ``_deleted``);
 * ``then``, on the latest row of each member only: the rules as Spark expressions
-  (`jobs.lib.rules.Rules.column`), titles and companies.
+  (`jobs.lib.rules.model.Rules.column`), titles and companies.
 
 Run by kappa as ``python -m jobs.run --job jobs.standardize:transform --key member_id ...`` (the
 pipelines file says ``job = "standardize"``).
 The job takes no options of its own (kappa's are ``key_order``, ``backfill``, ``source_options``,
-``upkeep``: `jobs.lib.runner`).
+``upkeep``: `jobs.lib.contract.runner`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from jobs.lib.contract import SOURCE_COLUMNS, JobInput, Upserts
-from jobs.lib.profiles import DELETED, KEY_COLUMNS, parse_records
-from jobs.lib.rules import Rules
-from jobs.lib.runner import start_query as start_job_query
-from jobs.lib.sink import CRASH_HOOK
+from jobs.lib.contract.api import SOURCE_COLUMNS, JobInput, Upserts
+from jobs.lib.contract.runner import start_query as start_job_query
+from jobs.lib.rules.model import Rules
+from jobs.lib.sink.tables import CRASH_HOOK
+from jobs.lib.source.profiles import DELETED, KEY_COLUMNS, parse_records
 from orchestrator.core.exceptions import ConfigError, RulesError
 
 __all__ = ["CRASH_HOOK", "JOB", "transform", "standardized", "start_query"]
@@ -44,9 +44,14 @@ def transform(job: JobInput) -> Upserts:
     rules = job.rules
     if rules is None:
         raise RulesError("the standardize job needs a rules file: deploy it with a rules version of its ruleset")
+    # Source: the profiles topic, parsed in the JVM (a malformed record keeps its reason in `error`,
+    # a tombstone sets `_deleted`).
     parsed = parse_records(job.source)
+    # Transformation: one profile row per record, the raw title and company kept for the rules.
     rows = parsed.select(*SOURCE_COLUMNS, "member_id", "name", F.col("title").alias("title_raw"),
                          F.col("company").alias("company_raw"), "location", "error", DELETED)
+    # Sink: kappa keeps the latest row of each member, standardizes it by the rules (`then`) and
+    # MERGEs it by member_id.
     return Upserts(rows, then=lambda latest: standardized(latest, rules))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lib.session import prepare_environment
+from jobs.lib.runtime.session import prepare_environment
 
 prepare_environment()
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
@@ -59,7 +59,7 @@ def bootstrap(broker) -> str:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """One local[2] SparkSession shared by every in-process Spark test."""
-    from jobs.lib.session import build_session
+    from jobs.lib.runtime.session import build_session
 
     local = tmp_path_factory.mktemp("spark-local")
     session = build_session("kappa-tests", local_dir=str(local))

@@ -20,7 +20,7 @@ ACCOUNTS_JOB = '''\
 """Accounts with their plan standardized by the rules: a job of kappa's job contract."""
 from pyspark.sql import functions as F
 
-from jobs.lib.contract import JobInput, Upserts
+from jobs.lib.contract.api import JobInput, Upserts
 
 
 def transform(job: JobInput) -> Upserts:
@@ -59,7 +59,7 @@ def plans_rules(version: str) -> str:
 def write_team_repo(root: Path) -> tuple[Path, Path]:
     """(the job path folder, the rules location): `team_jobs/accounts.py`; `plans/v1..v3.toml`, and a
     copy of kappa's shipped `titles` rules so that the standardize pipelines of a test bed keep theirs."""
-    from jobs.lib.rules import RULES_DIR
+    from jobs.lib.rules.files import RULES_DIR
 
     repo, rules = root / "team-repo", root / "team-repo" / "rules"
     (repo / "team_jobs").mkdir(parents=True)

@@ -42,7 +42,7 @@ def poke_seconds(default: float = 15.0) -> float:
 
 def form_choices(settings: Settings | None = None) -> dict[str, Any]:
     """Choices for the DAG forms: declared pipelines and available rules versions."""
-    from jobs.lib.rules import available_rules
+    from jobs.lib.rules.files import available_rules
     from orchestrator.core.pipelines import load_pipelines
     from orchestrator.airflow.settings_var import airflow_settings
 

@@ -54,7 +54,7 @@ def check_summary(path: Path, location: str | None = None) -> dict[str, Any]:
     loads it with `load_rules`; a file inside that folder is found and named the same way here, so a
     version name deploy would refuse is refused too. Any other path is loaded as it is.
     """
-    from jobs.lib.rules import load_rules, rules_path, rules_root
+    from jobs.lib.rules.files import load_rules, rules_path, rules_root
 
     resolved = path.resolve()
     in_tree = resolved.parent.parent == rules_root(location).resolve() and resolved.suffix == ".toml"

@@ -27,7 +27,7 @@ __all__ = ["pipelines_data", "status_data", "version_status"]
 
 def pipelines_data(k: Kappa) -> list[dict[str, Any]]:
     """Each declared pipeline as JSON: its spec, its rules versions, what its alias serves, its version count."""
-    from jobs.lib.rules import available_rules
+    from jobs.lib.rules.files import available_rules
 
     out = []
     for name, spec in k.pipelines.items():

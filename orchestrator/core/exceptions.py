@@ -18,7 +18,7 @@ class RulesError(ConfigError):
 
 
 class ContractError(ConfigError):
-    """A pipeline's job does not import or does not keep the job contract (`jobs.lib.contract`)."""
+    """A pipeline's job does not import or does not keep the job contract (`jobs.lib.contract.api`)."""
 
 
 class BrokerError(KappaError):

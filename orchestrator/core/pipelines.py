@@ -1,6 +1,6 @@
 """Pipelines: the named derivations kappa knows, declared in `deploy/pipelines.toml`.
 
-A pipeline names its job (a function of the job contract, `jobs.lib.contract`), its source topics, its output key, its rules
+A pipeline names its job (a function of the job contract, `jobs.lib.contract.api`), its source topics, its output key, its rules
 set (if the job takes rules), the serving alias readers use, and the numbers the control plane
 decides with (catch-up threshold and samples, standby grace period, retention, promote limits).
 
@@ -36,11 +36,11 @@ decides with (catch-up threshold and samples, standby grace period, retention, p
     [pipelines.standardize.options] # optional: job-specific options, passed as --extra JSON
 
 Loading validates every field and refuses the whole file on the first bad pipeline, with an
-error naming the file, the pipeline and the field. It does not look at the code: the job and the
-rules directory are checked by `check_job_exists` / `check_ruleset_exists` (both in
-`check_pipeline_code`), which `deploy` runs before allocating a version, or at load with
-`load_pipelines(..., check_code=True)`. A team's job is imported in a separate Python process
-(`jobs.lib.contract.check_job`); kappa's own jobs are found as files, nothing imported.
+error naming the file, the pipeline and the field. It does not look at the code: the rules directory
+is checked by `check_ruleset_exists` here, the job by `orchestrator.jobctl.jobcheck.check_job_exists`
+(both in its `check_pipeline_code`), which `deploy` runs before allocating a version; the job's
+check lives above the jobs, since nothing here imports them. A pipeline's ``job`` is read by
+`orchestrator.core.jobref`.
 
 Without a path, `load_pipelines` reads the default pipelines file: the checkout's
 `deploy/pipelines.toml`, or the copy a regular install ships.
@@ -63,8 +63,7 @@ from orchestrator.core.names import (validate_alias_name, validate_job_name, val
                                      validate_pipeline_name, validate_topic_name)
 from orchestrator.core.resources import checkout_root, default_pipelines_file
 
-__all__ = ["PipelineSpec", "check_job_exists", "check_pipeline_code", "check_ruleset_exists", "jobs_directory",
-           "load_pipelines", "rules_directory"]
+__all__ = ["PipelineSpec", "check_ruleset_exists", "jobs_directory", "load_pipelines", "rules_directory"]
 
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -221,38 +220,6 @@ def rules_directory() -> Path:
     return jobs_directory() / "rules"
 
 
-def check_job_exists(spec: PipelineSpec, *, job_path: list[str] | tuple[str, ...] = (), call: bool = False,
-                     rules_file: str | Path | None = None) -> str:
-    """The job's ``module:function``; ConfigError (`ContractError`) naming the pipeline, the job and
-    what is wrong. kappa's own jobs: their file exists (their contract is kappa's tests'). A team's
-    job: it imports, in a separate process, from `job_path`, and its function takes one argument;
-    with `call`, it is also called on a Kafka stream there (a local Spark session, `rules_file`) and
-    what it returns is checked (`jobs.lib.contract.check_job`)."""
-    from jobs.lib.contract import OWN_PACKAGE, check_job, parse_job_ref
-    from orchestrator.core.exceptions import ContractError
-
-    try:
-        module, function = parse_job_ref(spec.job)
-        if module.split(".")[0] == OWN_PACKAGE and (jobs_directory() / f"{module.split('.', 1)[1]}.py").is_file():
-            return f"{module}:{function}"
-        if "." not in module and ":" not in spec.job and not job_path:
-            known = sorted(p.stem for p in jobs_directory().glob("*.py") if not p.stem.startswith("_")
-                           and p.stem != "run")
-            raise ContractError(f"job {spec.job!r} is none of kappa's jobs ({', '.join(known)}) and no job_path is "
-                                f"set to import it from; set job_path (--job-path, KAPPA_JOB_PATH) to the folder "
-                                f"that holds {spec.job}.py")
-        request = None
-        if call:
-            from jobs.lib.runner import KAPPA_OPTIONS
-
-            request = {"key": list(spec.key_columns), "topics": list(spec.topics), "pipeline": spec.name,
-                       "rules_file": str(rules_file) if rules_file else None,
-                       "options": {k: v for k, v in spec.options.items() if k not in KAPPA_OPTIONS}}
-        return check_job(spec.job, job_path, call=request)
-    except ContractError as e:
-        raise ContractError(f"pipeline {spec.name!r}, field 'job': {e}") from None
-
-
 def check_ruleset_exists(spec: PipelineSpec, *, rules_dir: Path | None = None) -> Path | None:
     """The ruleset's directory (holding at least one rules file), None for a job without rules."""
     if spec.ruleset is None:
@@ -266,13 +233,6 @@ def check_ruleset_exists(spec: PipelineSpec, *, rules_dir: Path | None = None) -
         f"pipeline {spec.name!r}, field 'ruleset': unknown ruleset {spec.ruleset!r}: no rules files "
         f"(*.toml) in {folder} (rulesets found: {', '.join(known) or 'none'}); add "
         f"{folder / 'v1.toml'} or fix 'ruleset' in the pipelines file (or rules_location)")
-
-
-def check_pipeline_code(spec: PipelineSpec, *, job_path: list[str] | tuple[str, ...] = (),
-                        rules_dir: Path | None = None) -> None:
-    """Everything a deploy needs from the repo: the job and, if any, the ruleset."""
-    check_job_exists(spec, job_path=job_path)
-    check_ruleset_exists(spec, rules_dir=rules_dir)
 
 
 #: Fields an older kappa took, and what to do with them now.
@@ -302,8 +262,7 @@ def _field_error(path: Path, pipeline: str, err: dict[str, Any]) -> str:
     return f"{where}: {msg} (got {got!r})"
 
 
-def load_pipelines(path: str | Path | None = None, *, check_code: bool = False,
-                   job_path: list[str] | tuple[str, ...] = (), rules_dir: Path | None = None) -> dict[str, PipelineSpec]:
+def load_pipelines(path: str | Path | None = None) -> dict[str, PipelineSpec]:
     """Read and validate the pipelines file (in file order); ConfigError names the file, pipeline and field."""
     path = Path(path) if path is not None else default_pipelines_file()
     try:
@@ -346,10 +305,5 @@ def load_pipelines(path: str | Path | None = None, *, check_code: bool = False,
                 f"pipelines file {path}: pipeline {name!r}, field 'alias': alias {spec.alias!r} is already the "
                 f"alias of pipeline {alias_owner[spec.alias]!r}; every pipeline needs its own alias")
         alias_owner[spec.alias] = name
-        if check_code:
-            try:
-                check_pipeline_code(spec, job_path=job_path, rules_dir=rules_dir)
-            except ConfigError as e:
-                raise ConfigError(f"pipelines file {path}: {e}") from None
         specs[name] = spec
     return specs

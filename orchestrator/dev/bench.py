@@ -230,7 +230,7 @@ def run_reprocess_bench(records: int = 2_000_000, keys: int = 500_000, partition
 
     from rich.console import Console
 
-    from jobs.lib.rules import rules_path
+    from jobs.lib.rules.files import rules_path
     from orchestrator.dev.benchjob import run_in_child
     from orchestrator.dev.broker import EmbeddedBroker
     from orchestrator.dev.datagen import ensure_topic, generate_changelog, produce

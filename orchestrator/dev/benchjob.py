@@ -9,7 +9,7 @@ different clusters or log sizes do not share a driver's memory.
 
 In the child, `run_job` builds the job's arguments with the runtime's own parser, starts Spark
 (timed: start-up), and calls `start_standardize(ctx)`: the one place that knows how the job is
-started. It starts `jobs.standardize` through kappa's runner (`jobs.lib.runner.start_job`), so the benchmark measures
+started. It starts `jobs.standardize` through kappa's runner (`jobs.lib.contract.runner.start_job`), so the benchmark measures
 whatever data path the job has. The time breakdown comes from Spark's progress reports (every
 job has them) and, when the job sets `ctx.stage_timings` (a list of per-batch dicts of seconds,
 e.g. the BatchWriter's `timings`), from the job's own stages.
@@ -39,10 +39,10 @@ _NOT_SECONDS = {"batch_id", "rows_in", "rows_out", "entered", "left", "spark_job
 
 
 def start_standardize(ctx: Any) -> Any:
-    """Start the standardize query exactly as the runtime does (`jobs.lib.runner.start_job` with `--rules`)."""
+    """Start the standardize query exactly as the runtime does (`jobs.lib.contract.runner.start_job` with `--rules`)."""
     from jobs import standardize
-    from jobs.lib.rules import load_rules
-    from jobs.lib.runner import start_job
+    from jobs.lib.contract.runner import start_job
+    from jobs.lib.rules.files import load_rules
 
     return start_job(ctx, standardize.JOB, standardize.transform, load_rules(ctx.args.rules))
 
@@ -107,7 +107,7 @@ def stage_totals(timings: list[dict] | None) -> dict[str, float]:
 
 
 def _bench_context(args, spark, status, emit: Callable[[str], None], total: int):
-    from jobs.lib.runtime import JobContext
+    from jobs.lib.runtime.context import JobContext
 
     class BenchContext(JobContext):
         """The runtime's context, which also reports each batch as a progress line."""
@@ -151,9 +151,10 @@ def run_job(p: dict, emit: Callable[[str], None] = print) -> dict[str, Any]:
     import importlib
 
     importlib.import_module("jobs.standardize")  # before the clocks, as `python -m jobs.run` does
-    from jobs.lib.runtime import Status, parse_args
+    from jobs.lib.runtime.args import parse_args
+    from jobs.lib.runtime.session import build_session
     from jobs.lib.runtime.sparkwork import executor_time
-    from jobs.lib.session import build_session
+    from jobs.lib.runtime.status import Status
     from orchestrator.dev.benchutil import process_cpu_seconds
 
     args = parse_args(job_argv(p))
@@ -213,7 +214,7 @@ def project_root() -> Path:
 
 def run_in_child(p: dict, work: Path, console, label: str = "reprocess") -> dict[str, Any]:
     """`run_job(p)` in a child process (module docstring); its result plus `peak_memory_bytes`."""
-    from jobs.lib.session import spark_env
+    from jobs.lib.runtime.session import spark_env
     from orchestrator.dev.benchutil import PeakMemory
     from orchestrator.jobctl.process import end_group
 

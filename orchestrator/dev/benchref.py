@@ -27,7 +27,7 @@ from orchestrator.core.exceptions import BrokerError, ConfigError
 __all__ = ["FETCH_TUNING", "assign_partitions", "consumer_performance", "raw_consume", "parallel_raw_consume",
            "read_partitions"]
 
-#: The raw consumer fetches like the Kafka source's consumers (jobs.lib.kafka), so the two
+#: The raw consumer fetches like the Kafka source's consumers (jobs.lib.runtime.stream), so the two
 #: compare fairly; librdkafka's default fetch.wait.max.ms (500) slows a reader that waits for data.
 FETCH_TUNING = {"fetch.wait.max.ms": 100, "queued.min.messages": 200_000,
                 "max.partition.fetch.bytes": 8 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024}

@@ -88,7 +88,7 @@ def run_cluster_bench(sizes: list[int] | tuple[int, ...] = (1_000_000, 4_000_000
     """Run the cluster benchmark (module docstring); print and return its figures."""
     from rich.console import Console
 
-    from jobs.lib.rules import rules_path
+    from jobs.lib.rules.files import rules_path
     from orchestrator.core.tables import count_rows, read_table
     from orchestrator.dev.bench import compare_raw, expected_raw
     from orchestrator.dev.benchjob import run_in_child

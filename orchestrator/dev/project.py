@@ -3,8 +3,8 @@
     DIR/.kappa/kappa.toml        settings: the pipelines file, the rules location and the job path below
     DIR/pipelines.toml           one pipeline, `profiles`, running the team's job
     DIR/rules/titles/v1.toml     one ruleset (kappa's shipped titles v1, to edit)
-    DIR/team_jobs/profiles.py    the job, following the job contract (`jobs.lib.contract`)
-    DIR/tests/test_profiles.py   a test of the job with kappa's helpers (`jobs.lib.testing`)
+    DIR/team_jobs/profiles.py    the job, following the job contract (`jobs.lib.contract.api`)
+    DIR/tests/test_profiles.py   a test of the job with kappa's helpers (`jobs.lib.contract.testing`)
     DIR/conftest.py              so that `pytest tests` in DIR imports team_jobs
 
 Commands run in DIR find the settings (`<home>/kappa.toml`, home `./.kappa`); its relative paths are
@@ -39,7 +39,7 @@ catchup_threshold = 100
 '''
 
 JOB = '''\
-"""Member profiles with standardized titles: a job of kappa's job contract (jobs.lib.contract).
+"""Member profiles with standardized titles: a job of kappa's job contract (jobs.lib.contract.api).
 
 kappa gives `transform` the Kafka stream of the pipeline's topics and the rules of the version; the
 job returns one row per record (or its reject reason in `error`); kappa keeps the latest row of
@@ -48,7 +48,7 @@ each member, calls `then` on it and upserts it into the version's table.
 
 from pyspark.sql import functions as F
 
-from jobs.lib.contract import JobInput, Upserts
+from jobs.lib.contract.api import JobInput, Upserts
 
 PROFILE = "name string, title string"
 
@@ -75,7 +75,7 @@ TEST = '''\
 
 from pathlib import Path
 
-from jobs.lib.testing import local_spark, record, run_job
+from jobs.lib.contract.testing import local_spark, record, run_job
 from team_jobs.profiles import transform
 
 RULES = Path(__file__).resolve().parents[1] / "rules" / "titles" / "v1.toml"
@@ -108,7 +108,7 @@ def _format_2(text: str) -> str:
 def write_project(folder: str | Path) -> list[Path]:
     """Write the project into `folder` (created if missing); ConfigError, and nothing written, when
     any of its files exists already. Returns the files written."""
-    from jobs.lib.rules import rules_path
+    from jobs.lib.rules.files import rules_path
 
     root = Path(folder).expanduser().resolve()
     if root.exists() and not root.is_dir():

@@ -1,7 +1,7 @@
 """Seed data for the pattern jobs: page views, member profiles and settings, ad impressions and clicks.
 
 Generators are deterministic (a seed, a start time, counts) and return `SeedRecord`s in the order
-they are to be produced; their values follow the schemas in `jobs.lib.events`. `produce` writes them
+they are to be produced; their values follow the schemas in `jobs.lib.source.events`. `produce` writes them
 in order (idempotent producer), with each record's timestamp set explicitly, and returns them with
 the partition and offset the broker gave them, so a test can compute its expected table from
 exactly what was written.

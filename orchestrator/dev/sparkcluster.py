@@ -4,7 +4,7 @@ For the cluster benchmark and the cluster tests: a master and workers on 127.0.0
 each in a session of its own, stopped by their own PIDs (process group: the JVM and anything it
 spawned). Python applications run against it in client mode; the driver needs
 `spark.driver.host=127.0.0.1` (kappa's sessions set it) and executors find the project through
-`spark.executorEnv.PYTHONPATH` (also set by `jobs.lib.session.build_session`).
+`spark.executorEnv.PYTHONPATH` (also set by `jobs.lib.runtime.session.build_session`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def spark_class() -> tuple[Path, dict[str, str]]:
     """pyspark's `bin/spark-class` and the environment to run it with."""
     import pyspark
 
-    from jobs.lib.session import spark_env
+    from jobs.lib.runtime.session import spark_env
 
     home = Path(pyspark.__file__).parent
     return home / "bin" / "spark-class", {**os.environ, **spark_env(), "SPARK_HOME": str(home)}

@@ -3,7 +3,7 @@
 In this process, on a local Spark session, no broker (the figure is the table's, not the job's): a
 table of `rows` profile rows is written the way the standardize job writes a version's first batch
 (a plain append into the empty table), then `batches` live micro-batches each change `changed`
-random existing keys through the job's own MERGE (`jobs.lib.sink.DeltaTables.upsert`, deletion
+random existing keys through the job's own MERGE (`jobs.lib.sink.tables.DeltaTables.upsert`, deletion
 vectors on: the MERGE marks the replaced rows in a deletion vector and writes only the new rows),
 one after the other as a live job runs them. Printed for each: its seconds, Spark jobs, executor CPU
 seconds, the files it touched of the files in the table, and the bytes it added (data files, deletion
@@ -47,7 +47,7 @@ def _rows(ids, name: str, offset: int = 0):
 def _batch(spark, uri: Path, batch_id: int, df, rows: int) -> dict[str, Any]:
     """One micro-batch through the job's own Delta writes: its seconds, Spark jobs, executor CPU and the bytes it added."""
     from jobs.lib.runtime.sparkwork import executor_time
-    from jobs.lib.sink import DeltaTables
+    from jobs.lib.sink.tables import DeltaTables
 
     before = folder_bytes(uri) if uri.exists() else 0
     tables = DeltaTables(str(uri), None, "kappa.bench.v1", "member_id")
@@ -89,7 +89,7 @@ def run_upsert_bench(rows: int = 2_000_000, changed: int = 1_000, *, batches: in
     live: list[dict[str, Any]] = []
     try:
         if session is None:
-            from jobs.lib.session import build_session
+            from jobs.lib.runtime.session import build_session
 
             say("starting Spark...")
             session = build_session("kappa-bench-upsert", local_dir=str(work / "spark-local"))

@@ -76,7 +76,7 @@ class JobStatus(BaseModel):
     #: The checkpoint and the consumer group move only when the batch commits; this moves meanwhile.
     reading: dict[str, Any] | None = None
     #: The last micro-batch the job wrote: {"batch_id", "records", "spark_jobs", and seconds per stage:
-    #: "read_transform_count", "rejects", "write", "upkeep"} (`jobs.lib.batches`).
+    #: "read_transform_count", "rejects", "write", "upkeep"} (`jobs.lib.sink.batches`).
     last_batch: dict[str, Any] | None = None
     exit_code: int | None = None
     error: str | None = None

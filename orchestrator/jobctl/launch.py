@@ -71,7 +71,7 @@ def _spark_submit_path() -> Path:
 
 
 def _runner_file() -> Path:
-    """`jobs/run.py`, the one entry point of every job (`jobs.lib.runner`), for spark-submit."""
+    """`jobs/run.py`, the one entry point of every job (`jobs.lib.contract.runner`), for spark-submit."""
     spec = importlib.util.find_spec("jobs.run")
     if spec is None or not spec.origin:
         raise LifecycleError("kappa's job runner jobs/run.py is missing from the installation; reinstall kappa")
@@ -104,9 +104,9 @@ def _kafka_config_file(k, paths) -> Path | None:
 
 def _job_args(v: VersionRef, *, trigger: str = "continuous",
               rules_file: str | Path | None = None, master: str | None = None) -> list[str]:
-    """The job's command-line arguments (see jobs/lib/runtime.py); no secret among them."""
+    """The job's command-line arguments (see jobs/lib/runtime/args.py); no secret among them."""
     k, spec, paths = v.k, v.spec, v.paths
-    from jobs.lib.contract import resolve_job
+    from orchestrator.core.jobref import resolve_job
 
     args = [
         "--job", resolve_job(spec.job), "--key", ",".join(spec.key_columns),
@@ -135,7 +135,7 @@ def job_command(v: VersionRef, *, trigger: str = "continuous",
     """(argv, mode) that runs the version's job: `python -m jobs.run --job ...` or spark-submit of jobs/run.py."""
     k = v.k
     master = master or k.settings.spark_master
-    from jobs.lib.session import connector_jars, driver_java_options, runs_tasks, spark_env
+    from jobs.lib.runtime.session import connector_jars, driver_java_options, runs_tasks, spark_env
 
     args = _job_args(v, trigger=trigger, rules_file=rules_file, master=master)
     if runs_tasks(master):
@@ -168,7 +168,7 @@ def _job_env(master: str, job_folders: list[str] | tuple[str, ...] = ()) -> dict
     """The job's environment: this process's, without the secrets a job does not need
     (`_SECRET_ENV`: the job gets the Kafka config from its file), plus Spark's; the job path first on
     PYTHONPATH, so that the job's modules import in the driver and in Spark's Python workers."""
-    from jobs.lib.session import runs_tasks, spark_env
+    from jobs.lib.runtime.session import runs_tasks, spark_env
 
     env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
     env.update(spark_env())

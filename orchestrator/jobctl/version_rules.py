@@ -48,7 +48,7 @@ class DeployedRules(BaseModel):
 
 def read_rules_file(path: Path):
     """(Rules, text) of a rules file, validated from exactly the text returned."""
-    from jobs.lib.rules import parse_rules, read_rules_text
+    from jobs.lib.rules.files import parse_rules, read_rules_text
 
     text = read_rules_text(path)
     return parse_rules(text, path), text
@@ -74,7 +74,7 @@ def deployed_rules(v: VersionRef) -> DeployedRules | None:
         return DeployedRules(pipeline=pipeline, version=rec.version, ruleset=entry.get("ruleset") or spec.ruleset,
                              rules_version=rec.rules_version, rules_hash=rec.rules_hash or "", text=entry["text"],
                              source=str(entry.get("file") or ""), stored=True)
-    from jobs.lib.rules import rules_path
+    from jobs.lib.rules.files import rules_path
 
     try:
         path = rules_path(spec.ruleset, rec.rules_version, v.settings.rules_location)
@@ -97,7 +97,7 @@ def deployed_rules(v: VersionRef) -> DeployedRules | None:
 
 def materialize(v: VersionRef) -> Path | None:
     """Write the version's rules to its run dir and return that file, for one start of its job."""
-    from jobs.lib.rules import parse_rules
+    from jobs.lib.rules.files import parse_rules
     from orchestrator.core.files import write_atomic
 
     pipeline, rec = v.pipeline, v.record
@@ -122,7 +122,7 @@ def materialize(v: VersionRef) -> Path | None:
 def file_state(v: VersionRef, cache: dict | None = None) -> FileState | None:
     """How the rules file of the same name compares with what the version runs: "same", "changed"
     (edited since the deploy), "missing" or "invalid"; None for a version without rules."""
-    from jobs.lib.rules import rules_path
+    from jobs.lib.rules.files import rules_path
 
     spec, rec = v.spec, v.record
     if not spec.ruleset or not rec.rules_version or not rec.rules_hash:

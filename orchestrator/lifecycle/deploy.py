@@ -165,9 +165,10 @@ def check_request(k: Kappa, spec: PipelineSpec, rules_version: str | None = None
 def _check_spec(k: Kappa, spec: PipelineSpec, rules_version: str | None, *, threshold: int | None,
                 force: bool) -> DeployPlan:
     """The checks of a deploy request that need no broker: pipeline, job module, threshold, rules file."""
-    from orchestrator.core.pipelines import check_job_exists, check_ruleset_exists
+    from orchestrator.core.pipelines import check_ruleset_exists
+    from orchestrator.jobctl.jobcheck import check_job_exists
 
-    from jobs.lib.rules import rules_root
+    from jobs.lib.rules.files import rules_root
 
     pipeline = spec.name
     if _own_job(spec.job):
@@ -177,7 +178,7 @@ def _check_spec(k: Kappa, spec: PipelineSpec, rules_version: str | None, *, thre
         raise ConfigError(f"invalid catch-up threshold {threshold!r}: expected a number of records >= 0")
     rules_file = rules_hash = rules_text = None
     if spec.ruleset:
-        from jobs.lib.rules import available_rules, rules_path
+        from jobs.lib.rules.files import available_rules, rules_path
         from orchestrator.jobctl.version_rules import read_rules_file
 
         location = k.settings.rules_location
@@ -207,7 +208,7 @@ def _check_spec(k: Kappa, spec: PipelineSpec, rules_version: str | None, *, thre
 
 
 def _own_job(job: str) -> bool:
-    from jobs.lib.contract import OWN_PACKAGE, parse_job_ref
+    from orchestrator.core.jobref import OWN_PACKAGE, parse_job_ref
 
     return parse_job_ref(job)[0].split(".")[0] == OWN_PACKAGE
 

@@ -4,7 +4,7 @@ The standardize job keeps each raw input beside the value its rules derived (`ti
 `title`, `company_raw` -> `company`), so the served table already holds everything a new rules
 version needs: the preview reads those columns of the table the serving alias points at (through
 its pointer file, as readers do, `orchestrator.serving.resolve_alias`) with delta-rs, applies the
-new rules with the job's own engine (`jobs.lib.rules.Rules.standardize_array`, the call the job
+new rules with the job's own engine (`jobs.lib.rules.model.Rules.standardize_array`, the call the job
 makes on every micro-batch) in pyarrow, and compares the result with the served values the way
 the validation report compares two versions (`orchestrator.lifecycle.diff.compare_tables`):
 rows that would change per field and the most frequent changes. No Spark, no broker, no
@@ -80,7 +80,7 @@ def served_pointer(k: Kappa, spec: PipelineSpec) -> dict[str, Any] | None:
 
 def _load(k: Kappa, spec: PipelineSpec, rules_version: str):
     """The validated rules file, found and checked as deploy finds and checks it."""
-    from jobs.lib.rules import load_rules, rules_path
+    from jobs.lib.rules.files import load_rules, rules_path
 
     if not spec.ruleset:
         raise ConfigError(f"pipeline {spec.name!r} (job {spec.job!r}) takes no rules: there is nothing to preview")

@@ -18,7 +18,7 @@ as it is now from offset zero.
 While a new version's backfill runs (its first micro-batch reads the whole log as one Spark
 batch, and nothing is committed until all of it is processed), the checkpoint and the consumer
 group still say "nothing processed". The batch's reader tasks report how far they have read
-(`jobs.lib.kafka.progress`); a version without a committed batch takes its next offsets from
+(`jobs.lib.source.read_progress`); a version without a committed batch takes its next offsets from
 there (source "reading"): its lag counts the records the backfill has not read yet, so it goes
 down during the batch. Read is not committed, so such a reading never counts as caught up: its
 `total` is at least the version's catch-up threshold + 1 records and its `lag_seconds` at least
@@ -238,7 +238,7 @@ def checkpoint_next_offsets(checkpoint: str | Path) -> tuple[dict[tuple[str, int
     Returns (None, None) when the job has not committed a batch yet (or no checkpoint exists).
     `checkpoint` is a location (`orchestrator.core.uris`): a local one is read as a local path.
     """
-    from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
+    from jobs.lib.source.checkpoint import checkpoint_offsets, last_committed_batch
 
     if not uris.exists(checkpoint):
         return None, None
@@ -256,7 +256,7 @@ def lag_from_offsets(pipeline: str, version: int, logs: dict[tuple[str, int], tu
                      group: dict[tuple[str, int], int] | None = None, *, at: float | None = None,
                      batch_id: int | None = None, reading: dict[tuple[str, int], Any] | None = None) -> LagReading:
     """The lag arithmetic: checkpoint offsets first, then the read progress of an uncommitted
-    backfill (`reading`: `jobs.lib.kafka.progress.ReadPosition` per partition), then the group's
+    backfill (`reading`: `jobs.lib.source.read_progress.ReadPosition` per partition), then the group's
     offsets, then the log start. A reading from read progress is `pending_commit` (not floored here)."""
     group = group or {}
     reading = {} if checkpoint else (reading or {})
@@ -316,7 +316,7 @@ def measure_lag(v: VersionRef, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
     progress = {}
     if ckpt is None:   # nothing committed: a one-batch backfill may be reading
         try:
-            from jobs.lib.kafka.progress import progress_positions, read_progress
+            from jobs.lib.source.read_progress import progress_positions, read_progress
 
             progress = progress_positions(read_progress(paths.checkpoint))
         except Exception as e:  # noqa: BLE001 - progress is a courtesy: lag from the offsets alone

@@ -1,10 +1,11 @@
 """The process runtime every kappa job runs in: arguments, Spark, status file, graceful stop.
 
-Jobs themselves are functions of the job contract (`jobs.lib.contract`); kappa's runner
-(`jobs.lib.runner`, ``python -m jobs.run``) gives the runtime its ``build(ctx)``, which starts the
+Jobs themselves are functions of the job contract (`jobs.lib.contract.api`); kappa's runner
+(`jobs.lib.contract.runner`, ``python -m jobs.run``) gives the runtime its ``build(ctx)``, which starts the
 job's query. The runtime's own contract, for the runner (and the tests' echo job)::
 
-    from jobs.lib.runtime import JobContext, run
+    from jobs.lib.runtime.context import JobContext
+    from jobs.lib.runtime.loop import run
     from jobs.lib.runtime.stopping import GATE          # kappa's own jobs get it from `stream.start_stream`
 
     def build(ctx: JobContext):
@@ -54,13 +55,7 @@ What the runtime guarantees, so the orchestrator can watch and steer any job the
 
 The package: `args` (the command line), `status` (status.json and `RunState`), `context`
 (`JobContext` and the progress listener), `loop` (`run`: signals, heartbeat, the stop), `stopping`
-(the stop gate).
+(the stop gate), `stream` (Spark's Kafka source options and the triggers), `backfill` (a one-batch
+backfill's read progress), `session` (the Spark session and process environment), `sparkwork` (what
+the Spark work cost) and `seedjob` (what the seed jobs share around Spark).
 """
-
-from jobs.lib.runtime.args import build_parser, parse_args
-from jobs.lib.runtime.context import JobContext
-from jobs.lib.runtime.loop import run, run_job
-from jobs.lib.runtime.status import RunState, Status, read_status, summarize_error
-
-__all__ = ["JobContext", "run", "run_job", "build_parser", "parse_args", "RunState", "Status", "read_status",
-           "summarize_error"]

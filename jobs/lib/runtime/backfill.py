@@ -3,7 +3,7 @@
 A version's first micro-batch reads the whole log, and Spark's checkpoint (and the consumer group)
 move only when it commits. While it runs, `BackfillProgress` (a driver thread) turns the progress of
 the batch's Spark stages into the read-progress files the orchestrator's lag reads
-(`jobs.lib.kafka.progress`): the batch's start offsets (what Spark's Kafka source recorded as its
+(`jobs.lib.source.read_progress`): the batch's start offsets (what Spark's Kafka source recorded as its
 initial offsets, ``<checkpoint>/sources/<n>/0``) and end offsets (its offset log), then, about once a
 second, each partition read up to start + (end - start) x the share of the scan's tasks that
 finished. ``minPartitions`` splits the batch into that many tasks at least, so the figure moves in
@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from jobs.lib.kafka.progress import RangeReport, clear, progress_dir, source_dir, write_manifest
+from jobs.lib.source.read_progress import RangeReport, clear, progress_dir, source_dir, write_manifest
 
 __all__ = ["initial_offsets", "BackfillProgress", "clear_when_committed"]
 
@@ -118,7 +118,7 @@ def clear_when_committed(checkpoint: str | Path) -> None:
     """Drop the backfill's read progress once its batch is in the checkpoint (the runtime's heartbeat)."""
     import os
 
-    from jobs.lib.kafka.checkpoint import last_committed_batch
+    from jobs.lib.source.checkpoint import last_committed_batch
 
     where = progress_dir(checkpoint)
     if where and os.path.isdir(where) and last_committed_batch(checkpoint) is not None:

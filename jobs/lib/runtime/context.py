@@ -11,8 +11,8 @@ from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from jobs.lib.kafka import map_to_offsets, merge_offsets, offsets_to_map
 from jobs.lib.runtime.status import Status
+from jobs.lib.source.offsets import map_to_offsets, merge_offsets, offsets_to_map
 from orchestrator.core.exceptions import KappaError
 
 __all__ = ["JobContext", "ProgressListener"]
@@ -75,7 +75,7 @@ class JobContext:
         """Called by the job (from foreachBatch, on the driver) once a batch's output is written.
 
         Re-reporting a batch replaces its counts. `timing` (the batch's seconds per stage and its Spark
-        job count, `jobs.lib.batches`) becomes the status's ``last_batch``. Writes status.json at once.
+        job count, `jobs.lib.sink.batches`) becomes the status's ``last_batch``. Writes status.json at once.
         """
         batch_id = int(batch_id)
         with self._lock:
@@ -121,7 +121,7 @@ class JobContext:
     def _commit_to_group(self, end: dict) -> None:
         """The batch's end offsets to the version's consumer group, so Kafka's own tools
         (``kafka-consumer-groups --describe``) show the lag kappa shows. Off the listener's thread."""
-        from jobs.lib.kafka import commit_group_offsets
+        from jobs.lib.source.consumer_groups import commit_group_offsets
 
         args = self.args
         if not args.group_id:

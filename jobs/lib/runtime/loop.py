@@ -22,14 +22,15 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from jobs.lib.kafka import checkpoint_offsets, commit_group_offsets, last_committed_batch
-from jobs.lib.kafka.progress import backfill_reading
 from jobs.lib.runtime.args import parse_args
 from jobs.lib.runtime.backfill import clear_when_committed
 from jobs.lib.runtime.context import JobContext, ProgressListener
+from jobs.lib.runtime.session import build_session
 from jobs.lib.runtime.status import RunState, Status, summarize_error
 from jobs.lib.runtime.stopping import GATE
-from jobs.lib.session import build_session
+from jobs.lib.source.checkpoint import checkpoint_offsets, last_committed_batch
+from jobs.lib.source.consumer_groups import commit_group_offsets
+from jobs.lib.source.read_progress import backfill_reading
 from orchestrator.core.exceptions import ConfigError
 
 __all__ = ["HEARTBEAT_SECONDS", "run", "run_job"]
@@ -257,7 +258,7 @@ def _outage_error(e: BaseException, args: argparse.Namespace) -> str | None:
 
 
 def _backfill_reading(checkpoint: str) -> dict | None:
-    """Read progress of a one-batch backfill for the status (`jobs.lib.kafka.progress`, written by the
+    """Read progress of a one-batch backfill for the status (`jobs.lib.source.read_progress`, written by the
     seed jobs' reader tasks and standardize's stage tasks alike); None when nothing reports it."""
     try:
         return backfill_reading(checkpoint)

@@ -6,7 +6,7 @@ A job reads ``spark.readStream.format("kafka")`` with the version's options (`ka
 ``maxOffsetsPerTrigger`` (the live tail's cap) and the ``kafka.*`` client settings. Settings given
 in librdkafka's names (kappa.toml's ``[kafka]``, the 0600 file of the version) are translated to the
 Java client's: ``sasl.username``/``sasl.password`` become a ``sasl.jaas.config`` for the mechanism,
-which Spark redacts from its plans, logs and UI (`jobs.lib.session.REDACTION` widens its patterns to it).
+which Spark redacts from its plans, logs and UI (`jobs.lib.runtime.session.REDACTION` widens its patterns to it).
 
 A broker that does not answer (stopped, restarting) is waited for ``brokerOutageSeconds`` (kappa's
 own source option, default 120): the driver's offset requests and the executors' fetches get that

@@ -90,7 +90,7 @@ def test_kappa_init_then_deploy_promote_new_rules_and_roll_back_to_the_rules_v1_
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     project = tmp_path / "team-project"
     run([kappa, "init", str(project)], env=env)
-    # the project's own test of its job passes, in a local Spark session with kappa's helpers (jobs.lib.testing)
+    # the project's own test of its job passes, in a local Spark session with kappa's helpers (jobs.lib.contract.testing)
     own = run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project, env=env)
     assert "1 passed" in own.stdout, own.stdout[-3000:]
     v1_rules = project / "rules" / "titles" / "v1.toml"

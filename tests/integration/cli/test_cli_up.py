@@ -180,7 +180,7 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
     home = tmp_path / "up"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KAPPA_", "AIRFLOW"))}
     env["KAPPA_AIRFLOW_POKE_SECONDS"] = "10"   # the floor: the sensors' waits are the walk's length
-    from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
+    from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
     holds = Holds(tmp_path / "held")
     env.update({HOLD_HOOK: "0", HOLD_FILE: str(holds.path)})
     proc = subprocess.Popen([*KAPPA, "up", "--home", str(home), "--records", "3000", "--keys", "500", "--rate", "2"],

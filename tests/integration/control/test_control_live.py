@@ -296,7 +296,7 @@ def test_a_restarting_rollback_flips_only_after_a_micro_batch_commits_since_the_
     """Issue 30, item 1, forced: v1 stopped with a backlog under the record threshold; its restarted job is held
     before the commit of its first micro-batch (the hold hook). Samples of the checkpoint's old lag, taken while
     it is held, must not make it ready: the rollback flips only after a batch has committed since the restart."""
-    from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
+    from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
 
     live, k = v2_serving, v2_serving.k
     spec = k.pipeline(PIPELINE)

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 def _spark_class() -> tuple[Path, dict[str, str]]:
     import pyspark
 
-    from jobs.lib.session import spark_env
+    from jobs.lib.runtime.session import spark_env
 
     home = Path(pyspark.__file__).parent
     env = {**os.environ, **spark_env(), "SPARK_HOME": str(home)}

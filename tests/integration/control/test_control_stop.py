@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec
-from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
+from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
 from orchestrator.context import Kappa
 from orchestrator.core.names import app_id
 from orchestrator.core.settings import Settings

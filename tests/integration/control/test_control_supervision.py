@@ -30,7 +30,7 @@ from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RUNNING
 from orchestrator.dev import datagen
-from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
+from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
 from orchestrator.dev.broker import EmbeddedBroker
 from orchestrator.jobctl import inspect_version, read_launch, stop_version
 from orchestrator.lifecycle.await_ready import wait_ready
@@ -154,7 +154,7 @@ def test_a_backfill_rides_out_a_broker_stop_then_a_restart_after_its_rules_file_
     original v1 rules (tests/oracle, worked out by hand)."""
     import shutil
 
-    from jobs.lib.rules import RULES_DIR, load_rules
+    from jobs.lib.rules.files import RULES_DIR, load_rules
     from orchestrator.jobctl.version_rules import file_state
 
     team = tmp_path / "team-repo" / "rules"

@@ -1,5 +1,5 @@
 """A team's own job and rules, from a folder outside kappa (its repository: the job path and the
-rules location), under the job contract (`jobs.lib.contract`): deployed with the team's rules
+rules location), under the job contract (`jobs.lib.contract.api`): deployed with the team's rules
 version, caught up, promoted and served by kappa, with its rejects and its tombstones; and the jobs
 that break the contract refused at deploy, one line each, the registry unchanged.
 
@@ -35,13 +35,13 @@ DEADLINE = float(os.environ.get("KAPPA_TEST_READY_DEADLINE", "900"))
 PARTITIONS = 2
 
 #: The team's next job: the same rows without the owner column.
-SLIM = ("from jobs.lib.contract import Upserts\nfrom team_jobs.accounts import transform as full\n\n"
+SLIM = ("from jobs.lib.contract.api import Upserts\nfrom team_jobs.accounts import transform as full\n\n"
         "def transform(job):\n    out = full(job)\n    return Upserts(out.rows.drop('owner'), then=out.then)\n")
 
 BROKEN = {
     "team_jobs.raising": ("import json\nraise RuntimeError('the team forgot a dependency')\n",
                           "importing 'team_jobs.raising' failed: RuntimeError: the team forgot a dependency"),
-    "team_jobs.shape": ("from jobs.lib.contract import Upserts\n\ndef transform(job):\n"
+    "team_jobs.shape": ("from jobs.lib.contract.api import Upserts\n\ndef transform(job):\n"
                         "    return Upserts(job.source.select('value'))\n",
                         "rows lack the pipeline's key column(s) account_id (columns: value)"),
     "team_jobs.accounts:build": (None, "module 'team_jobs.accounts' has no function 'build'"),

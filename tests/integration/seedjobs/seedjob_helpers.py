@@ -1,5 +1,5 @@
 """Helpers of the seed-job integration tests: run a job's build(ctx) in-process, read its tables, and
-compute expected results independently of the job code (plain json + datetime, no jobs.lib.events)."""
+compute expected results independently of the job code (plain json + datetime, no jobs.lib.source.events)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from orchestrator.core.tables import read_table
-from jobs.lib.runtime import JobContext, Status, parse_args
+from jobs.lib.runtime.args import parse_args
+from jobs.lib.runtime.context import JobContext
+from jobs.lib.runtime.status import Status
 
 UTC = timezone.utc
 QUERY_TIMEOUT_SECONDS = 600  # a guard against a hung query, not a timing assertion
@@ -49,9 +51,9 @@ class JobRun:
         return JobContext(args, spark, status)
 
     def run_in_process(self, spark, transform) -> JobContext:
-        """The job's contract function started by kappa's runner (`jobs.lib.runner.start_job`), then
+        """The job's contract function started by kappa's runner (`jobs.lib.contract.runner.start_job`), then
         the available-now query waited for; its exception fails the test."""
-        from jobs.lib.runner import start_job
+        from jobs.lib.contract.runner import start_job
 
         ctx = self.context(spark)
         query = start_job(ctx, f"jobs.{self.job}:transform", transform)

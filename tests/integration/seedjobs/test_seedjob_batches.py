@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from jobs.lib.seedjob import SeedBatches
+from jobs.lib.runtime.seedjob import SeedBatches
 from jobs.pageviews_hourly import OUTPUT_SCHEMA as HOURLY_SCHEMA
 from jobs.profile_settings_join import OUTPUT_SCHEMA as JOIN_SCHEMA
 from orchestrator.core.tables import read_table

@@ -1,5 +1,5 @@
-"""The seed events parsed in the JVM (`jobs.lib.event_columns.parse_events`) give, record for
-record, what the exact parser (`jobs.lib.events.parse_record`) gives: the same typed fields, the
+"""The seed events parsed in the JVM (`jobs.lib.source.event_columns.parse_events`) give, record for
+record, what the exact parser (`jobs.lib.source.events.parse_record`) gives: the same typed fields, the
 same reject reason. A fixed corpus of edge cases plus random mutations of valid records, in one
 Spark batch per event type."""
 
@@ -12,8 +12,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from jobs.lib.event_columns import parse_events
-from jobs.lib.events import AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_record
+from jobs.lib.source.event_columns import parse_events
+from jobs.lib.source.events import AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_record
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ def test_jvm_parsing_equals_the_exact_parser(spark, et):
 
 
 def test_each_event_value_is_parsed_once_in_the_executed_plan(spark):
-    from jobs.lib.json_values import PARSE_CALL
+    from jobs.lib.source.json_values import PARSE_CALL
 
     df = spark.createDataFrame([(b"m1", b'{"view_id": "v"}', "t", 0, 0, datetime(2024, 5, 1, tzinfo=timezone.utc))],
                                "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp")

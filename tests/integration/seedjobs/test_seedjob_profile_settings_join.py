@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lib.runtime import read_status
-from jobs.lib.session import spark_env
+from jobs.lib.runtime.session import spark_env
+from jobs.lib.runtime.status import read_status
 from orchestrator.dev import seedgen
 from seedjob_helpers import JobRun, expected_joined
 

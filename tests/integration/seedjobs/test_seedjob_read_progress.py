@@ -3,7 +3,7 @@ and the version is not ready until it commits (issue 8, item 3). Real broker, Sp
 the control plane, registry and readiness as in production.
 
 The job is held between reading its backfill and committing it by the seed jobs' test hook
-(`jobs.lib.batches.HOLD_HOOK`): the interleaving is forced, not raced. pageviews_hourly reads
+(`jobs.lib.sink.batches.HOLD_HOOK`): the interleaving is forced, not raced. pageviews_hourly reads
 every range twice (its rejects branch is a second scan of the source), which the progress counts.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lib.kafka.progress import progress_dir
-from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
+from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
+from jobs.lib.source.read_progress import progress_dir
 from orchestrator.context import Kappa
 from orchestrator.core.pipelines import load_pipelines
 from orchestrator.core.settings import Settings

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from jobs.lib.runtime import JobContext, run
+from jobs.lib.runtime.context import JobContext
+from jobs.lib.runtime.loop import run
 from jobs.lib.runtime.stopping import GATE
 from orchestrator.core.exceptions import SourceError
 

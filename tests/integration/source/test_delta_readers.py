@@ -1,6 +1,6 @@
 """A Delta table that delta-spark has merged into, deletion vectors and all, reads the same in every
 reader the README shows: Spark with Delta, delta-rs and Polars. The connector JARs come from the
-setup's Maven fetch (`jobs.lib.session.connector_jars`), so this also proves they load."""
+setup's Maven fetch (`jobs.lib.runtime.session.connector_jars`), so this also proves they load."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from deltalake import DeltaTable
 
-from jobs.lib.sink import DeltaTables
+from jobs.lib.sink.tables import DeltaTables
 
 
 def test_an_empty_rejects_table_is_created_at_a_file_uri(spark, tmp_path):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
-from jobs.lib.runtime import read_status
+from jobs.lib.runtime.status import read_status
+from jobs.lib.source.checkpoint import checkpoint_offsets, last_committed_batch
 from tests.integration.source.source_helpers import WAIT_SECONDS, read_parquet_rows
 
 pytestmark = pytest.mark.integration

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def _spark_class() -> tuple[Path, dict[str, str]]:
     import pyspark
 
-    from jobs.lib.session import spark_env
+    from jobs.lib.runtime.session import spark_env
 
     home = Path(pyspark.__file__).parent
     return home / "bin" / "spark-class", {**os.environ, **spark_env(), "SPARK_HOME": str(home)}
@@ -120,7 +120,7 @@ class Cluster:
 
 def run_driver(request: dict, work: Path, timeout: float = 300.0) -> tuple[dict | None, str]:
     """Run this file as the driver for `request`; (its JSON result or None, its log text)."""
-    from jobs.lib.session import spark_env
+    from jobs.lib.runtime.session import spark_env
 
     req, result, log = work / "request.json", work / "result.json", work / "driver.log"
     req.write_text(json.dumps({**request, "result": str(result)}), encoding="utf-8")
@@ -174,9 +174,9 @@ def _tasks(stage: dict) -> list[dict]:
 
 
 def driver_main(request_path: str) -> None:
-    from jobs.lib.rules import load_rules
+    from jobs.lib.rules.files import load_rules
+    from jobs.lib.runtime.session import build_session
     from jobs.lib.runtime.stream import kafka_options
-    from jobs.lib.session import build_session
     from jobs.standardize import start_query
 
     req = json.loads(Path(request_path).read_text(encoding="utf-8"))

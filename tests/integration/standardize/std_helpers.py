@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lib.rules import load_rules, rules_path
+from jobs.lib.rules.files import load_rules, rules_path
 from orchestrator.dev.datagen import LogRecord, ensure_topic, generate_changelog, iter_log, produce
 from tests.oracle.standardize import Expected, expected_table
 
@@ -99,7 +99,7 @@ def read_sorted(uri):
 def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, timeout: float = 900):
     """`python -m jobs.run ...` (the standardize job: `JobPaths.argv`) to its end, output in `log_path`;
     returns (exit code, log text)."""
-    from jobs.lib.session import spark_env
+    from jobs.lib.runtime.session import spark_env
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:

@@ -34,7 +34,7 @@ def test_bench_upsert_refuses_a_bad_count():
 def test_a_small_batch_merged_from_the_driver_updates_keys_with_quotes_backslashes_and_nulls(spark, tmp_path):
     """The batch's keys become SQL literals in the MERGE's condition on the table: keys that need escaping
     are updated in place (no second row), a null key too, a tombstone deletes."""
-    from jobs.lib.sink import DeltaTables
+    from jobs.lib.sink.tables import DeltaTables
 
     schema = "k string, v string, source_partition int, source_offset long, source_timestamp timestamp, _deleted boolean"
     keys = ["o'b", "c\\d", "plain", None, "gone"]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    from jobs.lib.session import spark_env
+    from jobs.lib.runtime.session import spark_env
 
     proc = subprocess.run([sys.executable, *argv], env={**os.environ, **spark_env(), "COLUMNS": "200"},
                           capture_output=True, text=True, timeout=timeout)

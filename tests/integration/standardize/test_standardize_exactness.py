@@ -16,8 +16,8 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 from std_helpers import V2, run_in_process, run_job_process
 
-from jobs.lib.rules import rules_path
-from jobs.lib.sink import PAUSE_FILE, PAUSE_HOOK
+from jobs.lib.rules.files import rules_path
+from jobs.lib.sink.tables import PAUSE_FILE, PAUSE_HOOK
 from jobs.standardize import CRASH_HOOK
 from orchestrator.core.tables import read_table
 from orchestrator.dev.datagen import ensure_topic, generate_changelog, iter_log, produce
@@ -105,7 +105,7 @@ def test_restart_from_another_checkpoint_is_refused(spark, bootstrap, changelog,
 # -- SIGKILL mid-backfill and mid-live ------------------------------------------------------------
 
 def start_paused(argv: list[str], log_path: Path, pause_at: str, pause_file: Path) -> subprocess.Popen:
-    from jobs.lib.session import spark_env
+    from jobs.lib.runtime.session import spark_env
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     out = open(log_path, "ab")

@@ -10,9 +10,9 @@ import pytest
 from deltalake import DeltaTable
 from std_helpers import V1, V2, commits, read_sorted, run_in_process, run_job_process
 
-from jobs.lib.kafka import checkpoint_offsets, last_committed_batch
-from jobs.lib.rules import rules_path
-from jobs.lib.runtime import read_status
+from jobs.lib.rules.files import rules_path
+from jobs.lib.runtime.status import read_status
+from jobs.lib.source.checkpoint import checkpoint_offsets, last_committed_batch
 from orchestrator.core.tables import count_rows, read_table
 from tests.oracle.standardize import OUTPUT_SCHEMA
 

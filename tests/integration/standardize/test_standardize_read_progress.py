@@ -3,7 +3,7 @@ and seconds) before it commits, and the version is not ready until it commits. R
 standardize job spawned by the control plane, registry and readiness as in production.
 
 The job is held between reading its backfill (its scan tasks done, the batch parsed and counted)
-and its Delta commits by the test hook it shares with the seed jobs (`jobs.lib.batches.HOLD_HOOK`):
+and its Delta commits by the test hook it shares with the seed jobs (`jobs.lib.sink.batches.HOLD_HOOK`):
 the interleaving is forced, not raced. The driver turns the scan's finished tasks into a read
 position per partition (`jobs.lib.runtime.backfill`).
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lib.kafka.progress import progress_dir, read_progress
-from jobs.lib.batches import HOLD_FILE, HOLD_HOOK
+from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
+from jobs.lib.source.read_progress import progress_dir, read_progress
 from orchestrator.context import Kappa
 from orchestrator.core.pipelines import load_pipelines
 from orchestrator.core.settings import Settings

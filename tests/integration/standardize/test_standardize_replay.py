@@ -8,9 +8,9 @@ import pytest
 from deltalake import DeltaTable
 from std_helpers import V2, commits, run_in_process, run_job_process
 
-from jobs.lib.kafka import last_committed_batch
-from jobs.lib.rules import rules_path
-from jobs.lib.runtime import read_status
+from jobs.lib.rules.files import rules_path
+from jobs.lib.runtime.status import read_status
+from jobs.lib.source.checkpoint import last_committed_batch
 from jobs.standardize import CRASH_HOOK
 from orchestrator.core.tables import read_table
 

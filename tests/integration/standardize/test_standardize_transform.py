@@ -1,5 +1,5 @@
 """The standardize job in Spark (its contract function `jobs.standardize.transform`, then kappa's
-per-batch step `jobs.lib.runner.split_batch`, `jobs.lib.profiles.parse_records`) on hand-made micro-batches: latest record per key, tombstones, every kind of reject with the exact
+per-batch step `jobs.lib.contract.runner.split_batch`, `jobs.lib.source.profiles.parse_records`) on hand-made micro-batches: latest record per key, tombstones, every kind of reject with the exact
 reason, and values the JVM path cannot vouch for decided like the tests' oracle (tests/oracle)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from jobs.lib.profiles import OUTPUT_SCHEMA, parse_records
-from jobs.lib.rules import load_rules, rules_path
-from jobs.lib.contract import JobInput
-from jobs.lib.runner import output_columns, split_batch
+from jobs.lib.contract.api import JobInput
+from jobs.lib.contract.runner import output_columns, split_batch
+from jobs.lib.rules.files import load_rules, rules_path
+from jobs.lib.source.profiles import OUTPUT_SCHEMA, parse_records
 from jobs.standardize import transform
 from orchestrator.dev.datagen import generate_changelog
 from tests.oracle import standardize as oracle
@@ -165,7 +165,7 @@ def test_parse_records_decides_mutated_values_like_the_oracle(spark, rng):
 def test_each_value_is_parsed_once_in_the_executed_plan(spark):
     """The parse is materialised once per record: no filter or projection copies it (the plan had it
     eleven times, and the field types eighteen), and the per-batch step adds no second parse."""
-    from jobs.lib.json_values import PARSE_CALL
+    from jobs.lib.source.json_values import PARSE_CALL
 
     source = batch(spark, [(b"m1", profile()), (b"m2", b"{oops")])
     parsed = parse_records(source)

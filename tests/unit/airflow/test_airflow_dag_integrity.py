@@ -69,7 +69,7 @@ def no_side_effects(monkeypatch):
     import orchestrator.registry.store
 
     for name in ("orchestrator.airflow.tasks", "orchestrator.airflow.params", "orchestrator.core.pipelines",
-                 "orchestrator.core.settings", "jobs.lib.rules"):
+                 "orchestrator.core.settings", "jobs.lib.rules.files"):
         monkeypatch.delitem(sys.modules, name, raising=False)
 
     for name in ("Producer", "Consumer"):
@@ -127,7 +127,7 @@ def test_monitor_runs_every_minute_without_catchup(clean_kappa_env):
 
 
 def test_form_offers_declared_pipelines_and_rules_files(clean_kappa_env):
-    from jobs.lib.rules import available_rules
+    from jobs.lib.rules.files import available_rules
     from orchestrator.core.pipelines import load_pipelines
 
     params = parse().dags["kappa_reprocess"].params

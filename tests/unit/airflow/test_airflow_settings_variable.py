@@ -9,7 +9,7 @@ import pytest
 from airflow.sdk import Connection, Variable
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from jobs.lib.rules import RULES_DIR
+from jobs.lib.rules.files import RULES_DIR
 from orchestrator.airflow import params, settings_var, tasks
 from orchestrator.core.exceptions import ConfigError
 

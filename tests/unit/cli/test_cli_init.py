@@ -20,7 +20,8 @@ def test_init_writes_a_project_whose_settings_kappa_finds_there(tmp_path):
     s = resolve_settings(None, env={}, cwd=root)
     assert (s.pipelines_file, s.rules_location, s.job_folders) == (
         root / "pipelines.toml", str(root / "rules"), [str(root)])
-    from orchestrator.core.pipelines import check_job_exists, load_pipelines
+    from orchestrator.core.pipelines import load_pipelines
+    from orchestrator.jobctl.jobcheck import check_job_exists
 
     spec = load_pipelines(s.pipelines_file)["profiles"]
     assert check_job_exists(spec, job_path=s.job_folders) == "team_jobs.profiles:transform"

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from control_helpers import FAKE_JOB, PIPELINE, make_spec
-from jobs.lib.rules import RULES_DIR, load_rules
+from jobs.lib.rules.files import RULES_DIR, load_rules
 from orchestrator.core.exceptions import ConfigError, LifecycleError, NotFoundError, RulesError
 from orchestrator.context import Kappa, VersionRef
 from orchestrator.core.settings import resolve_settings

@@ -298,7 +298,8 @@ def test_module_size(name):
 
 def test_jobs_are_the_modules_directly_in_jobs():
     """kappa's own jobs are the modules in jobs/ (besides the runner, jobs/run.py), each a shipped pipeline's."""
-    from orchestrator.core.pipelines import check_job_exists, jobs_directory, load_pipelines
+    from orchestrator.core.pipelines import jobs_directory, load_pipelines
+    from orchestrator.jobctl.jobcheck import check_job_exists
 
     jobs_dir = jobs_directory()
     assert jobs_dir == ROOT / "jobs"

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from orchestrator.core.resources import default_pipelines_file
 from orchestrator.core.exceptions import ConfigError
-from orchestrator.core.pipelines import (PipelineSpec, check_job_exists, check_pipeline_code, check_ruleset_exists,
-                                    load_pipelines)
+from orchestrator.core.pipelines import PipelineSpec, check_ruleset_exists, load_pipelines
+from orchestrator.jobctl.jobcheck import check_job_exists, check_pipeline_code
 
 BASE = {
     "job": '"standardize"',
@@ -208,8 +208,8 @@ def spec_with(job: str) -> PipelineSpec:
 
 def test_code_checks_pass(tmp_path, code_dirs):
     path = pipelines_file(tmp_path, ("standardize", {"job": '"team_jobs.profiles"'}))
-    specs = load_pipelines(path, check_code=True, job_path=[str(code_dirs)], rules_dir=code_dirs / "rules")
-    spec = specs["standardize"]
+    spec = load_pipelines(path)["standardize"]
+    check_pipeline_code(spec, job_path=[str(code_dirs)], rules_dir=code_dirs / "rules")
     assert check_job_exists(spec, job_path=[str(code_dirs)]) == "team_jobs.profiles:transform"
     assert check_ruleset_exists(spec, rules_dir=code_dirs / "rules") == code_dirs / "rules" / "titles"
     # kappa's own jobs by name, found as files
@@ -230,8 +230,8 @@ def test_code_checks_pass(tmp_path, code_dirs):
     ("team_jobs.profiles:LIMIT", "job 'team_jobs.profiles:LIMIT': team_jobs.profiles.LIMIT is a int, not a function"),
     ("team_jobs.profiles:two", "job 'team_jobs.profiles:two': team_jobs.profiles.two(job, extra) must take exactly "
                                "one argument, the JobInput (def two(job): ...)"),
-    ("jobs.lib.session", "job 'jobs.lib.session': module 'jobs.lib.session' has no function 'transform'; name it "
-                         "jobs.lib.session:<function> in the pipelines file"),
+    ("jobs.lib.runtime.session", "job 'jobs.lib.runtime.session': module 'jobs.lib.runtime.session' has no function 'transform'; name it "
+                         "jobs.lib.runtime.session:<function> in the pipelines file"),
 ])
 def test_a_job_that_does_not_import_or_keep_the_contract_is_refused_in_one_line(code_dirs, job, message):
     path = [str(code_dirs)] if "." in job else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from jobs.lib.rules import load_rules, rules_path
+from jobs.lib.rules.files import load_rules, rules_path
 
 PIPELINE = "standardize"   # deploy/pipelines.toml: ruleset "titles", alias "member_profiles_std"
 ALIAS = "member_profiles_std"

@@ -8,8 +8,8 @@ import shutil
 import pytest
 from rules_helpers import ALIAS, PIPELINE, serve, standardized
 
-import jobs.lib.rules as rules_mod
-from jobs.lib.rules import RULES_DIR, load_rules
+import jobs.lib.rules.files as rules_mod
+from jobs.lib.rules.files import RULES_DIR, load_rules
 from orchestrator.cli.app import error_line
 from orchestrator.core.exceptions import RulesError
 

@@ -10,11 +10,11 @@ import pytest
 
 from orchestrator.dev import seedgen
 
-from jobs.lib.events import (
+from jobs.lib.source.events import (
     AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS,
     parse_record, parse_timestamp, parsed_schema,
 )
-from jobs.lib.seedjob import rejects_and_counts
+from jobs.lib.runtime.seedjob import rejects_and_counts
 
 UTC = timezone.utc
 

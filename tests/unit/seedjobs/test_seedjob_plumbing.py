@@ -1,5 +1,5 @@
 """The seed jobs' shared plumbing without Spark: their own options and topic roles, kappa's options
-(`jobs.lib.runner.kappa_options`), the state partitions of a query's start, and the seed generators'
+(`jobs.lib.contract.runner.kappa_options`), the state partitions of a query's start, and the seed generators'
 output. The micro-batch writer runs in Spark:
 tests/integration/seedjobs/test_seedjob_batches.py."""
 
@@ -10,10 +10,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from jobs.lib.events import AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_record
-import jobs.lib.seedjob
-from jobs.lib.runner import kappa_options
-from jobs.lib.seedjob import duration_options, start_query, state_partitions, topic_roles
+from jobs.lib.source.events import AD_CLICK, AD_IMPRESSION, PAGE_VIEW, PROFILE, SETTINGS, parse_record
+import jobs.lib.runtime.seedjob
+from jobs.lib.contract.runner import kappa_options
+from jobs.lib.runtime.seedjob import duration_options, start_query, state_partitions, topic_roles
 from orchestrator.dev import seedgen
 from orchestrator.core.exceptions import ConfigError
 
@@ -25,7 +25,7 @@ def ctx(topics: str, extra: dict | None = None):
 
 
 def job(topics: str, extra: dict | None = None):
-    """What a job's function sees of its topics and options (`jobs.lib.contract.JobInput`)."""
+    """What a job's function sees of its topics and options (`jobs.lib.contract.api.JobInput`)."""
     return argparse.Namespace(topics=tuple(topics.split(",")), options=kappa_options(extra))
 
 
@@ -69,7 +69,7 @@ def test_state_partitions_is_a_pipeline_option_applied_when_the_query_starts(mon
 
     conf = Conf({"spark.sql.shuffle.partitions": "2"})
     # the query starts with the session's setting as it is at start_stream
-    monkeypatch.setattr(jobs.lib.seedjob, "start_stream", lambda *a, **kw: conf["spark.sql.shuffle.partitions"])
+    monkeypatch.setattr(jobs.lib.runtime.seedjob, "start_stream", lambda *a, **kw: conf["spark.sql.shuffle.partitions"])
     c = ctx("a", {"state_partitions": 5})
     c.spark = argparse.Namespace(conf=conf)
     c.args.pipeline, c.args.version, c.args.checkpoint = "p", 1, "/cp"
@@ -109,7 +109,7 @@ def test_seed_generators_are_deterministic_and_valid():
     ({"vacuum_retention_hours": 0.5}, "'vacuum_retention_hours' must be a number of hours >= 1"),
 ])
 def test_upkeep_options_are_checked_before_spark_starts(options, fragment):
-    from jobs.lib.upkeep import Upkeep
+    from jobs.lib.sink.upkeep import Upkeep
 
     with pytest.raises(ConfigError) as e:
         kappa_options({"upkeep": options})

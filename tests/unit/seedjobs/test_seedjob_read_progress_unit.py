@@ -1,5 +1,5 @@
 """Read progress of a one-batch backfill, without services: the files the job's driver writes
-(`jobs.lib.kafka.progress`), the positions the orchestrator derives from them, the lag
+(`jobs.lib.source.read_progress`), the positions the orchestrator derives from them, the lag
 arithmetic over them, and the floor that keeps an uncommitted backfill from counting as caught up."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.lib.kafka.progress import (
+from jobs.lib.source.read_progress import (
     MANIFEST, BatchProgress, RangeReport, ReadPosition, backfill_reading, progress_dir, progress_positions,
     read_progress, source_dir, write_manifest,
 )
-from jobs.lib.batches import HOLD_FILE, HOLD_HOOK, hold_if_asked
+from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK, hold_if_asked
 from orchestrator.observe.lag import fmt_lag, lag_from_offsets, pending_floor, uncommitted_limits
 from tests.waiting import wait_until
 

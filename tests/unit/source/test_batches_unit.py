@@ -1,4 +1,4 @@
-"""The per-batch plumbing of `jobs.lib.batches.MicroBatches` that needs no Spark: the output table's log is
+"""The per-batch plumbing of `jobs.lib.sink.batches.MicroBatches` that needs no Spark: the output table's log is
 read for the first batch of a process only, and a batch's size is known from its offset range before it
 runs (a small one shuffles into one partition)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from jobs.lib.batches import SMALL_BATCH_RECORDS, MicroBatches
+from jobs.lib.sink.batches import SMALL_BATCH_RECORDS, MicroBatches
 
 
 class _Tables:

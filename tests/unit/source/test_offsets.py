@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from jobs.lib.kafka import checkpoint_offsets, last_committed_batch, map_to_offsets, offsets_to_map
+from jobs.lib.source.checkpoint import checkpoint_offsets, last_committed_batch
+from jobs.lib.source.offsets import map_to_offsets, offsets_to_map
 from orchestrator.core.exceptions import SourceError
 
 

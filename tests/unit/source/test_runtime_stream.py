@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from jobs.lib.kafka.progress import progress_positions, read_progress
 from jobs.lib.runtime.backfill import BackfillProgress, clear_when_committed, initial_offsets
 from jobs.lib.runtime.stream import java_kafka_config, kafka_options, needs_backfill
+from jobs.lib.source.read_progress import progress_positions, read_progress
 from orchestrator.core.exceptions import ConfigError
 
 

@@ -1,9 +1,9 @@
-"""The condition on the table's keys that a small micro-batch's MERGE adds (`jobs.lib.sink._key_filter`):
+"""The condition on the table's keys that a small micro-batch's MERGE adds (`jobs.lib.sink.tables._key_filter`):
 SQL literals that round-trip any key, and null keys, which the MERGE matches with <=>, kept."""
 
 from __future__ import annotations
 
-from jobs.lib.sink import _key_filter
+from jobs.lib.sink.tables import _key_filter
 
 
 def test_string_keys_are_quoted_and_escaped_and_sorted_once_each():

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from jobs.lib.runtime import JobContext, Status, parse_args, read_status, summarize_error
+from jobs.lib.runtime.args import parse_args
+from jobs.lib.runtime.context import JobContext
+from jobs.lib.runtime.status import Status, read_status, summarize_error
 from orchestrator.core.files import write_json_atomic
 from orchestrator.core.exceptions import SourceError
 from tests.waiting import wait_until
@@ -69,7 +71,7 @@ def group_commits(monkeypatch):
     waits while `gate` is clear, so a test can hold one in flight."""
     import threading
 
-    import jobs.lib.kafka as kafka_mod
+    import jobs.lib.source.consumer_groups as consumer_groups
 
     calls, gate = [], threading.Event()
     gate.set()
@@ -78,7 +80,7 @@ def group_commits(monkeypatch):
         calls.append((group_id, offsets))
         gate.wait(60)
 
-    monkeypatch.setattr(kafka_mod, "commit_group_offsets", commit)
+    monkeypatch.setattr(consumer_groups, "commit_group_offsets", commit)
     return calls, gate
 
 
@@ -158,7 +160,7 @@ def test_error_summary_finds_the_kappa_error_inside_a_spark_failure():
 
     spark_text = ("[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted.\n"
                   "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
-                  '  File "/x/jobs/lib/kafka/reading.py", line 1, in read\n'
+                  '  File "/x/jobs/lib/source/checkpoint.py", line 1, in read\n'
                   "orchestrator.core.exceptions.SourceError: the broker no longer has offset 5 of topic t\n"
                   "\tat org.apache.spark.Foo.bar(Foo.scala:1)")
     assert summarize_error(StreamingQueryException(spark_text)) == \

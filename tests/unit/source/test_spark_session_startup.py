@@ -1,4 +1,4 @@
-"""What `jobs.lib.session` does to shorten a Spark job's start-up: a SPARK_HOME whose Python processes
+"""What `jobs.lib.runtime.session` does to shorten a Spark job's start-up: a SPARK_HOME whose Python processes
 import the installed pyspark (not the source-only pyspark.zip), and the driver JVM's options (C1, and
 the class-data-sharing archive only once it exists)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from jobs.lib import session
+from jobs.lib.runtime import session
 
 
 @pytest.fixture

@@ -133,7 +133,7 @@ def test_stage_totals_sum_durations_and_skip_ids_and_clocks():
 
 
 def test_the_job_runs_with_the_runtime_arguments_of_an_available_now_reprocess(tmp_path):
-    from jobs.lib.runtime import parse_args
+    from jobs.lib.runtime.args import parse_args
 
     args = parse_args(job_argv({"bootstrap": "127.0.0.1:9092", "topic": "t", "work": str(tmp_path),
                                 "rules_file": "jobs/rules/titles/v2.toml", "max_records_per_batch": 1000,

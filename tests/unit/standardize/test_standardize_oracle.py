@@ -9,8 +9,8 @@ from collections import defaultdict
 
 import pytest
 
-from jobs.lib.profiles import OUTPUT_SCHEMA as JOB_OUTPUT_SCHEMA
-from jobs.lib.rules import load_rules, rules_path
+from jobs.lib.rules.files import load_rules, rules_path
+from jobs.lib.source.profiles import OUTPUT_SCHEMA as JOB_OUTPUT_SCHEMA
 from orchestrator.dev import datagen
 from orchestrator.dev.datagen import LogRecord, generate_changelog
 from tests.oracle import standardize as oracle

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from jobs.lib.rules import available_rules, load_rules, normalize, rules_path
+from jobs.lib.rules.files import available_rules, load_rules, normalize, rules_path
 from orchestrator.core.exceptions import RulesError
 
 MINIMAL = """\
@@ -258,18 +258,18 @@ def test_rules_path_names_known_versions_and_refuses_traversal():
 
 
 def test_available_rules_natural_order(tmp_path, monkeypatch):
-    import jobs.lib.rules as rules_mod
+    import jobs.lib.rules.files as rules_mod
 
     for v in ("v10", "v2", "v1"):
         shutil.copy(rules_path("titles", "v1"), tmp_path / f"{v}.toml")
     monkeypatch.setattr(rules_mod, "RULES_DIR", tmp_path.parent)
-    # through the module: other tests may have re-imported jobs.lib.rules since this file imported from it
+    # through the module: other tests may have re-imported jobs.lib.rules.files since this file imported from it
     assert rules_mod.available_rules(tmp_path.name) == ["v1", "v2", "v10"]
     assert rules_mod.available_rules("no_such_ruleset") == []
 
 
 def test_python_regex_syntax_and_classes_are_spelled_out_for_java():
-    from jobs.lib.rules import java_regex
+    from jobs.lib.rules.files import java_regex
 
     word = r"[\p{L}\p{N}_]"
     assert java_regex(r"^(sr|senior) .*engineer$") == r"(?Ud)^(sr|senior) .*engineer$"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from jobs.lib.kafka.planning import map_to_offsets, merge_offsets, offsets_to_map
+from jobs.lib.source.offsets import map_to_offsets, merge_offsets, offsets_to_map
 from orchestrator.core import uris
 from orchestrator.core.exceptions import SourceError
 

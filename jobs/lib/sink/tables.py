@@ -14,7 +14,7 @@ an empty table an append, every later one a MERGE: tombstones delete, the rest u
 each with its own transaction, so a crash between the two does not write the rejects twice.
 
 `upsert` gets the latest record per key by the table's key order (`KEY_ORDERS`; the runner's
-`jobs.lib.runner.group_batch` keeps it): within a Kafka partition the higher offset wins; a key seen
+`jobs.lib.contract.runner.group_batch` keeps it): within a Kafka partition the higher offset wins; a key seen
 in two partitions has no order Kafka defines, so under ``partition`` (default) the batch is refused
 with the keys named (found in the batch by the runner, or against the partition the table holds for
 it by the MERGE), and under ``timestamp`` records order by (record timestamp, partition, offset),
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from jobs.lib.session import session_settings
+from jobs.lib.runtime.session import session_settings
 from orchestrator.core.exceptions import SinkError
 
 __all__ = ["KEY_ORDERS", "TABLE_ORDER", "key_order_columns", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables",

@@ -1,9 +1,9 @@
-"""kappa's side of the job contract (`jobs.lib.contract`): every pipeline's job runs through here.
+"""kappa's side of the job contract (`jobs.lib.contract.api`): every pipeline's job runs through here.
 
     python -m jobs.run --job team_jobs.profiles:transform --job-path /srv/team-repo --key member_id \\
         --pipeline profiles --version 3 --rules <run dir>/rules/titles/v2.toml ...
 
-Before Spark starts, the job's function is imported (`jobs.lib.contract.load_job`), the rules file
+Before Spark starts, the job's function is imported (`jobs.lib.contract.api.load_job`), the rules file
 (the rules stored with the version, written to its run dir by the launcher) is loaded and validated,
 and kappa's own options are checked: any failure ends the process with one line, status failed,
 exit 1, nothing written. Then the runtime (`jobs.lib.runtime`) starts the session; the function is
@@ -13,8 +13,8 @@ runs.
 kappa's options (``[pipelines.<name>.options]``, passed as ``--extra``) are ``key_order``
 (``partition``: refuse a key seen in two partitions; ``timestamp``: order by record timestamp, then
 partition, offset), ``backfill`` (``one-batch`` or ``capped``), ``source_options`` (options of Spark's
-Kafka source, or ``kafka.*`` client settings), ``upkeep`` (`jobs.lib.upkeep`) and ``state_partitions``
-(`jobs.lib.seedjob.state_partitions`); every other option is the job's own, in ``job.options``.
+Kafka source, or ``kafka.*`` client settings), ``upkeep`` (`jobs.lib.sink.upkeep`) and ``state_partitions``
+(`jobs.lib.runtime.seedjob.state_partitions`); every other option is the job's own, in ``job.options``.
 """
 
 from __future__ import annotations
@@ -26,22 +26,25 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from jobs.lib.batches import MicroBatches, Prepared
-from jobs.lib.contract import DELETED, ERROR, SOURCE_COLUMNS, JobInput, Upserts, check_result, load_job
-from jobs.lib.runtime import JobContext, RunState, Status, parse_args, run, summarize_error
+from jobs.lib.contract.api import DELETED, ERROR, SOURCE_COLUMNS, JobInput, Upserts, check_result, load_job
+from jobs.lib.runtime.args import parse_args
+from jobs.lib.runtime.context import JobContext
+from jobs.lib.runtime.loop import run
+from jobs.lib.runtime.status import RunState, Status, summarize_error
 from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, kafka_reader, start_stream
-from jobs.lib.sink import KEY_ORDERS, MAX_CONFLICTS, DeltaTables, key_order_columns
-from jobs.lib.upkeep import Upkeep
+from jobs.lib.sink.batches import MicroBatches, Prepared
+from jobs.lib.sink.tables import KEY_ORDERS, MAX_CONFLICTS, DeltaTables, key_order_columns
+from jobs.lib.sink.upkeep import Upkeep
 from orchestrator.core.exceptions import ConfigError, ContractError, KappaError
+from orchestrator.core.jobref import KAPPA_OPTIONS
 from orchestrator.core.names import app_id
 
-__all__ = ["KAPPA_OPTIONS", "REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
+__all__ = ["REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
            "batch_rejects", "batch_latest", "split_batch", "reads_twice", "UpsertBatches",
            "start_query", "start_job", "main"]
 
 log = logging.getLogger("kappa.job")
 
-KAPPA_OPTIONS = ("key_order", "backfill", "source_options", "upkeep", "state_partitions")
 REJECT_COLUMNS = ["key", "value", "topic", "partition", "offset", "error", "batch_id"]
 POSITION = {"partition": "source_partition", "offset": "source_offset", "timestamp": "source_timestamp"}
 
@@ -60,7 +63,7 @@ def kappa_options(extra: dict | None) -> dict:
         raise ConfigError(f"--extra: source_options must be a table of options, got {source!r}")
     check_source_options(source)
     Upkeep.from_options([], extra.get("upkeep"))
-    from jobs.lib.seedjob import state_partitions
+    from jobs.lib.runtime.seedjob import state_partitions
 
     state_partitions(extra, "")
     return {k: v for k, v in extra.items() if k not in KAPPA_OPTIONS}
@@ -74,7 +77,7 @@ def output_columns(rows: Any) -> list[str]:
 #: One row per key of a micro-batch (`group_batch`): its latest valid row, whether its valid rows came
 #: from more than one partition, its rejects, and how many records it had.
 LATEST, MOVED, REJECTS, RECORDS = "__latest", "__moved", "__rejects", "__records"
-#: The key order's columns as the source names them (`jobs.lib.sink.key_order_columns`).
+#: The key order's columns as the source names them (`jobs.lib.sink.tables.key_order_columns`).
 SOURCE_ORDER = ("timestamp", "partition", "offset")
 
 
@@ -152,7 +155,7 @@ def reads_twice(rows: Any) -> bool:
 class UpsertBatches(MicroBatches):
     """The foreachBatch function of an `Upserts` job: one aggregation per batch gives the latest row
     per key (the key order), the rejects and the counts (`group_batch`); the rejects go to the rejects
-    table, the latest rows through the job's ``then`` into the version's table (`jobs.lib.sink`)."""
+    table, the latest rows through the job's ``then`` into the version's table (`jobs.lib.sink.tables`)."""
 
     def __init__(self, args: Any, key: str, key_order: str, output: list[str], job_of: Callable[[Any], Upserts],
                  rules_hash: str | None, on_batch: Callable[..., None] | None = None, name: str = "job"):
@@ -242,7 +245,7 @@ def start_query(spark: Any, args: Any, ref: str, fn: Callable[[JobInput], Any], 
 
 def start_job(ctx: JobContext, ref: str, fn: Callable[[JobInput], Any], rules: Any = None) -> Any:
     """Start the version's query with the job's function (the runtime's `build(ctx)`); returns it."""
-    from jobs.lib import seedjob
+    from jobs.lib.runtime import seedjob
 
     if rules is not None:
         ctx.rules_hash = rules.content_hash
@@ -269,7 +272,7 @@ def _fail_before_start(args: argparse.Namespace, e: KappaError) -> None:
 def main(argv: list[str] | None = None, *, job: str | None = None, key: str | None = None) -> None:
     """`python -m jobs.run`: the job imported, the rules and options checked, before Spark starts.
     `job` and `key` are defaults of ``--job`` and ``--key`` (a job module's own ``__main__``)."""
-    from jobs.lib.rules import load_rules
+    from jobs.lib.rules.files import load_rules
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if job and "--job" not in argv:

@@ -1,6 +1,6 @@
-"""Helpers for a team's tests of its own jobs (the job contract, `jobs.lib.contract`), without Kafka.
+"""Helpers for a team's tests of its own jobs (the job contract, `jobs.lib.contract.api`), without Kafka.
 
-    from jobs.lib.testing import local_spark, record, run_job
+    from jobs.lib.contract.testing import local_spark, record, run_job
     from team_jobs.profiles import transform
 
     def test_titles_are_standardized():
@@ -11,7 +11,7 @@
 
 `run_job` gives the job's function what kappa's runner gives it, with a static DataFrame of the
 records in place of the Kafka stream (`key, value, topic, partition, offset, timestamp`), and
-applies kappa's step of each micro-batch for `Upserts` (`jobs.lib.runner.split_batch`: rejects,
+applies kappa's step of each micro-batch for `Upserts` (`jobs.lib.contract.runner.split_batch`: rejects,
 the latest row per key, ``then``): the rows the version's table would hold after that batch, and
 the rejects. `local_spark()` is a local Spark session with kappa's settings (one per process).
 """
@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from jobs.lib.contract import DELETED, JobInput, Upserts, check_result
+from jobs.lib.contract.api import DELETED, JobInput, Upserts, check_result
 
 __all__ = ["local_spark", "record", "source_frame", "run_job"]
 
@@ -37,7 +37,7 @@ def local_spark(master: str = "local[1]") -> Any:
     if not _SESSION:
         import tempfile
 
-        from jobs.lib.session import build_session
+        from jobs.lib.runtime.session import build_session
 
         _SESSION.append(build_session("kappa-job-tests", master=master,
                                       local_dir=tempfile.mkdtemp(prefix="kappa-job-tests-")))
@@ -69,8 +69,8 @@ def run_job(spark: Any, transform: Callable[[JobInput], Any], records: Iterable[
             pipeline: str = "test") -> tuple[list[dict], list[dict]]:
     """(table rows sorted by key, without kappa's columns; rejects) of one micro-batch of `records`
     through the job's contract function and kappa's step for `Upserts`."""
-    from jobs.lib.rules import load_rules
-    from jobs.lib.runner import output_columns, split_batch
+    from jobs.lib.contract.runner import output_columns, split_batch
+    from jobs.lib.rules.files import load_rules
 
     source = source_frame(spark, records)
     topics = tuple(sorted({r["topic"] for r in source.select("topic").distinct().collect()})) or ("topic",)

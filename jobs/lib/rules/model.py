@@ -66,7 +66,7 @@ __all__ = ["FORMAT_VERSION", "FORMAT_VERSIONS", "RULES_DIR", "SECTIONS", "normal
 FORMAT_VERSION = 2
 #: The formats this kappa reads: 1 (sections titles and companies, their columns implied) and 2.
 FORMAT_VERSIONS = (1, 2)
-RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 
 #: Format 1's sections and the column each one standardizes (format 2 names it in the section).
 SECTIONS = {"titles": "title", "companies": "company"}

@@ -3,7 +3,7 @@
 For each micro-batch, in this order:
 
 1. a batch the output table already holds (its Delta application transaction, checked against the
-   end offsets it recorded, `jobs.lib.sink.DeltaTables.committed`) is a replay after a crash: it is
+   end offsets it recorded, `jobs.lib.sink.tables.DeltaTables.committed`) is a replay after a crash: it is
    not written again (a stateful job still runs its plan into Spark's no-op sink, so that its state
    store commits the batch's version);
 2. records the batch should read that the log no longer has (retention, DeleteRecords: see
@@ -14,9 +14,9 @@ For each micro-batch, in this order:
    and counts them; `check` may refuse the batch before anything is written;
 5. the rejects are appended, then the output written (`write`), each an idempotent Delta commit;
 6. the counts go to the runtime's status (`on_batch`);
-7. every so many batches, the tables' upkeep (`jobs.lib.upkeep`: OPTIMIZE, VACUUM).
+7. every so many batches, the tables' upkeep (`jobs.lib.sink.upkeep`: OPTIMIZE, VACUUM).
 
-Test hooks (`jobs.lib.sink`): ``KAPPA_TEST_PAUSE_AT=read:<id>`` / ``commit:<id>``,
+Test hooks (`jobs.lib.sink.tables`): ``KAPPA_TEST_PAUSE_AT=read:<id>`` / ``commit:<id>``,
 ``KAPPA_TEST_CRASH_AFTER_COMMIT=<id>``, and ``KAPPA_TEST_HOLD_BEFORE_COMMIT=<id>`` with
 ``KAPPA_TEST_HOLD_FILE`` (the batch read, held before its commits until the file is deleted).
 """
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from jobs.lib.runtime.backfill import BackfillProgress, initial_offsets
+from jobs.lib.runtime.session import session_settings
 from jobs.lib.runtime.stream import fail_on_data_loss, lost_offsets, needs_backfill
-from jobs.lib.session import session_settings
-from jobs.lib.sink import DeltaTables, batch_end_offsets, crash_if_asked, pause_if_asked
-from jobs.lib.upkeep import Upkeep
+from jobs.lib.sink.tables import DeltaTables, batch_end_offsets, crash_if_asked, pause_if_asked
+from jobs.lib.sink.upkeep import Upkeep
 from orchestrator.core.exceptions import SourceError
 
 __all__ = ["Prepared", "MicroBatches", "batch_start_offsets", "hold_if_asked", "HOLD_HOOK", "HOLD_FILE"]

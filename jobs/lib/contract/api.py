@@ -12,7 +12,7 @@ without a second read of Kafka; the function only builds a plan, and must be che
 every time::
 
     from pyspark.sql import functions as F
-    from jobs.lib.contract import JobInput, Upserts
+    from jobs.lib.contract.api import JobInput, Upserts
 
     def transform(job: JobInput) -> Upserts:
         profile = F.from_json(F.col("value").cast("string"), "name string, title string")
@@ -24,7 +24,7 @@ What the job gets (`JobInput`): the Spark session; ``source``, the streaming Dat
 Kafka source over the version's topics, configured by kappa (offsets, caps, ``kafka.*`` settings and
 secrets; columns ``key, value, topic, partition, offset, timestamp, timestampType``) and ``read(topic)``
 for one topic of several (``topics``, in the pipelines file's order); the pipeline's own ``options``;
-its ``rules`` (`jobs.lib.rules.Rules`, the rules stored with the version at deploy) or None; its
+its ``rules`` (`jobs.lib.rules.model.Rules`, the rules stored with the version at deploy) or None; its
 ``key`` columns; its name and version.
 
 What it returns:
@@ -44,7 +44,7 @@ What it returns:
   "append"; ``parsed`` (optional) is the DataFrame of parsed source records with ``error`` and the
   source columns, from which kappa takes the rejects and counts the records read. A job whose
   stateful function sees the raw records (``applyInPandasWithState``) may instead emit its rejects
-  and counts among its rows, in the columns of `jobs.lib.seedjob.TAIL_DDL`.
+  and counts among its rows, in the columns of `jobs.lib.runtime.seedjob.TAIL_DDL`.
 
 kappa owns everything else: the source's options, the checkpoint, the triggers (the backfill in one
 pass, then the live tail), the sink (delta-spark, idempotent by Delta's application transactions),
@@ -57,29 +57,22 @@ when the query starts for what it returns, before anything is written.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.core.exceptions import ContractError
+from orchestrator.core.jobref import parse_job_ref, resolve_job
 
-__all__ = ["JobInput", "Upserts", "Stateful", "SOURCE_COLUMNS", "ERROR", "DELETED", "DEFAULT_FUNCTION",
-           "resolve_job", "parse_job_ref", "load_job", "check_job", "check_result"]
+__all__ = ["JobInput", "Upserts", "Stateful", "SOURCE_COLUMNS", "ERROR", "DELETED", "load_job", "check_job",
+           "check_result"]
 
 #: The columns of Spark's Kafka source that an `Upserts` job keeps (kappa reads and removes them).
 SOURCE_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
 ERROR = "error"
 DELETED = "_deleted"
-DEFAULT_FUNCTION = "transform"
-#: kappa's own jobs: a bare name in the pipelines file is the module of that name in `jobs`.
-OWN_PACKAGE = "jobs"
-
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -113,32 +106,6 @@ class Stateful:
     output_mode: str = "update"
     write: str = "upsert"
     parsed: Any = None
-
-
-def parse_job_ref(ref: str) -> tuple[str, str]:
-    """(module, function) of a pipeline's ``job``: ``module:function``, a module (its `transform`),
-    or a bare name of one of kappa's own jobs (``standardize``: ``jobs.standardize:transform``).
-    ContractError naming what is malformed."""
-    module, _, function = ref.partition(":")
-    function = function or DEFAULT_FUNCTION
-    if not _MODULE.match(module) or not _FUNCTION.match(function):
-        raise ContractError(f"job {ref!r} is not a Python module or module:function (for example "
-                            f"team_jobs.profiles:transform)")
-    if "." not in module and _own_job(module):
-        module = f"{OWN_PACKAGE}.{module}"
-    return module, function
-
-
-def _own_job(name: str) -> bool:
-    spec = importlib.util.find_spec(OWN_PACKAGE)
-    return bool(spec and spec.submodule_search_locations and any(
-        (Path(p) / f"{name}.py").is_file() for p in spec.submodule_search_locations))
-
-
-def resolve_job(ref: str) -> str:
-    """The ``module:function`` a pipeline's ``job`` names."""
-    module, function = parse_job_ref(ref)
-    return f"{module}:{function}"
 
 
 def load_job(ref: str, job_path: list[str] | tuple[str, ...] = ()) -> Callable[[JobInput], Any]:
@@ -189,7 +156,7 @@ def check_job(ref: str, job_path: list[str] | tuple[str, ...] = (), *, call: dic
 
     env = {k: v for k, v in os.environ.items() if k not in (KAPPA_KAFKA_CONFIG, KAPPA_REGISTRY_URL)}  # no secrets
     request = json.dumps({"ref": ref, "job_path": [str(p) for p in job_path], "call": call})
-    proc = subprocess.run([sys.executable, "-m", "jobs.lib.contract", request], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "jobs.lib.contract.api", request], capture_output=True, text=True,
                           timeout=300, env=env, cwd=_project_root(), stdin=subprocess.DEVNULL)
     if proc.returncode == 3:
         raise ContractError(proc.stdout.strip().splitlines()[-1])
@@ -208,9 +175,9 @@ def _check_in_this_process(request: dict) -> None:
         return
     import tempfile
 
-    from jobs.lib.rules import load_rules
+    from jobs.lib.rules.files import load_rules
+    from jobs.lib.runtime.session import build_session
     from jobs.lib.runtime.stream import kafka_options, kafka_reader
-    from jobs.lib.session import build_session
 
     rules = load_rules(call["rules_file"]) if call.get("rules_file") else None
     key = tuple(call["key"])
@@ -234,7 +201,7 @@ def _check_in_this_process(request: dict) -> None:
 
 
 def _project_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
+    return str(Path(__file__).resolve().parents[3])
 
 
 def _columns(df: Any) -> dict[str, str]:
@@ -243,10 +210,10 @@ def _columns(df: Any) -> dict[str, str]:
 
 def check_result(ref: str, result: Any, key: tuple[str, ...], *, streaming: bool = True) -> Upserts | Stateful:
     """What the job returned, checked before anything runs; ContractError naming what is wrong.
-    `streaming` False: the job was given a static DataFrame (`jobs.lib.testing`)."""
+    `streaming` False: the job was given a static DataFrame (`jobs.lib.contract.testing`)."""
     if not isinstance(result, (Upserts, Stateful)):
         raise ContractError(f"job {ref!r} returned {type(result).__name__}; return Upserts(rows) or "
-                            f"Stateful(rows, ...) from jobs.lib.contract")
+                            f"Stateful(rows, ...) from jobs.lib.contract.api")
     if not hasattr(result.rows, "schema") or getattr(result.rows, "isStreaming", None) is not streaming:
         raise ContractError(f"job {ref!r}: rows must be a {'streaming ' if streaming else ''}DataFrame derived from "
                             f"job.source, got {type(result.rows).__name__}")
@@ -286,7 +253,7 @@ def check_result(ref: str, result: Any, key: tuple[str, ...], *, streaming: bool
 
 if __name__ == "__main__":
     # the module itself, not this __main__ copy: the job's Upserts and Stateful are its classes
-    from jobs.lib import contract as _contract
+    from jobs.lib.contract import api as _contract
 
     try:
         _contract._check_in_this_process(__import__("json").loads(sys.argv[1]))

@@ -1,5 +1,5 @@
-"""Validation of a rules file's content (`jobs.lib.rules.parse_rules`): each error names the file,
-the line or rule, and what is wrong. The format is described in `jobs.lib.rules`."""
+"""Validation of a rules file's content (`jobs.lib.rules.files.parse_rules`): each error names the file,
+the line or rule, and what is wrong. The format is described in `jobs.lib.rules.files`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jobs.lib.rules_model import (_DEFAULT_KEEP, _REGEX_KEYS, _SECTION_KEYS, _UNMATCHED, FORMAT_VERSIONS, SECTIONS,
+from jobs.lib.rules.model import (_DEFAULT_KEEP, _REGEX_KEYS, _SECTION_KEYS, _UNMATCHED, FORMAT_VERSIONS, SECTIONS,
                                   FieldRules, RegexRule, Rules, normalize)
 from orchestrator.core.exceptions import RulesError
 

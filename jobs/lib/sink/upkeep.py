@@ -86,7 +86,7 @@ class Upkeep:
         full VACUUM when the log no longer covers the last one, listing with as many tasks as cores
         (Spark's default of 10,000 listing tasks took a minute on a table of four files)."""
         path = uri.replace("`", "``")
-        from jobs.lib.session import session_settings
+        from jobs.lib.runtime.session import session_settings
 
         check = str(self.retention_hours >= DEFAULT_RETENTION_HOURS).lower()
         with session_settings(spark, {_CHECK: check, _LISTING: None}):

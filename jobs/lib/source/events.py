@@ -23,11 +23,11 @@ caller handles it before parsing. Events have no tombstones; a null value is rej
 
 Parsing never raises: it returns the typed row or the reason the record was rejected, and
 the jobs write that reason to the version's rejects table. `parse_record` is the exact parser:
-the stateless jobs parse in the JVM (`jobs.lib.event_columns.parse_events`, which sends it only
+the stateless jobs parse in the JVM (`jobs.lib.source.event_columns.parse_events`, which sends it only
 the records the JVM cannot vouch for), the stateful pandas functions call it on executors.
 
 What the seed jobs share around Spark (the rejects and counts beside the output, the
-micro-batch writer) is `jobs.lib.seedjob`.
+micro-batch writer) is `jobs.lib.runtime.seedjob`.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def parse_record(et: EventType, key: bytes | None,
     return parse_value(et, text, value)
 
 
-# -- the schema of parsed records (`jobs.lib.event_columns.parse_events`) ------------------------
+# -- the schema of parsed records (`jobs.lib.source.event_columns.parse_events`) ------------------------
 
 #: Columns passed through from the Kafka source next to the parsed fields.
 POSITION_FIELDS = [pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
@@ -197,7 +197,7 @@ RAW_FIELDS = [pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.f
 
 
 def parsed_schema(et: EventType) -> pa.Schema:
-    """Schema of `jobs.lib.event_columns.parse_events` output: typed fields, source position, and for
+    """Schema of `jobs.lib.source.event_columns.parse_events` output: typed fields, source position, and for
     rejects raw key, value and the reason (`error` is null exactly for the rows that parsed)."""
     return pa.schema(list(et.arrow_schema()) + POSITION_FIELDS + RAW_FIELDS)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import unquote, urlsplit
 
-from jobs.lib.kafka.planning import TP, map_to_offsets, offsets_to_map
+from jobs.lib.source.offsets import TP, map_to_offsets, offsets_to_map
 
 __all__ = ["DIR_NAME", "MANIFEST", "REPORT_SECONDS", "progress_dir", "source_dir", "write_manifest", "clear",
            "RangeReport", "BatchProgress", "ReadPosition", "read_progress", "progress_positions", "backfill_reading"]
@@ -216,7 +216,7 @@ def backfill_reading(checkpoint: str | Path) -> dict | None:
     """The job status's ``reading`` while the backfill (batch 0 of a fresh query) is read and not
     committed: ``{"batch_id", "records_read", "records_total"}`` (offsets; each scan counts its
     share); None otherwise. Runs anywhere."""
-    from jobs.lib.kafka.checkpoint import last_committed_batch
+    from jobs.lib.source.checkpoint import last_committed_batch
 
     batches = read_progress(checkpoint)
     if not batches or last_committed_batch(os.path.dirname(progress_dir(checkpoint))) is not None:

@@ -4,8 +4,8 @@
 Each job's query reads Spark's Kafka source (the runtime's options, `jobs.lib.runtime.stream`) and
 is one stream of output rows, reject rows and counts of records read (`TAIL_DDL`), which
 `SeedBatches` splits in foreachBatch into the version's rejects table and output table with
-delta-spark (`jobs.lib.batches`: idempotent commits, data-loss check, backfill read progress, test
-hooks). Parsing the records themselves is `jobs.lib.events`.
+delta-spark (`jobs.lib.sink.batches`: idempotent commits, data-loss check, backfill read progress, test
+hooks). Parsing the records themselves is `jobs.lib.source.events`.
 
 A new version's backfill is one micro-batch (Spark's ``Trigger.AvailableNow`` without a cap, then
 the job's own trigger on the same checkpoint), read through Spark's own stateful operators: it
@@ -23,12 +23,12 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.lib.batches import MicroBatches, Prepared
-from jobs.lib.profiles import DELETED
-from jobs.lib.runtime import JobContext
+from jobs.lib.runtime.context import JobContext
+from jobs.lib.runtime.session import session_settings
 from jobs.lib.runtime.stream import BACKFILL_MODES, start_stream
-from jobs.lib.session import session_settings
-from jobs.lib.sink import DeltaTables
+from jobs.lib.sink.batches import MicroBatches, Prepared
+from jobs.lib.sink.tables import DeltaTables
+from jobs.lib.source.profiles import DELETED
 from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import app_id
 
@@ -55,7 +55,7 @@ def null_columns(ddl: str) -> list[Any]:
 
 
 def rejects_and_counts(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`mapInArrow` function over `jobs.lib.event_columns.parse_events` output: its reject rows, plus one row counting
+    """`mapInArrow` function over `jobs.lib.source.event_columns.parse_events` output: its reject rows, plus one row counting
     the records of each non-empty batch (`input_rows`), so the job can report exactly how many
     records it read even though its output holds aggregates or joined pairs. Runs on executors."""
     schema = pa.schema([pa.field("key", pa.binary()), pa.field("value", pa.binary()),
@@ -87,7 +87,7 @@ def rows_frame(rows: list[dict], columns: list[str]) -> Any:
 
 
 class SeedBatches(MicroBatches):
-    """The foreachBatch function of the seed jobs (`jobs.lib.batches`). Runs on the driver.
+    """The foreachBatch function of the seed jobs (`jobs.lib.sink.batches`). Runs on the driver.
 
     Each job's query yields one stream holding its output rows, its rejects and counts of the
     records read (see `TAIL_DDL`); a micro-batch is persisted, so its stateful plan runs once, then
@@ -213,12 +213,12 @@ def start_query(ctx: JobContext, build: Callable[..., Any], writer: SeedBatches,
 
 def start_stateful(ctx: JobContext, ref: str, probe: Any, make: Callable[..., Any], key: tuple[str, ...],
                    name: str) -> Any:
-    """Start a `jobs.lib.contract.Stateful` job: its rows, and the rejects and input counts kappa takes
+    """Start a `jobs.lib.contract.api.Stateful` job: its rows, and the rejects and input counts kappa takes
     from its ``parsed`` records, as one stream into `SeedBatches`. `probe` is what the job returned
     when first called; `make(read)` calls it again for each query start."""
     from pyspark.sql import functions as F
 
-    from jobs.lib.contract import DELETED as DELETED_COLUMN, check_result
+    from jobs.lib.contract.api import DELETED as DELETED_COLUMN, check_result
 
     columns = list(probe.rows.columns)
     output = [c for c in columns if c not in (DELETED_COLUMN, *TAIL_COLUMNS)]

@@ -1,12 +1,12 @@
-"""The seed events parsed in the JVM: Spark's Kafka rows in, `jobs.lib.events.parsed_ddl` rows out.
+"""The seed events parsed in the JVM: Spark's Kafka rows in, `jobs.lib.source.events.parsed_ddl` rows out.
 
-`parse_events(records, et)` gives exactly what `jobs.lib.events.parse_record` gives for every
+`parse_events(records, et)` gives exactly what `jobs.lib.source.events.parse_record` gives for every
 record (the typed fields, or the reject reason), with the work in Spark SQL wherever the JVM can
 vouch for the answer: ``try_parse_json`` into a variant, each field's type from
 ``schema_of_variant``, timestamps in the strict ISO-8601 form with an offset
 (``2024-05-01T10:15:00Z``, ``+02:00``, fractions up to microseconds) through ``try_cast``, the
 choices and the key field checked as expressions, each value parsed once
-(`jobs.lib.json_values`). A record the JVM path cannot vouch for goes to the exact parser
+(`jobs.lib.source.json_values`). A record the JVM path cannot vouch for goes to the exact parser
 (`parse_record`, Python's json and ``datetime.fromisoformat``) in an Arrow UDF over those rows only: a
 key or value that is null, empty or not UTF-8, JSON the JVM refuses (malformed, duplicate keys, lone
 surrogates, control characters in strings), a ``}`` before the end, a field of the wrong type, a
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs.lib.events import BOOL, STRING, TIMESTAMP, EventType, parse_record
+from jobs.lib.source.events import BOOL, STRING, TIMESTAMP, EventType, parse_record
 
 __all__ = ["parse_events", "ISO_TIMESTAMP"]
 
@@ -35,7 +35,7 @@ def _exact_ddl(et: EventType) -> str:
 
 def _exact(et: EventType, key: bytes | None, value: bytes | None) -> dict:
     """`parse_record` for one record, as its fields (strings: timestamps in ISO form, booleans as
-    true/false) and ``error`` (`jobs.lib.json_values.parse_json_values`)."""
+    true/false) and ``error`` (`jobs.lib.source.json_values.parse_json_values`)."""
     row, error = parse_record(et, key, value)
     doc: dict[str, Any] = {"error": error}
     for name, (typ, _) in et.fields.items():
@@ -82,14 +82,14 @@ def _judge(et: EventType, doc: Any) -> tuple[Any, dict]:
 
 
 def parse_events(records: Any, et: EventType, key_as: str | None = None) -> Any:
-    """Kafka source rows -> `jobs.lib.events.parsed_ddl(et)` rows: typed fields, position, and for a
+    """Kafka source rows -> `jobs.lib.source.events.parsed_ddl(et)` rows: typed fields, position, and for a
     reject its raw key and value and the reason (`error` null exactly for the rows that parsed).
     With `key_as`, also the record key as text in a column of that name (for every valid row)."""
     from functools import partial
 
     from pyspark.sql import functions as F
 
-    from jobs.lib.json_values import parse_json_values
+    from jobs.lib.source.json_values import parse_json_values
 
     key_ok = F.col("key").isNotNull() & F.expr("is_valid_utf8(key)") & (F.length("key") > 0)
     rows = parse_json_values(records.select("key", "value", *_POSITION), keep=["key", "value", *_POSITION],

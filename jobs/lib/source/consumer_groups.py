@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from jobs.lib.kafka.planning import offsets_to_map
+from jobs.lib.source.offsets import offsets_to_map
 
 __all__ = ["commit_group_offsets"]
 

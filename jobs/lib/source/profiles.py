@@ -7,7 +7,7 @@ whatever they hold); null values are tombstones. A record that cannot be used (n
 UTF-8, invalid JSON, not an object, missing name, wrong types, a profile field given twice) is a
 reject with its partition, offset and reason, and leaves the member as it was.
 
-`parse_records` does this in the JVM, parsing each value once (`jobs.lib.json_values`): the field
+`parse_records` does this in the JVM, parsing each value once (`jobs.lib.source.json_values`): the field
 types from ``schema_of_variant``, the fields from one ``try_variant_get``. A value the JVM cannot vouch
 for goes to `parse_one`, the exact parser (Python's json), in an Arrow UDF over those rows only: JSON
 that the JVM refuses (malformed, duplicate keys, lone surrogates, control characters in strings,
@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs.lib.json_values import parse_json_values
+from jobs.lib.source.json_values import parse_json_values
 
 __all__ = ["KEY_COLUMNS", "DELETED", "INPUT_COLUMNS", "PROFILE_FIELDS", "OUTPUT_SCHEMA", "OUTPUT_DDL",
            "REJECT_COLUMNS", "parse_one", "key_reason", "parse_records"]
@@ -156,7 +156,7 @@ def parse_records(records: Any) -> Any:
     """Kafka source rows -> one row per record: ``member_id``, the profile fields, ``error`` (the
     reject reason, else null), ``_deleted`` (a tombstone of a usable key), and the source columns.
     Each value is parsed once, in the JVM; `parse_one` decides what the JVM cannot vouch for
-    (`jobs.lib.json_values`)."""
+    (`jobs.lib.source.json_values`)."""
     from pyspark.sql import functions as F
 
     key_ok = F.col("key").isNotNull() & F.expr("is_valid_utf8(key)")

@@ -1,6 +1,6 @@
 """Standardization rules: where rules files live, reading and validating them (the format and the
-model are in `jobs.lib.rules_model`, whose names this module re-exports; the validator is
-`jobs.lib.rules_format`)."""
+model are in `jobs.lib.rules.model`, whose names this module re-exports; the validator is
+`jobs.lib.rules.validation`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from jobs.lib.rules_format import Validator
-from jobs.lib.rules_model import (_NAME, FORMAT_VERSION, FORMAT_VERSIONS, RULES_DIR, SECTIONS, FieldRules, RegexRule, Rules,
+from jobs.lib.rules.validation import Validator
+from jobs.lib.rules.model import (_NAME, FORMAT_VERSION, FORMAT_VERSIONS, RULES_DIR, SECTIONS, FieldRules, RegexRule, Rules,
                                   java_regex, normalize)
 from orchestrator.core.exceptions import RulesError
 

@@ -168,7 +168,7 @@ def default_shuffle_partitions(master: str) -> int:
     KAPPA_SHUFFLE_PARTITIONS, else the cores of a local master (``local[N]``, ``local[*]``), else 2.
 
     Spark's own default (200) would give a stateful query 200 state stores per operator. A seed
-    job's pipeline sets its own number (`jobs.lib.seedjob.state_partitions`).
+    job's pipeline sets its own number (`jobs.lib.runtime.seedjob.state_partitions`).
     """
     raw = os.environ.get(KAPPA_SHUFFLE_PARTITIONS, "").strip()
     if raw:
@@ -232,7 +232,7 @@ def create_cds_archive(force: bool = False, timeout: float = 300.0) -> Path | No
     fd, tmp = tempfile.mkstemp(prefix=archive.name + ".", suffix=".tmp", dir=archive.parent)
     os.close(fd)
     os.unlink(tmp)  # the JVM creates it
-    code = ("import sys; from jobs.lib.session import build_session as b; "
+    code = ("import sys; from jobs.lib.runtime.session import build_session as b; "
             "s = b('kappa-cds', extra={'spark.driver.extraJavaOptions': sys.argv[1]}); "
             "jvm = s.sparkContext._gateway.proc; "
             "s.range(1000).selectExpr('id % 7 AS k').groupBy('k').count().collect(); "
