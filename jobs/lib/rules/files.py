@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 from jobs.lib.rules.validation import Validator
-from jobs.lib.rules.model import (_NAME, FORMAT_VERSION, FORMAT_VERSIONS, RULES_DIR, SECTIONS, FieldRules, RegexRule, Rules,
+from jobs.lib.rules.model import (NAME_PATTERN, FORMAT_VERSION, FORMAT_VERSIONS, RULES_DIR, SECTIONS, FieldRules, RegexRule, Rules,
                                   java_regex, normalize)
 from orchestrator.core.exceptions import RulesError
 
@@ -40,7 +40,7 @@ def rules_root(location: str | os.PathLike | None = None) -> Path:
 def rules_path(ruleset: str, version: str, location: str | os.PathLike | None = None) -> Path:
     """`<rules location>/<ruleset>/<version>.toml`; RulesError naming the versions there if it is missing."""
     for what, name in (("ruleset", ruleset), ("rules version", version)):
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise RulesError(
                 f"invalid {what} {name!r}: expected lowercase letters, digits, '_', '.', '-' "
                 f"(at most 63 characters, no path separators)"
@@ -62,7 +62,7 @@ def available_rules(ruleset: str, location: str | os.PathLike | None = None) -> 
     folder = rules_root(location) / ruleset
     if not folder.is_dir():
         return []
-    names = [p.stem for p in folder.glob("*.toml") if _NAME.match(p.stem)]
+    names = [p.stem for p in folder.glob("*.toml") if NAME_PATTERN.match(p.stem)]
 
     def natural(s: str):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]

@@ -71,15 +71,15 @@ RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 #: Format 1's sections and the column each one standardizes (format 2 names it in the section).
 SECTIONS = {"titles": "title", "companies": "company"}
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_SECTION_KEYS = {"unmatched", "exact", "aliases", "regex"}
-_REGEX_KEYS = {"pattern", "canonical", "priority"}
-_UNMATCHED = ("keep", "null")
-_DEFAULT_KEEP = "+#"
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+SECTION_KEYS = {"unmatched", "exact", "aliases", "regex"}
+REGEX_KEYS = {"pattern", "canonical", "priority"}
+UNMATCHED_CHOICES = ("keep", "null")
+DEFAULT_KEEP = "+#"
 _CACHE_LIMIT = 200_000
 
 
-def normalize(value: str, keep: str = _DEFAULT_KEEP) -> str:
+def normalize(value: str, keep: str = DEFAULT_KEEP) -> str:
     """The lookup form of a spelling (see the module docstring)."""
     folded = unicodedata.normalize("NFKC", value).casefold()
     chars = [

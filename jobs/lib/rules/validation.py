@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jobs.lib.rules.model import (_DEFAULT_KEEP, _REGEX_KEYS, _SECTION_KEYS, _UNMATCHED, FORMAT_VERSIONS, SECTIONS,
+from jobs.lib.rules.model import (DEFAULT_KEEP, REGEX_KEYS, SECTION_KEYS, UNMATCHED_CHOICES, FORMAT_VERSIONS, SECTIONS,
                                   FieldRules, RegexRule, Rules, normalize)
 from orchestrator.core.exceptions import RulesError
 
@@ -99,13 +99,13 @@ class Validator:
                           f"sections ([<section>] with column = \"<column>\")", self.line_of_top(key))
         if "description" in c and not isinstance(c["description"], str):
             self.fail("description", "must be a string", self.line_of_top("description"))
-        keep = _DEFAULT_KEEP
+        keep = DEFAULT_KEEP
         if "normalize" in c:
             norm = c["normalize"]
             if not isinstance(norm, dict):
                 self.fail("normalize", "must be a table", self.line_of_top("normalize"))
             self.check_keys("normalize", norm, {"keep"}, header="normalize")
-            keep = norm.get("keep", _DEFAULT_KEEP)
+            keep = norm.get("keep", DEFAULT_KEEP)
             if not isinstance(keep, str):
                 self.fail("normalize.keep", "must be a string of characters",
                           self.line_of_key("normalize", "keep"))
@@ -140,10 +140,10 @@ class Validator:
     def section(self, name: str, sec: Any, keep: str, column: str) -> FieldRules:
         if not isinstance(sec, dict):
             self.fail(name, f"must be a table ([{name}]), got {type(sec).__name__}", self.line_of_top(name))
-        self.check_keys(name, sec, _SECTION_KEYS | {"column"}, header=name)
+        self.check_keys(name, sec, SECTION_KEYS | {"column"}, header=name)
         unmatched = sec.get("unmatched", "keep")
-        if unmatched not in _UNMATCHED:
-            self.fail(f"{name}.unmatched", f"must be one of {', '.join(map(repr, _UNMATCHED))}, got {unmatched!r}",
+        if unmatched not in UNMATCHED_CHOICES:
+            self.fail(f"{name}.unmatched", f"must be one of {', '.join(map(repr, UNMATCHED_CHOICES))}, got {unmatched!r}",
                       self.line_of_key(name, "unmatched"))
 
         lookup: dict[str, str] = {}
@@ -202,7 +202,7 @@ class Validator:
             line = self.line_of_array_item(f"{name}.regex", i)
             if not isinstance(item, dict):
                 self.fail(where, f"must be a table with pattern, canonical, priority, got {item!r}", line)
-            self.check_keys(where, item, _REGEX_KEYS, line=line)
+            self.check_keys(where, item, REGEX_KEYS, line=line)
             for key, typ in (("pattern", str), ("canonical", str)):
                 if key not in item:
                     self.fail(where, f"missing {key!r}", line)
