@@ -108,11 +108,11 @@ def served_exactly(live: Live, what: str) -> None:
 
 def supervise_pass(k, actions: list) -> None:
     """What reconcile does once wired: supervise every running version whose job failed."""
-    for rec in k.registry.list_versions(PIPELINE):
-        if rec.state in RUNNING:
-            st = inspect_version(k.version(PIPELINE, rec.version))
+    for v in k.versions(PIPELINE):
+        if v.record.state in RUNNING:
+            st = inspect_version(v)
             if st.failed:
-                actions.append(supervise_version(k, k.pipeline(PIPELINE), rec, st, actor="supervisor"))
+                actions.append(supervise_version(v, st, actor="supervisor"))
 
 
 def serving_version(live: Live) -> int:
@@ -199,7 +199,7 @@ def test_a_backfill_rides_out_a_broker_stop_then_a_restart_after_its_rules_file_
     path.write_text(text.replace('"Software Engineer" = [', '"Software Eng." = [')
                     .replace('canonical = "Software Engineer"', 'canonical = "Software Eng."'), encoding="utf-8")
     rec = k.registry.get_version(PIPELINE, info.version)
-    assert load_rules(path).content_hash != rec.rules_hash and file_state(k, PIPELINE, rec) == "changed"
+    assert load_rules(path).content_hash != rec.rules_hash and file_state(k.version(PIPELINE, info.version)) == "changed"
 
     old = inspect_version(k.version(PIPELINE, info.version))
     os.killpg(old.pid, signal.SIGKILL)
