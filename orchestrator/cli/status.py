@@ -19,7 +19,6 @@ from orchestrator.core.states import LIVE, VersionState
 
 if TYPE_CHECKING:
     from orchestrator.context import Kappa, VersionRef
-    from orchestrator.core.pipelines import PipelineSpec
     from orchestrator.registry import AliasRecord
 
 __all__ = ["pipelines_data", "status_data", "version_status"]
@@ -122,10 +121,6 @@ def _stop_request(v: VersionRef, started_at: float | None) -> dict[str, Any]:
     return {"requested_by": e.actor, "requested_at": e.at, "reason": e.reason}
 
 
-def _versions(k: Kappa, spec: PipelineSpec) -> list[VersionRef]:
-    return sorted(k.versions(spec), key=lambda v: v.version)
-
-
 def status_data(k: Kappa, pipelines: list[str], *, record: bool = False) -> list[dict[str, Any]]:
     """`kappa status --json`: per pipeline, its alias and every version's row."""
     out, cache = [], {}
@@ -138,7 +133,7 @@ def status_data(k: Kappa, pipelines: list[str], *, record: bool = False) -> list
             "serving_version": alias.version if alias is not None else None,
             "previous_version": alias.previous_version if alias is not None else None,
             "versions": [version_status(v, alias, record=record, rules_cache=cache)
-                         for v in _versions(k, spec)],
+                         for v in k.versions(spec)],
         })
     return out
 
@@ -246,7 +241,7 @@ def _watch(cli: Cli, k: Kappa, names: list[str], interval: float, until_ready: b
         while True:
             states = []
             for spec in specs:
-                for v in _versions(k, spec):
+                for v in k.versions(spec):
                     if v.record.state not in LIVE:
                         continue
                     r = readiness(v, record=True)

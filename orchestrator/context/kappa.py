@@ -175,7 +175,6 @@ class VersionRef:
 
     k: Kappa
     spec: PipelineSpec
-    version: int
     paths: VersionPaths
     record: VersionRecord
 
@@ -184,13 +183,17 @@ class VersionRef:
         """The one lookup: the spec by name (NotFoundError naming the declared pipelines), the paths,
         and the registry record (NotFoundError naming the pipeline's versions)."""
         spec = k.pipeline(pipeline) if isinstance(pipeline, str) else pipeline
-        paths = k.paths(spec.name, version)
-        return cls(k=k, spec=spec, version=version, paths=paths, record=k.registry.get_version(spec.name, version))
+        paths = k.paths(spec.name, version)      # validates the number before the registry is asked
+        return cls(k=k, spec=spec, paths=paths, record=k.registry.get_version(spec.name, version))
 
     @classmethod
     def of_record(cls, k: Kappa, spec: PipelineSpec, record: VersionRecord) -> VersionRef:
         """The version of a record just read (a listing of the pipeline's versions): no second read."""
-        return cls(k=k, spec=spec, version=record.version, paths=k.paths(spec.name, record.version), record=record)
+        return cls(k=k, spec=spec, paths=k.paths(spec.name, record.version), record=record)
+
+    @property
+    def version(self) -> int:
+        return self.record.version
 
     @property
     def pipeline(self) -> str:
@@ -207,11 +210,6 @@ class VersionRef:
     @property
     def alias(self) -> str:
         return self.spec.alias
-
-    @property
-    def rules_version(self) -> str | None:
-        """The rules version it was deployed with (None for a job without rules)."""
-        return self.record.rules_version
 
     def reread(self) -> VersionRef:
         """The same version with its registry record read again: for a verb that decides on the

@@ -48,7 +48,7 @@ def _reconcile_alias(k: Kappa, spec: PipelineSpec, actor: str) -> list[dict[str,
     if rec is None or rec.pipeline != spec.name:
         return []
     pointer = read_pointer(k.alias_file(spec.alias))
-    table = str(k.version(spec, rec.version).paths.table)
+    table = str(k.paths(spec.name, rec.version).table)      # the alias record names it: no registry read
     in_sync = (pointer is not None and pointer.get("version") == rec.version and pointer.get("table") == table
                and rec.published_version == rec.version)
     if in_sync:

@@ -263,15 +263,15 @@ def validation_report(v: VersionRef, *, save: bool = True, serving: VersionRef |
     """Compare the version with `serving` (default: the version the alias serves now), run the checks;
     save the report beside the version."""
     spec, reg, rec, pipeline, version, paths = v.spec, v.registry, v.record, v.pipeline, v.version, v.paths
-    if serving is _UNSET:
+    if serving is _UNSET or (serving is not None and serving.version == version):
         alias = reg.get_alias(spec.alias)
-        serving_n = alias.version if alias is not None and alias.pipeline == pipeline else None
-        if serving_n == version:
-            serving_n = alias.previous_version
-        serving = None if serving_n is None else v.sibling(serving_n)
-    elif serving is not None and serving.version == version:
-        alias_prev = reg.get_alias(spec.alias)
-        serving = v.sibling(alias_prev.previous_version) if alias_prev and alias_prev.previous_version else None
+        if serving is _UNSET:
+            n = alias.version if alias is not None and alias.pipeline == pipeline else None
+        else:
+            n = version
+        if n == version:      # it serves already: compare it with the version it replaced
+            n = alias.previous_version if alias is not None else None
+        serving = None if n is None else v.sibling(n)
     serving_version = None if serving is None else serving.version
     tables, table_versions = check_tables(v, serving, checks=spec.checks)
     new, rejects = tables["candidate"], tables["candidate_rejects"]
