@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.exceptions import BrokerError, KappaError
-from orchestrator.observe.lag import KAFKA_TIMEOUT, fmt_seconds, kafka_error, log_offsets
+from orchestrator.observe import lag
+from orchestrator.observe.lag import KAFKA_TIMEOUT, fmt_seconds, kafka_error
 
 if TYPE_CHECKING:
     from orchestrator.context import Kappa, VersionRef
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.core.settings import Settings
 
 __all__ = ["BackfillEstimate", "TopicSize", "BytesMode", "DEFAULT_RATES", "DEFAULT_STARTUP_SECONDS", "GOAL_RATIO",
+           "ESTIMATE_TIMEOUT",
            "estimate_backfill", "cores_of", "default_rate", "measured_rate", "log_dir_bytes", "sampled_bytes",
            "backfill_actual", "record_backfill", "compare", "compare_text", "fmt_bytes"]
 
@@ -63,6 +65,8 @@ DEFAULT_RATES: dict[str, float] = {"standardize": 25_000.0, "pageviews_hourly": 
 DEFAULT_STARTUP_SECONDS = 8.0
 #: The estimate is good when the actual is within this share of it either way.
 GOAL_RATIO = 0.25
+#: Seconds the estimate waits for each answer of the broker (the log offsets), by default.
+ESTIMATE_TIMEOUT = KAFKA_TIMEOUT
 #: Records sampled per partition for the sampled size.
 SAMPLE_RECORDS = 5
 LOG_DIRS_CLASS = "org.apache.kafka.tools.LogDirsCommand"
@@ -304,14 +308,16 @@ def sampled_bytes(k: Kappa, logs: dict[tuple[str, int], tuple[int, int]], per_pa
 # -- the estimate --------------------------------------------------------------------------------------
 
 def estimate_backfill(k: Kappa, spec: PipelineSpec, *, bytes_mode: BytesMode = "log-dirs",
-                      timeout: float = KAFKA_TIMEOUT, history: Iterable[Any] | None = None) -> BackfillEstimate:
+                      timeout: float | None = None, history: Iterable[Any] | None = None) -> BackfillEstimate:
     """The estimate of a backfill of `spec` from offset zero now (see the module). `history`: the
-    pipeline's version records, if read already (else read here). Never raises for a broker or registry it
-    cannot read: the estimate is then unknown, with the reason."""
+    pipeline's version records, if read already (else read here); `timeout`: seconds for each answer of the
+    broker (`ESTIMATE_TIMEOUT`). Never raises for a broker or registry it cannot read: the estimate is then
+    unknown, with the reason."""
     now = time.time()
+    timeout = ESTIMATE_TIMEOUT if timeout is None else timeout
     cores, cores_source = cores_of(k.settings)
     try:
-        logs = log_offsets(k, spec.topics, timeout)
+        logs = lag.log_offsets(k, spec.topics, timeout)
     except KappaError as e:
         return BackfillEstimate(pipeline=spec.name, at=now, known=False, reason=str(e), cores=cores,
                                 cores_source=cores_source)
@@ -347,7 +353,7 @@ def _topic_bytes(k: Kappa, topics: Iterable[str], logs: dict[tuple[str, int], tu
     why = None
     if mode == "log-dirs":
         try:
-            return log_dir_bytes(k, topics, timeout=max(timeout, 30.0)), "log-dirs", "segment sizes (LogDirsCommand)"
+            return log_dir_bytes(k, topics, timeout=max(timeout, 30.0)), "log-dirs", "the partitions' segment sizes"
         except KappaError as e:
             why = str(e)
     try:
