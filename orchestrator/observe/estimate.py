@@ -67,6 +67,8 @@ DEFAULT_STARTUP_SECONDS = 8.0
 GOAL_RATIO = 0.25
 #: Seconds the estimate waits for each answer of the broker (the log offsets), by default.
 ESTIMATE_TIMEOUT = KAFKA_TIMEOUT
+#: A rate measured on a log more than this many times smaller or larger than the one now is called extrapolated.
+EXTRAPOLATED = 2.0
 #: Records sampled per partition for the sampled size.
 SAMPLE_RECORDS = 5
 LOG_DIRS_CLASS = "org.apache.kafka.tools.LogDirsCommand"
@@ -197,6 +199,14 @@ def measured_rate(records: Iterable[Any], cores: int | None) -> tuple[float, flo
             where += f", scaled from {then} to {cores} cores"
         startup = max(0.0, float(b.get("seconds") or batch) - batch)
         return rate, startup, where, rec.version
+    return None
+
+
+def _measured_amount(records: Iterable[Any], version: int | None) -> int | None:
+    for rec in records:
+        if rec.version == version:
+            b = (rec.details or {}).get("backfill") or {}
+            return b.get("offsets") or b.get("records")
     return None
 
 
@@ -336,6 +346,12 @@ def estimate_backfill(k: Kappa, spec: PipelineSpec, *, bytes_mode: BytesMode = "
     measured = measured_rate(recs, cores)
     if measured is not None:
         rate, startup, where, from_version = measured
+        then = _measured_amount(recs, from_version)
+        if then and records and max(records / then, then / records) > EXTRAPOLATED:
+            # a batch's fixed costs weigh more in a small backfill: a rate taken from one far smaller or larger
+            # log is extrapolated, and said so
+            where += f"; extrapolated from a log {records / then:.1f}x this size" if records < then else \
+                f"; extrapolated to a log {records / then:.1f}x that size"
     else:
         (rate, startup, where), from_version = default_rate(spec, cores), None
     return BackfillEstimate(

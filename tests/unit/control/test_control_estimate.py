@@ -49,6 +49,9 @@ def test_the_rate_comes_from_the_newest_measured_version_scaled_to_the_cores(k, 
     assert est.seconds == pytest.approx(2.0 + 150 / 50.0)         # start-up + records / rate: 5 s, as measured
     assert est.rate_source == "measured on v2's backfill: 150 records in 3.0 s"
 
+    fake_log.ends[(TOPIC, 0)] = 1_000                                 # the log grew past twice the measured one
+    assert estimate_backfill(k, spec).rate_source.endswith("; extrapolated to a log 7.0x that size")
+    fake_log.ends[(TOPIC, 0)] = 100
     four = type(k)(k.settings.model_copy(update={"spark_master": "local[4]"}), registry=k.registry,
                    pipelines=k.pipelines)
     scaled = estimate_backfill(four, spec)
