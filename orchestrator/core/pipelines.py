@@ -132,7 +132,7 @@ class PipelineSpec(BaseModel):
     #: `backfill_lag_bound_seconds` (default: the watch's bound, `watch_lag_limit`) and raised back
     #: up to `backfill_share` once it is under half of it, at most once per `backfill_interval_seconds`.
     backfill_share: float = 1.0
-    backfill_adaptive: bool = True
+    backfill_adaptive: Annotated[bool, Field(strict=True)] = True
     backfill_lag_bound_seconds: Annotated[float, Field(strict=True, gt=0.0)] | None = None
     backfill_interval_seconds: Annotated[float, Field(strict=True, gt=0.0)] = 5.0
 

@@ -124,4 +124,6 @@ def apply_share(v: VersionRef, share: float) -> ReniceResult:
     alive, _ = job_alive(pid, launch)
     if not alive:
         return ReniceResult(nice=nice, errors=[f"{v} has no running job here (pid {pid or 'none'})"])
+    if pid == os.getpid():  # a recorded PID that is this very process is no job of kappa's to slow down
+        return ReniceResult(nice=nice, errors=[f"{v}'s recorded pid {pid} is this process, not its job"])
     return renice_processes(job_processes(pid, launch.get("launch_id")), nice)
