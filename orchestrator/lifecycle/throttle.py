@@ -171,7 +171,8 @@ def step_version(v: VersionRef, *, actor: str, lag_seconds: float | None, lag_fr
                 share, why = d.share, d.why
                 extra = {"lag_seconds": lag_seconds, "bound_seconds": v.spec.backfill_lag_bound, "lag_from": lag_from}
         if why is None:  # no change: the share in force, applied again for the threads made since
-            apply_share(v, share)
+            if share < 1.0:   # (at full share there is nothing to re-apply: a job starts at nice 0)
+                apply_share(v, share)
             return None
     else:
         return None
