@@ -43,6 +43,7 @@ from orchestrator.core.states import FLIP_TARGETS, FORCED_FLIP_TARGETS, IN_FLIGH
 from orchestrator.registry.engine import create_engine, transaction
 from orchestrator.registry.lagsamples import LagSampleOps
 from orchestrator.registry.leases import LeaseOps
+from orchestrator.registry.throttles import ThrottleOps
 from orchestrator.registry.watches import WatchOps, end_watch_in_flip
 from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord,
                                            PipelineRecord, VersionRecord)
@@ -56,7 +57,7 @@ __all__ = ["Registry", "SET_STATE_FIELDS"]
 S = VersionState
 
 
-class Registry(LeaseOps, LagSampleOps, WatchOps):
+class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps):
     """One registry database. Thread-safe: each call takes its own pooled connection.
 
     `Registry(url)` brings the schema to head (`migrate()`, idempotent) unless `auto_migrate=False`.
