@@ -22,6 +22,7 @@ Everything started is stopped by PID at the end.
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -179,6 +180,11 @@ def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: 
     threads: list[threading.Thread] = []
     windows: list[Window] = []
     ok = False
+
+    def on_term(signum, frame):      # `timeout` or a Ctrl-C from a supervisor: still stop all by PID
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
     try:
         bench.home = bench._make_home()
         bench.section("Embedded broker and a compacted topic")
@@ -189,7 +195,8 @@ def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: 
 
         def deploy_until_ready(why: str, *, share: float | None) -> tuple[Any, float, float | None]:
             t0 = time.monotonic()
-            info = deploy(k, spec, rules, actor=ACTOR, reason=f"contention benchmark: {why}", threshold=0)
+            # the pipeline's own catch-up limits: with the live producer running, a lag of 0 never comes
+            info = deploy(k, spec, rules, actor=ACTOR, reason=f"contention benchmark: {why}")
             if info.pid:
                 bench.started.job_pids[info.version] = info.pid
             v = k.version(spec, info.version)
@@ -277,6 +284,8 @@ def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: 
             console.print(f"stopped {what} (pid {pid})", highlight=False)
         if bench.home is not None and bench.temp_home:
             shutil.rmtree(bench.home, ignore_errors=True)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     if ok:
         for line in contention_lines(figures):
             console.print(line, highlight=False)
