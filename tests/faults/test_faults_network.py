@@ -216,7 +216,7 @@ def test_a_slow_link_delays_but_a_backfill_updates_a_promote_and_a_rollback_go_t
     k, toxi = net.k, net.toxi
     live_v = net.serving()
     t_wall = time.time()
-    toxi.add(PROXY, "slow", "latency", {"latency": 300, "jitter": 150})
+    toxi.add(PROXY, "slow", "latency", {"latency": 120, "jitter": 60})
     t0 = time.monotonic()
     info = deploy(k, k.pipeline(PIPELINE), "v1", actor="tests", reason="a backfill over a slow link")
     new_v = info.version
@@ -246,7 +246,7 @@ def test_a_slow_link_delays_but_a_backfill_updates_a_promote_and_a_rollback_go_t
         assert restarts(net, n, t_wall) == 0, f"v{n} was restarted over the slow link"
     for phase, secs, what in (("live", live_s, "updates served"), ("backfill", backfill_s, "caught up"),
                               ("promote", promote_s, "promoted"), ("rollback", rollback_s, "rolled back")):
-        fault_line(scenario="link slowed", phase=phase, fault="latency 300 ms, jitter 150 ms both ways",
+        fault_line(scenario="link slowed", phase=phase, fault="latency 120 ms, jitter 60 ms both ways",
                    kappa=f"{what} through it, no restart", healed_s=secs, exact=True, consistent=True)
     stop_version(net.v(new_v), actor="tests", reason="spare the cores for the next scenario")
 
