@@ -4,7 +4,8 @@ On the demo's embedded stack in a temporary home: fill a compacted profiles topi
 default), deploy v1 with nothing else running and time it from deploy to ready (the backfill's
 reference, *alone*), promote it. From then on a live producer updates member profiles at `rate` a
 second and a reader polls the alias, as `bench freshness` does (produce -> readable through the
-alias). Three windows follow, on the same stack, one after the other:
+alias). After `warmup` seconds (the serving job's first live micro-batches compile their code),
+three windows follow, on the same stack, one after the other:
 
 1. **serving alone**: `seconds` of live updates, nothing else running;
 2. **adaptive off**: a new version deployed, its share fixed at the full machine (`kappa throttle
@@ -151,7 +152,7 @@ def _cpu(pid: int | None) -> float | None:
 
 def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: int = 2_000_000,
                          keys: int = 500_000, partitions: int = 4, value_size: int = 200, rules: str = "v2",
-                         poll: float = 0.1, drain: float = 20.0, deadline: float = 1800.0, console=None,
+                         poll: float = 0.1, drain: float = 20.0, warmup: float = 15.0, deadline: float = 1800.0, console=None,
                          overrides: dict[str, Any] | None = None, json_out=None,
                          on_window: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the contention benchmark (module docstring); print and return its figures."""
@@ -175,7 +176,7 @@ def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: 
                              value_size=value_size, batch=None), console, overrides)
     figures: dict[str, Any] = {"params": {"seconds": seconds, "rate": rate, "records": records, "keys": keys,
                                           "partitions": partitions, "value_size": value_size, "rules": rules,
-                                          "poll_seconds": poll}, "windows": {}}
+                                          "poll_seconds": poll, "warmup_seconds": warmup}, "windows": {}}
     stop, reading, errors, probes = threading.Event(), threading.Event(), [], Probes()
     threads: list[threading.Thread] = []
     windows: list[Window] = []
@@ -192,6 +193,8 @@ def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: 
         bench.fill_topic()
         k = bench.k
         spec = k.pipeline(PIPELINE)
+        figures["params"].update(lag_bound_seconds=spec.backfill_lag_bound,
+                                 interval_seconds=spec.backfill_interval_seconds)
 
         def deploy_until_ready(why: str, *, share: float | None) -> tuple[Any, float, float | None]:
             t0 = time.monotonic()
@@ -239,6 +242,10 @@ def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: 
             bench.say(f"{name}: {len(lat):,} probes readable so far, p50 {fmt_seconds(percentile(lat, 50))}, "
                       f"p99 {fmt_seconds(percentile(lat, 99))}")
 
+        bench.say(f"the backfill yields while {spec.alias} is more than {spec.backfill_lag_bound:g} s behind "
+                  f"(backfill_lag_bound_seconds), one change per {spec.backfill_interval_seconds:g} s at most; "
+                  f"warming up the serving job for {warmup:g} s")
+        stop.wait(warmup)    # its first live micro-batches compile their code: not the steady state
         window(ALONE, lambda w: stop.wait(seconds))
 
         def backfill(mode: str) -> Callable[[Window], None]:
