@@ -26,6 +26,10 @@ outage out (the supervisor restarts it from its checkpoint if it died: `supervis
 broker is down, the version's lag sample in the registry is unknown (None), never 0. The registry is
 consistent: the version's states seen move only as the control-plane model allows, it alone serves,
 the alias is published to it and the pointer file names its table.
+
+4. promote (fake log, fake jobs, like scenarios 3 and 4's promote): with the broker down the promote is
+   refused in one line (unknown lag never counts as caught up) and changes nothing; once it is back and
+   the version has caught up again, the same command completes.
 """
 
 from __future__ import annotations
@@ -342,4 +346,68 @@ def test_broker_killed_with_a_producer_transaction_open(stack, broker, fault_row
               kappa=watch.did(f"job read read_committed: no aborted record in table or rejects; lag unknown while "
                               f"down, then {lag.total}; no restart"),
               healed_s=healed, exact=True, consistent=not problems)
+    assert not problems, problems
+
+
+# -- promote: the control plane's only use of the broker there is the lag it reads ---------------------
+# It runs on the fault suite's fake log with fake jobs (like scenarios 3 and 4's promote): a broker
+# killed with SIGKILL is, to a promote, lag reads that fail (the fake log's `down`: BrokerError from the
+# log end offsets, as `orchestrator.observe.lag.log_offsets` raises against a dead broker).
+
+@pytest.fixture
+def control_bed(tmp_path, monkeypatch):
+    from orchestrator.core.settings import resolve_settings
+    from tests.faults.fault_helpers import PIPELINES, Bed
+    from tests.unit.control.control_helpers import FakeLog, end_children
+
+    for var in list(os.environ):
+        if var.startswith("KAPPA_"):
+            monkeypatch.delenv(var)
+    pipelines = tmp_path / "pipelines.toml"
+    pipelines.write_text(PIPELINES)
+    home = tmp_path / "home"
+    url = f"sqlite:///{home / 'registry.db'}"
+    k = Kappa(resolve_settings(home=str(home), pipelines_file=str(pipelines), bootstrap_servers="127.0.0.1:9",
+                               registry_url=url, warehouse=str(tmp_path / "warehouse"), env={}))
+    try:
+        yield Bed(k, home, pipelines, url, FakeLog({0: 100, 1: 50}).install(monkeypatch))
+    finally:
+        end_children()
+        k.close()
+
+
+def test_broker_down_through_a_promote(control_bed, fault_row):
+    from tests.faults.fault_helpers import flips, one_line_error, oracle, serving_v1_then_v2_ready
+    from tests.unit.control.control_helpers import ALIAS, PIPELINE as CONTROL, samples_a_batch_apart
+
+    bed, verb, served = control_bed, "promote", 2
+    serving_v1_then_v2_ready(bed, v2_serves=False)
+    args = ["promote", CONTROL, "2"]
+    before = len(flips(bed))
+    alias_before = bed.k.registry.get_alias(ALIAS)
+    bed.fake_log.down = True
+    t0 = time.monotonic()
+    first = bed.run(*args, "--actor", "fault-test", "--reason", "the broker is down")
+    assert first.exit_code != 0, "a promote with the broker down went through: its lag could not be read"
+    line = one_line_error(first, "lag unknown", "never counts as caught up")
+    print(f"\n{verb}, broker down: {line}")
+    alias_now = bed.k.registry.get_alias(ALIAS)
+    assert (alias_now.version, alias_now.published_version) == (alias_before.version, alias_before.published_version)
+    assert len(flips(bed)) == before, "a refused promote moved the alias"
+    did = ("refused in one line (lag unknown never counts as caught up), alias unchanged; once the broker is "
+           "back, v2 caught up again over new samples and the promote completed")
+    bed.fake_log.down = False
+    # the unknown sample broke v2's run of caught-up samples: it needs new ones, a micro-batch apart
+    samples_a_batch_apart(bed.k, 2, 3, record=True, actor="monitor")
+    again = bed.run(*args, "--actor", "fault-test", "--reason", "retry once the broker is back")
+    assert again.exit_code == 0, f"the retry did not complete: {again.output}"
+    rec = bed.run("reconcile", "--actor", "fault-test")
+    assert rec.exit_code == 0, rec.output
+    exact, consistent, problems = oracle(bed, served)
+    moved = flips(bed)[before:]
+    if [(e.details or {}).get("to_version") for e in moved] != [served]:
+        consistent = False
+        problems.append(f"the alias moved {len(moved)} times: {[(e.details or {}) for e in moved]}")
+    fault_row(scenario=SCENARIO, phase=verb, fault=f"broker down (lag reads fail) through `kappa {verb}`; fake log",
+              kappa=did, healed_s=time.monotonic() - t0, exact=exact, consistent=consistent)
     assert not problems, problems
