@@ -2,7 +2,7 @@
 # The README's two commands:
 #   deploy/dev.sh demo   set up .venv and the JARs, then run the demo on the embedded stack
 #   deploy/dev.sh test   set up .venv and the JARs, start PostgreSQL and install Chromium (Debian) if
-#                        missing, then run the whole suite
+#                        missing, build Toxiproxy (Go) into the venv, then run the whole suite
 # Java 17 is the only prerequisite. Everything else comes from PyPI, Maven Central and Debian.
 set -euo pipefail
 
@@ -125,6 +125,31 @@ setup_chromium() {
   apt_install chromium
 }
 
+setup_toxiproxy() {
+  # the fault suite's network faults (tests/faults/test_faults_network.py): Shopify's Toxiproxy server,
+  # built once with Go through the Go module proxy into the venv's bin as toxiproxy-server
+  local version="2.5.0"
+  local bin="$venv/bin/toxiproxy-server"
+  [ -x "$bin" ] && [ -f "$venv/.toxiproxy-$version" ] && return
+  local go
+  go="$(command -v go || true)"
+  [ -n "$go" ] || { [ -x /usr/local/go/bin/go ] && go=/usr/local/go/bin/go; }
+  if [ -z "$go" ]; then
+    echo "==> installing Debian's golang-go (it builds Toxiproxy for the fault suite)"
+    apt_install golang-go
+    go="$(command -v go)"
+  fi
+  echo "==> building Toxiproxy $version with go install (once, about a minute)"
+  local gotmp
+  gotmp="$(mktemp -d)"
+  GOPATH="$gotmp/gopath" GOBIN="$gotmp/bin" GOCACHE="$gotmp/cache" GOFLAGS=-modcacherw \
+    "$go" install "github.com/Shopify/toxiproxy/v2/cmd/server@v$version" \
+    || { rm -rf "$gotmp"; die "go install of Toxiproxy $version failed (it needs the Go module proxy)"; }
+  install -m 0755 "$gotmp/bin/server" "$bin"
+  rm -rf "$gotmp"
+  touch "$venv/.toxiproxy-$version"
+}
+
 JAVA_HOME="$(find_java17)" || die "Java 17 is required: install openjdk-17 (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
 export JAVA_HOME
 export SPARK_LOCAL_IP=127.0.0.1
@@ -143,12 +168,14 @@ case "$cmd" in
     setup_spark_cds
     setup_postgres
     setup_chromium
+    setup_toxiproxy
     exec "$venv/bin/python" -m pytest "$@"
     ;;
   setup)
     setup_python
     setup_jars
     setup_spark_cds
+    setup_toxiproxy
     ;;
   *)
     die "usage: deploy/dev.sh demo|test|setup [args...]"

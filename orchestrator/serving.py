@@ -44,8 +44,16 @@ __all__ = ["AliasInfo", "alias_lock", "describe_alias", "open_alias", "publish_c
 
 def write_pointer(path: str | Path, pointer: dict[str, Any]) -> None:
     """Atomically replace the file at location `path` with `pointer` as one line of JSON, readable by every
-    reader (0644): it names a table, nothing secret, and readers are often other users than the orchestrator."""
-    uris.write_atomic(path, json.dumps(pointer, sort_keys=True) + "\n", mode=0o644)
+    reader (0644): it names a table, nothing secret, and readers are often other users than the orchestrator.
+
+    SinkError when it cannot be written (a full disk, a read-only or unreachable warehouse): the file is
+    then as it was, so readers still follow what it held, and the message says how to publish later."""
+    try:
+        uris.write_atomic(path, json.dumps(pointer, sort_keys=True) + "\n", mode=0o644)
+    except OSError as e:
+        raise SinkError(f"cannot write the alias pointer file {path}: {e.strerror or e}; readers still follow what it "
+                        f"held before. Free space on (or repair) the warehouse, then run `kappa reconcile` or the "
+                        f"command again to publish what the registry says") from None
 
 
 def _pointer_problem(pointer: Any) -> str | None:

@@ -43,7 +43,7 @@ __all__ = ["AirflowStack", "DAGS_FOLDER", "KAPPA_DAG_IDS", "airflow_home", "sqli
 #: Where Airflow reads kappa's DAG files: the checkout's `dags/`, or the copy a regular install ships.
 DAGS_FOLDER = _dags_folder()
 #: The DAGs a started stack must have parsed before `start()` returns.
-KAPPA_DAG_IDS = ("kappa_reprocess", "kappa_promote", "kappa_rollback", "kappa_monitor")
+KAPPA_DAG_IDS = ("kappa_reprocess", "kappa_promote", "kappa_rollback", "kappa_monitor", "kappa_throttle")
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 STATE_FILE = "stack.json"
 #: The scheduler goes first (nothing new is started), the api-server last (running tasks can report).

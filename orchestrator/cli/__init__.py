@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from orchestrator.cli.app import app
 # in the order `kappa --help` lists them; importing a group registers its commands
-from orchestrator.cli import status, terminal, lifecycle, supervise, metrics, bench, airflow, trigger, broker, demo, project, rules  # noqa: F401, I001
+from orchestrator.cli import status, terminal, lifecycle, throttle, supervise, metrics, bench, airflow, trigger, broker, demo, project, rules  # noqa: F401, I001
 
 __all__ = ["app", "main"]
 

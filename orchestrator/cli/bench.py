@@ -1,7 +1,7 @@
-"""`kappa bench reprocess|freshness|cluster|upsert|deploy|flip`: the benchmarks behind the README's figures.
+"""`kappa bench reprocess|freshness|contention|cluster|upsert|deploy|flip`: the benchmarks behind the README's figures.
 
 Each runs the code in `orchestrator.dev` and prints its figures (with `--out`, also into a JSON
-file). `reprocess`, `freshness`, `cluster` and `deploy` start their own embedded broker (`reprocess`
+file). `reprocess`, `freshness`, `contention`, `cluster` and `deploy` start their own embedded broker (`reprocess`
 unless told otherwise) and stop everything they started by PID.
 """
 
@@ -17,7 +17,7 @@ from orchestrator.cli.render import print_json, to_json, write_json
 
 __all__ = ["bench_app"]
 
-bench_app = new_typer(help="Benchmarks: reprocess throughput, freshness, cluster scaling, deploy-to-promote time, flip latency.")
+bench_app = new_typer(help="Benchmarks: reprocess throughput, freshness, the cost of a reprocess to the serving version, cluster scaling, deploy-to-promote time, flip latency.")
 app.add_typer(bench_app, name="bench")
 
 
@@ -85,6 +85,36 @@ def bench_freshness(
     figures = run_freshness_bench(seconds, rate, records=records, keys=keys, partitions=partitions, rules=rules,
                                   poll=poll, drain=drain, console=cli.err if as_json else cli.out,
                                   overrides=cli.overrides)
+    write_json(out, figures)
+    if as_json:
+        print_json(figures)
+    elif out is not None:
+        cli.out.print(f"wrote {out}")
+
+
+@bench_app.command("contention")
+def bench_contention(
+    ctx: typer.Context,
+    records: Annotated[int, typer.Option("--records", min=1, help="records in the log each new version backfills")] = 2_000_000,
+    keys: Annotated[int, typer.Option("--keys", min=1, help="distinct members")] = 500_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1, help="topic partitions")] = 4,
+    value_size: Annotated[int, typer.Option("--value-size", min=50, help="bytes per value, about")] = 200,
+    seconds: Annotated[float, typer.Option("--seconds", help="length of the serving-alone window")] = 30.0,
+    rate: Annotated[float, typer.Option("--rate", help="live profile updates per second")] = 20.0,
+    rules: Annotated[str, typer.Option("--rules", help="rules version")] = "v2",
+    poll: Annotated[float, typer.Option("--poll", help="seconds between the reader's polls of the alias")] = 0.1,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """What a reprocess costs the serving version: freshness p50/p99 alone, then while a new version
+    backfills the log with the adaptive share off and on; each backfill's time against the same
+    backfill alone. Runs on its own embedded stack and stops all it started."""
+    from orchestrator.dev.contentionbench import run_contention_bench
+
+    cli = cli_of(ctx)
+    figures = run_contention_bench(seconds, rate, records=records, keys=keys, partitions=partitions,
+                                   value_size=value_size, rules=rules, poll=poll,
+                                   console=cli.err if as_json else cli.out, overrides=cli.overrides)
     write_json(out, figures)
     if as_json:
         print_json(figures)

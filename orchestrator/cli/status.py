@@ -97,6 +97,7 @@ def version_status(v: VersionRef, alias: AliasRecord | None, *,
                   "rows_in": job.rows_in, "rows_out": job.rows_out, "error": job.error,
                   "reading": job.reading if job.alive else None, "last_batch": job.last_batch}
     row["rejects"], row["rejects_source"] = rejects_of(v, job)
+    row.update(_throttle_of(v))
     if rec.state in LIVE:
         r = readiness(v, record=record)
         row.update(readiness=r.state, lag=r.total_lag, partitions=r.partitions, eta_seconds=r.eta_seconds,
@@ -110,6 +111,15 @@ def version_status(v: VersionRef, alias: AliasRecord | None, *,
         if job.alive:
             row["stopping"] = _stop_request(v, job.started_at)
     return row
+
+
+def _throttle_of(v: VersionRef) -> dict[str, Any]:
+    """The backfill's share in force and its last changes, for a version that runs with one (or had one)."""
+    from orchestrator.lifecycle.throttle import THROTTLED, current_throttle, throttle_changes
+
+    if v.record.state not in THROTTLED and not (v.record.details or {}).get("throttle"):
+        return {"throttle": None, "throttle_changes": []}
+    return {"throttle": current_throttle(v), "throttle_changes": throttle_changes(v)}
 
 
 def _stop_request(v: VersionRef, started_at: float | None) -> dict[str, Any]:
@@ -191,6 +201,13 @@ def status_cmd(
                 cli.out.print(f"  {p['pipeline']} {line}", highlight=False, markup=False)
             if v.get("backfill_text"):
                 cli.out.print(f"  {p['pipeline']} v{v['version']} {v['backfill_text']}", highlight=False, markup=False)
+
+    from orchestrator.lifecycle.throttle import throttle_lines
+
+    for p in data:
+        for v in p["versions"]:
+            for line in throttle_lines(v["version"], v.get("throttle"), v.get("throttle_changes") or []):
+                cli.out.print(f"  {p['pipeline']} {line}", highlight=False, markup=False)
 
 
 def backfill_fields(details: dict[str, Any] | None) -> dict[str, Any]:

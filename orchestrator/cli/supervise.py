@@ -74,6 +74,8 @@ def run_passes(k_of, *, actor: str, interval: float, passes: int | None, out, er
                 out(action_line(a))
             for s in report.stopped:
                 out(action_line({"kind": "stop_standby", **s}))
+            for t in report.throttled:
+                out(action_line(t))
             for w in report.watched:
                 if w.get("kind") != "sampled":
                     out(watch_line(w))

@@ -9,6 +9,11 @@ crashes at every point it reaches; regression tests of a crash window arm the on
 
 `hook(name, fn)` runs `fn` at a point instead (a barrier for a race: let another verb run
 between two steps). Nothing here costs anything when nothing is armed.
+
+`faultpoint(name)` marks a place *inside* a step (a registry transaction open, say) where a fault
+test injects a fault from outside (restarts the database, fills the disk) with `hook(name, fn)`.
+It is not a crash point: never armed, not counted by `arm_nth`, not in `reached()` (dying there is
+dying before the step, which the crash points already cover).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["KappaCrashed", "crashpoint", "arm", "arm_nth", "disarm", "hook", "reached", "armed"]
+__all__ = ["KappaCrashed", "crashpoint", "faultpoint", "arm", "arm_nth", "disarm", "hook", "reached", "armed"]
 
 
 class KappaCrashed(BaseException):
@@ -49,6 +54,16 @@ def crashpoint(name: str) -> None:
         fn()
     if crash:
         raise KappaCrashed(f"crash point {name}")
+
+
+def faultpoint(name: str) -> None:
+    """Run the hook set for `name` (a fault test's injection), if any; nothing else (see the module)."""
+    if not _hooks:
+        return
+    with _lock:
+        fn = _hooks.get(name)
+    if fn is not None:
+        fn()
 
 
 _recording = False

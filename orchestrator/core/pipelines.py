@@ -28,6 +28,10 @@ decides with (catch-up threshold and samples, standby grace period, retention, p
     watch_max_lag_seconds = 60      # ... when its lag in seconds stays over this for watch_lag_samples samples
     watch_lag_samples = 3
     watch_on_rollback = "stop"      # the degraded version after an automatic rollback: "stop" or "keep" (running)
+    backfill_share = 1.0            # a backfill's share of the machine, (0, 1]: its job's CPU weight (nice value)
+    backfill_adaptive = true        # ... lowered while the serving version lags over the bound, raised after
+    backfill_lag_bound_seconds = 60 # ... that bound (default: watch_max_lag_seconds, else catchup_seconds)
+    backfill_interval_seconds = 5   # ... at most one change of share per this many seconds
     [[pipelines.standardize.checks]]  # optional, any number: SQL the promote checks (orchestrator.core.checks)
     name = "title_null_rate"
     sql = "SELECT avg(CASE WHEN title IS NULL THEN 1.0 ELSE 0 END) FROM candidate"
@@ -62,6 +66,7 @@ from orchestrator.core.exceptions import ConfigError
 from orchestrator.core.names import (validate_alias_name, validate_job_name, validate_name,
                                      validate_pipeline_name, validate_topic_name)
 from orchestrator.core.resources import checkout_root, default_pipelines_file
+from orchestrator.core.shares import check_share
 
 __all__ = ["PipelineSpec", "check_ruleset_exists", "jobs_directory", "load_pipelines", "rules_directory"]
 
@@ -121,6 +126,27 @@ class PipelineSpec(BaseModel):
     watch_max_lag_seconds: Annotated[float, Field(strict=True, gt=0.0)] | None = None
     watch_lag_samples: PositiveInt = 3
     watch_on_rollback: Literal["stop", "keep"] = "stop"
+    #: A backfill that yields (`orchestrator.lifecycle.throttle`): the share of the machine a version
+    #: that is not serving yet gets (`orchestrator.core.shares`: its job's nice value), and, with
+    #: `backfill_adaptive`, lowered while the serving version's lag in seconds is over
+    #: `backfill_lag_bound_seconds` (default: the watch's bound, `watch_lag_limit`) and raised back
+    #: up to `backfill_share` once it is under half of it, at most once per `backfill_interval_seconds`.
+    backfill_share: float = 1.0
+    backfill_adaptive: Annotated[bool, Field(strict=True)] = True
+    backfill_lag_bound_seconds: Annotated[float, Field(strict=True, gt=0.0)] | None = None
+    backfill_interval_seconds: Annotated[float, Field(strict=True, gt=0.0)] = 5.0
+
+    @field_validator("backfill_share", mode="before")
+    @classmethod
+    def _backfill_share(cls, v: Any) -> float:
+        return check_share(v, what="the backfill's share")
+
+    @property
+    def backfill_lag_bound(self) -> float:
+        """The serving version's lag in seconds a backfill yields to: `backfill_lag_bound_seconds`, else
+        the watch's bound (`watch_lag_limit`)."""
+        return self.backfill_lag_bound_seconds if self.backfill_lag_bound_seconds is not None \
+            else self.watch_lag_limit
 
     @field_validator("checks")
     @classmethod

@@ -141,6 +141,9 @@ class EmbeddedBroker:
     `port` 0 picks a free port at the first start; later starts on the same `data_dir` reuse the
     recorded ports (clients keep their bootstrap servers). `scram_users` (name -> password) opens a
     SASL_PLAINTEXT listener with SCRAM-SHA-512; they are created when the storage is formatted.
+    `advertised_port` (0: `port`) is the plaintext port clients are told to connect to after their
+    bootstrap request: a proxy's in front of the broker (the fault suite's Toxiproxy), so that every
+    connection of a client goes through it. The controller listener stays direct.
     """
 
     data_dir: Path
@@ -149,6 +152,7 @@ class EmbeddedBroker:
     heap: str = "1g"
     controller_port: int = 0
     sasl_port: int = 0
+    advertised_port: int = 0
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -200,13 +204,15 @@ class EmbeddedBroker:
 
     def _properties(self) -> str:
         listeners = [f"PLAINTEXT://127.0.0.1:{self.port}"]
+        advertised = [f"PLAINTEXT://127.0.0.1:{self.advertised_port or self.port}"]
         if self.sasl_port:
             listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
+            advertised.append(f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
         props = {
             "process.roles": "broker,controller", "node.id": "1",
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
             "listeners": ",".join(listeners + [f"CONTROLLER://127.0.0.1:{self.controller_port}"]),
-            "advertised.listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
             "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.data_dir / "kraft"),

@@ -26,7 +26,7 @@ from typing import Any
 from orchestrator.core.exceptions import ConfigError, LifecycleError
 from orchestrator.dev.benchutil import fmt_seconds, percentile, positive, ratio, write_figures
 
-__all__ = ["validate_freshness", "trigger_interval", "freshness_figures", "freshness_lines", "Probes",
+__all__ = ["validate_freshness", "trigger_interval", "freshness_figures", "freshness_lines", "Probes", "produce_probes", "poll_alias",
            "run_freshness_bench"]
 
 PROBE_COLUMN = "location"
@@ -95,6 +95,7 @@ class Probes:
         self._lock = threading.Lock()
         self.pending: dict[str, tuple[str, float]] = {}   # member_id -> (value, sent at)
         self.latencies: list[float] = []
+        self.sent_at: list[float] = []       # when each of `latencies` was sent (monotonic), same order
         self.produced = 0
         self.superseded = 0
 
@@ -109,6 +110,11 @@ class Probes:
         with self._lock:
             return list(self.pending)
 
+    def sent_between(self, start: float, end: float) -> list[float]:
+        """Latencies of the seen probes sent in [start, end) (monotonic seconds)."""
+        with self._lock:
+            return [lat for lat, at in zip(self.latencies, self.sent_at) if start <= at < end]
+
     def seen(self, rows: dict[str, str | None], at: float) -> int:
         """`rows` member_id -> value read now; the probes whose value it is are done. Returns how many."""
         done = 0
@@ -117,12 +123,13 @@ class Probes:
                 want = self.pending.get(mid)
                 if want is not None and value == want[0]:
                     self.latencies.append(at - want[1])
+                    self.sent_at.append(want[1])
                     del self.pending[mid]
                     done += 1
         return done
 
 
-def _produce(bootstrap: str, topic: str, rate: float, seconds: float, keys: int, run: str, probes: Probes,
+def produce_probes(bootstrap: str, topic: str, rate: float, seconds: float, keys: int, run: str, probes: Probes,
              stop: threading.Event, errors: list[str]) -> None:
     """The live producer: `rate` profile updates per second for `seconds`, each sent at once."""
     import json
@@ -152,7 +159,7 @@ def _produce(bootstrap: str, topic: str, rate: float, seconds: float, keys: int,
         errors.append(f"{type(e).__name__}: {e}")
 
 
-def _poll(k, alias: str, probes: Probes, state: dict) -> None:
+def poll_alias(k, alias: str, probes: Probes, state: dict) -> None:
     """One poll of the alias: reload the table if the pointer or its version moved; mark seen probes."""
     import pyarrow.compute as pc
     from deltalake import DeltaTable
@@ -234,7 +241,7 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
 
         bench.section(f"live producer: {rate:g} updates/s for {seconds:g} s; reading through alias {spec.alias}")
         run = f"{time.time_ns() % 10**9}"
-        producer = threading.Thread(target=_produce, name="kappa-bench-fresh-producer", daemon=True,
+        producer = threading.Thread(target=produce_probes, name="kappa-bench-fresh-producer", daemon=True,
                                     args=(bench.k.bootstrap_servers, spec.topics[0], rate, seconds, keys, run,
                                           probes, stop, errors))
         live_from, cpu0 = time.time(), process_cpu_seconds(info.pid)
@@ -243,7 +250,7 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         t0 = last_line = time.monotonic()
         drain_until = None
         while True:
-            _poll(bench.k, spec.alias, probes, state)
+            poll_alias(bench.k, spec.alias, probes, state)
             now = time.monotonic()
             if now - last_line >= 2.0:
                 last_line = now

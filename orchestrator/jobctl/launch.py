@@ -276,6 +276,8 @@ def _spawn(v: VersionRef, rec, *, owner: str, actor: str, reason: str | None, tr
     # environment: if this process dies before it records the PID, the job is still found.
     launch_id = uuid.uuid4().hex
     env = {**_job_env(master, k.settings.job_folders), LAUNCH_ENV: launch_id}
+    if mode == "spark-submit":  # executors on this host carry it too: a share reaches them (jobctl.priority)
+        cmd = [cmd[0], "--conf", f"spark.executorEnv.{LAUNCH_ENV}={launch_id}", *cmd[1:]]
     write_json_atomic(paths.launch_file, {"launch_id": launch_id, "pid": None, "mode": mode, "master": master,
                                           "started_at": time.time(), "trigger": trigger, "actor": actor,
                                           "owner": owner}, mode=0o600, indent=None)

@@ -4,7 +4,8 @@ For every pipeline: reconcile (publish interrupted flips, restart dead jobs unde
 fail them past their bound: a give-up is a problem), then the watch of a promoted version
 (`orchestrator.lifecycle.watch`: an automatic rollback is a problem, named with its cause), sample the lag of
 every version whose job should run (which also moves states and records failures), and stop
-standby versions whose grace period is over (keeping their table and checkpoint). Then, if a
+standby versions whose grace period is over (keeping their table and checkpoint), and run one step
+of the backfill share controller per version (`orchestrator.lifecycle.throttle`). Then, if a
 serving version is failing, or lagging beyond its threshold for every one of its last N
 samples (a sustained lag, not one busy sample), raise so that the scheduler's alerting fires;
 everything else was done first: LifecycleError when a serving job fails, NotReadyError when a
@@ -26,6 +27,7 @@ from orchestrator.core.states import RUNNING, VersionState
 from orchestrator.jobctl import stop_version
 from orchestrator.lifecycle.await_ready import Readiness, catchup_limits, readiness
 from orchestrator.lifecycle.reconcile import reconcile
+from orchestrator.lifecycle.throttle import throttle_pass
 from orchestrator.lifecycle.standby import standby_expired, standby_grace, standby_since, standby_until
 
 __all__ = ["MonitorReport", "monitor", "standby_since", "standby_until", "standby_expired", "watch_problems",
@@ -46,6 +48,7 @@ class MonitorReport(BaseModel):
     reconciled: list[dict[str, Any]] = Field(default_factory=list)
     stopped: list[dict[str, Any]] = Field(default_factory=list)
     watched: list[dict[str, Any]] = Field(default_factory=list)
+    throttled: list[dict[str, Any]] = Field(default_factory=list)   # changes of a backfill's share
     problems: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
     failing: bool = False      # a problem is a serving version failing (or given up, or rolled back)
@@ -150,6 +153,10 @@ def monitor(k: Kappa, *, actor: str, pipelines: Iterable[str] | None = None, lag
                         log.info("standby %s v%s not stopped: %s", name, rec.version, e)
                     except KappaError as e:
                         report.errors.append(f"stopping standby {name} v{rec.version}: {e}")
+        try:  # after the lag samples above: the controller reads the serving version's newest one
+            report.throttled += throttle_pass(k, spec, actor=actor, serving=serving, now=time.time())
+        except KappaError as e:
+            report.errors.append(f"backfill share of {name}: {e}")
     report.failing = failing_serving
     if raise_on_problem:
         alert(k, report, actor=actor)
@@ -208,6 +215,9 @@ def report_lines(report: MonitorReport) -> list[str]:
                      f"job {v['job']}; {v['reason']}")
     for s in report.stopped:
         lines.append(f"standby grace period over: {s.get('message')}")
+    for t in report.throttled:
+        lines.append(f"{_where(t)}: backfill share {t.get('from')} -> {t.get('to')} ({t.get('mode')}): "
+                     f"{t.get('why') or t.get('error')}")
     lines += [f"problem: {p}" for p in report.problems]
     lines += [f"error: {e}" for e in report.errors]
     if not lines:

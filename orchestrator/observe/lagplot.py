@@ -8,18 +8,20 @@ on the time axis, not as points of the curve.
 
 When the samples carry a lag in seconds (the age of the oldest unprocessed record), a second
 panel under the first draws it on the same time axis, with the pipeline's
-`catchup_seconds` as a dashed line.
+`catchup_seconds` as a dashed line. Each change of a version's backfill share (the audit log's
+``throttle`` entries, `orchestrator.lifecycle.throttle`) is a triangle on its curve, with the new share.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError
 from orchestrator.core.times import to_seconds
+from orchestrator.registry.throttles import ACTION as THROTTLE
 
 if TYPE_CHECKING:
     from orchestrator.context import VersionRef
@@ -38,6 +40,7 @@ class Series:
     threshold: int | None = None
     seconds: list[tuple[float, float | None]] = field(default_factory=list)   # lag in seconds per sample
     max_lag_seconds: float | None = None
+    shares: list[tuple[float, float]] = field(default_factory=list)   # (unix seconds, share from then on)
 
     @property
     def has_seconds(self) -> bool:
@@ -106,6 +109,7 @@ def plot_lag(series: list[Series], out: Path | str, *, title: str = "Catch-up: l
                     label=f"{s.label}: lag unknown")
         if ys:
             top = max(top, max(ys))
+            _share_marks(ax, s, xs, ys, t0, line.get_color())
         if s.threshold is not None and ys:
             reached = next((x for x, y in zip(xs, ys) if y <= s.threshold), None)
             if reached is not None:
@@ -131,6 +135,17 @@ def plot_lag(series: list[Series], out: Path | str, *, title: str = "Catch-up: l
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
+
+
+def _share_marks(ax: Any, s: Series, xs: list[float], ys: list[int], t0: float, color: str) -> None:
+    """Each change of the version's backfill share, marked on its curve where it happened."""
+    for at, share in s.shares:
+        x = at - t0
+        if x < xs[0] or x > xs[-1]:
+            continue
+        y = next(y for xx, y in zip(reversed(xs), reversed(ys)) if xx <= x)   # the curve's value then
+        ax.plot([x], [y], linestyle="none", marker="v", markersize=7, color=color)
+        ax.annotate(f"share {share:g}", (x, y), xytext=(3, 6), textcoords="offset points", fontsize=7, color=color)
 
 
 def _seconds_panel(ax: Any, series: list[Series], colors: list[str]) -> None:
@@ -167,7 +182,11 @@ def plot_pipeline_lag(versions: list[VersionRef], out: Path | str, limit: int = 
             threshold = version_threshold(v)
         except (TypeError, ValueError):  # a malformed override: the declared threshold
             threshold = v.spec.catchup_threshold
-        series.append(series_from_samples(str(v), samples, threshold, v.spec.catchup_seconds))
+        one = series_from_samples(str(v), samples, threshold, v.spec.catchup_seconds)
+        shares = [(e.at, float(e.details["to"])) for e in
+                  v.registry.audit_log(v.pipeline, limit=None, version=v.version, action=THROTTLE)
+                  if e.details.get("to") is not None]
+        series.append(replace(one, shares=shares) if shares else one)
     return plot_lag(series, out, title=f"{pipeline}: catch-up (total lag over time)")
 
 

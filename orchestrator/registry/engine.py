@@ -30,7 +30,7 @@ from orchestrator.core.dburls import DRIVERS
 from orchestrator.core.exceptions import ConfigError, KappaError, RegistryError
 from orchestrator.core.secrets import mask_url
 
-__all__ = ["SQLITE_SYNCHRONOUS", "create_engine", "registry_url", "transaction"]
+__all__ = ["SQLITE_SYNCHRONOUS", "create_engine", "registry_url", "transaction", "unreachable"]
 
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 
@@ -139,6 +139,24 @@ def _use_wal(cur: Any, timeout: float) -> None:
             time.sleep(0.05)
 
 
+#: PostgreSQL's SQLSTATEs of a lost server: connection exceptions (class 08), and the server shutting
+#: down, crashed or starting up (57P01-57P03; not 57014, a statement cancelled by a timeout).
+_LOST = ("08", "57P01", "57P02", "57P03")
+
+
+def unreachable(e: sa.exc.DBAPIError) -> bool:
+    """Whether a database error means the server could not be reached or went away (a restart, a network
+    cut, a connection refused), rather than a refusal such as a lock timeout. PostgreSQL only: a SQLite
+    registry is a file, never unreachable that way."""
+    if e.connection_invalidated:
+        return True
+    orig = e.orig
+    if not type(orig).__module__.startswith("psycopg2"):
+        return False
+    code = getattr(orig, "pgcode", None)
+    return code is None or code.startswith(_LOST)
+
+
 @contextmanager
 def transaction(engine: Engine, what: str, *, write: bool, url: str, busy_timeout: float) -> Iterator[Connection]:
     """One transaction (a write one takes SQLite's write lock at BEGIN); database errors become RegistryError
@@ -152,8 +170,14 @@ def transaction(engine: Engine, what: str, *, write: bool, url: str, busy_timeou
     except KappaError:
         raise
     except sa.exc.OperationalError as e:
+        cause = " ".join(part.strip() for part in str(e.orig).splitlines() if part.strip())
+        if unreachable(e):
+            raise RegistryError(
+                f"registry {url} is unreachable: {what} failed ({cause}); retry the command once the database "
+                f"answers (a retry, or `kappa reconcile`, finishes what this one left half done) (KAPPA_REGISTRY_URL)"
+            ) from e
         raise RegistryError(
-            f"registry {url}: {what} failed: {str(e.orig).strip()}; check that the database is "
+            f"registry {url}: {what} failed: {cause}; check that the database is "
             f"reachable and not locked for longer than {busy_timeout:.0f}s (KAPPA_REGISTRY_URL)"
         ) from e
     except sa.exc.SQLAlchemyError as e:

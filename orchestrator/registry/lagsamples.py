@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
+from orchestrator.core.crashpoints import faultpoint
 from orchestrator.core.exceptions import RegistryError
 from orchestrator.registry.records import LagSampleRecord
 from orchestrator.registry.schema import audit_log, lag_samples_table, versions
@@ -81,6 +82,7 @@ def add_lag_sample(reg: Any, pipeline: str, n: int, total: int | None, partition
                  if value is not None}
         sample_id = conn.execute(lag_samples_table.insert().values(
             pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts, **known)).inserted_primary_key[0]
+        faultpoint("lag_sample.inserted")   # a fault test loses the database here: before the commit
     return LagSampleRecord(id=sample_id, pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts,
                            lag_seconds=lag_seconds, batches=batches)
 

@@ -44,6 +44,7 @@ from orchestrator.registry.engine import create_engine, transaction
 from orchestrator.registry.details import DetailOps
 from orchestrator.registry.lagsamples import LagSampleOps
 from orchestrator.registry.leases import LeaseOps
+from orchestrator.registry.throttles import ThrottleOps
 from orchestrator.registry.watches import WatchOps, end_watch_in_flip
 from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord,
                                            PipelineRecord, VersionRecord)
@@ -57,7 +58,7 @@ __all__ = ["Registry", "SET_STATE_FIELDS"]
 S = VersionState
 
 
-class Registry(LeaseOps, LagSampleOps, WatchOps, DetailOps):
+class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
     """One registry database. Thread-safe: each call takes its own pooled connection.
 
     `Registry(url)` brings the schema to head (`migrate()`, idempotent) unless `auto_migrate=False`.

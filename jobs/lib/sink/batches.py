@@ -17,8 +17,9 @@ For each micro-batch, in this order:
 7. every so many batches, the tables' upkeep (`jobs.lib.sink.upkeep`: OPTIMIZE, VACUUM).
 
 Test hooks (`jobs.lib.sink.tables`): ``KAPPA_TEST_PAUSE_AT=read:<id>`` / ``commit:<id>``,
-``KAPPA_TEST_CRASH_AFTER_COMMIT=<id>``, and ``KAPPA_TEST_HOLD_BEFORE_COMMIT=<id>`` with
-``KAPPA_TEST_HOLD_FILE`` (the batch read, held before its commits until the file is deleted).
+``KAPPA_TEST_CRASH_AFTER_COMMIT=<id>``, and ``KAPPA_TEST_HOLD_BEFORE_COMMIT=<id>[,<id>...]`` with
+``KAPPA_TEST_HOLD_FILE`` (the batch read, held before its commits until the file is deleted; several
+ids hold each of those batches of one job process in turn, the file written again for each).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ HOLD_FILE = "KAPPA_TEST_HOLD_FILE"
 
 def hold_if_asked(batch_id: int, log: logging.Logger | None = None) -> None:
     """The hold hook (see the module): hold this batch before its commits while the file exists."""
-    if os.environ.get(HOLD_HOOK) != str(batch_id) or not os.environ.get(HOLD_FILE):
+    ids = {i.strip() for i in os.environ.get(HOLD_HOOK, "").split(",")}
+    if str(batch_id) not in ids or not os.environ.get(HOLD_FILE):
         return
     path = os.environ[HOLD_FILE]
     with open(path, "w", encoding="utf-8") as f:

@@ -18,6 +18,7 @@ EXPECTED_TASKS = {
     "kappa_promote": ["check", "promote", "stop_previous"],
     "kappa_rollback": ["prepare", "wait_ready", "flip"],
     "kappa_monitor": ["watch", "monitor"],
+    "kappa_throttle": ["throttle"],
 }
 EXPECTED_PARAMS = {
     "kappa_reprocess": {"pipeline", "rules_version", "catchup_threshold", "auto_promote", "grace_period_seconds",
@@ -25,6 +26,7 @@ EXPECTED_PARAMS = {
     "kappa_promote": {"pipeline", "version", "grace_period_seconds", "reason", "force", "allow_schema_change"},
     "kappa_rollback": {"pipeline", "to_version", "catchup_deadline_minutes", "force", "reason"},
     "kappa_monitor": set(),
+    "kappa_throttle": {"pipeline", "version", "share", "adaptive", "reason"},
 }
 
 
@@ -176,7 +178,7 @@ def test_broken_pipelines_file_is_an_import_error_naming_it(tmp_path, monkeypatc
     monkeypatch.setenv("KAPPA_PIPELINES", str(pipelines))
     bag = parse()
     assert set(bag.import_errors) == {str(DAGS_FOLDER / f"{d}.py") for d in ("kappa_reprocess", "kappa_promote",
-                                                                               "kappa_rollback",
+                                                                               "kappa_rollback", "kappa_throttle",
                                                                                "kappa_example_downstream")}
     message = next(iter(bag.import_errors.values()))
     assert "ConfigError" in message and str(pipelines) in message and "topics" in message

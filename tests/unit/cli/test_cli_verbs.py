@@ -340,7 +340,7 @@ def _serving(bed) -> int:
 def test_monitor_json_exit_0_without_problems(bed):
     v = _serving(bed)
     d = bed.json("monitor", "--actor", "cron")
-    assert set(d) == {"at", "versions", "reconciled", "stopped", "watched", "problems", "errors", "failing"}
+    assert set(d) == {"at", "versions", "reconciled", "stopped", "watched", "throttled", "problems", "errors", "failing"}
     assert d["versions"] == [{"pipeline": PIPELINE, "version": v, "state": "serving", "readiness": "ready", "lag": 0,
                               "eta_seconds": 0.0, "job": "running",
                               "reason": "lag <= 0 records and <= 60 s behind in 3 samples a micro-batch apart, "

@@ -128,7 +128,8 @@ def test_unknown_field(tmp_path):
         f"job, topics, key, alias, ruleset, catchup_threshold, catchup_seconds, catchup_samples, "
         f"grace_period_seconds, stop_timeout_seconds, "
         f"keep_versions, key_count_tolerance, max_reject_rate, max_records_per_batch, max_restarts, "
-        f"restart_window_seconds, restart_backoff_seconds, restart_backoff_max_seconds, description, options, checks, auto_rollback, watch_max_lag_seconds, watch_lag_samples, watch_on_rollback")
+        f"restart_window_seconds, restart_backoff_seconds, restart_backoff_max_seconds, description, options, checks, auto_rollback, watch_max_lag_seconds, watch_lag_samples, watch_on_rollback, "
+            f"backfill_share, backfill_adaptive, backfill_lag_bound_seconds, backfill_interval_seconds")
 
 
 def test_several_errors_in_one_pipeline_are_all_named(tmp_path):

@@ -155,3 +155,21 @@ def test_the_hold_hook_waits_until_the_test_deletes_its_file(tmp_path, monkeypat
     held.unlink()
     t.join(10)
     assert not t.is_alive()
+
+
+def test_the_hold_hook_holds_each_batch_it_lists_in_turn(tmp_path, monkeypatch):
+    """`0,3`: one job process held at its backfill, then again at a live batch (the broker-kill scenario)."""
+    held = tmp_path / "held"
+    monkeypatch.setenv(HOLD_HOOK, "0, 3")
+    monkeypatch.setenv(HOLD_FILE, str(held))
+    for batch_id in (1, 2, 4):
+        hold_if_asked(batch_id)      # not listed: no hold
+        assert not held.exists()
+    for batch_id in (0, 3):
+        t = threading.Thread(target=hold_if_asked, args=(batch_id,), daemon=True)
+        t.start()
+        wait_until(held.exists, f"the hook to write its file for batch {batch_id}", 10)
+        assert t.is_alive()
+        held.unlink()
+        t.join(10)
+        assert not t.is_alive()
