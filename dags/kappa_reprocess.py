@@ -24,8 +24,10 @@ as `airflow:<your user>` with that reason and this run's id.
    period (`kappa_rollback` flips back to it at once); the task ends *skipped* saying until when,
    and `kappa_monitor` stops the standby then. With a grace period of 0 it stops it at once.
 
-The run's note (on the run's page) says where the run got: the validation report, what was
-promoted or how to promote.
+The form's pipeline dropdown shows each pipeline's backfill estimate (the log's records, the rate an
+earlier version measured or a default, the cores), or "unknown" with the reason. The run's note (on
+the run's page) says where the run got: the estimate when the version starts, then the estimate beside
+the actual backfill time, the validation report, what was promoted or how to promote.
 
 Retrying any task continues from what kappa's registry says happened.
 """
@@ -41,7 +43,7 @@ from orchestrator.airflow import tasks
 from orchestrator.airflow.assets import FLIPS
 from orchestrator.lifecycle.await_ready import CATCHUP_DEADLINE_SECONDS
 
-CHOICES = form.form_choices()
+CHOICES = form.form_choices(estimates=True)   # the pipeline dropdown shows each backfill's estimate
 POKE = timedelta(seconds=form.poke_seconds())
 
 

@@ -1,8 +1,10 @@
 """The DAG forms: the Params kappa's DAG files share, and what they read when Airflow parses them.
 
 Everything here runs at parse time, every time the dag-processor reads a DAG file: it reads the
-pipelines file and lists rules files, nothing else (no registry, broker or Spark). An invalid
-pipelines file raises ConfigError, which Airflow shows as the DAG's import error.
+pipelines file and lists rules files (no Spark). An invalid pipelines file raises ConfigError, which
+Airflow shows as the DAG's import error. With `estimates` (kappa_reprocess's form) it also estimates each
+pipeline's backfill for its dropdown label, from the registry and the log offsets, within a few seconds
+in all and "unknown" with the reason when the broker does not answer (`orchestrator.airflow.estimates`).
 
 Deadlines are seconds in the library; the forms show them in minutes, and `deadline_at` is the one
 place a form's minutes become seconds.
@@ -40,8 +42,9 @@ def poke_seconds(default: float = 15.0) -> float:
     return max(MIN_POKE_SECONDS, value)
 
 
-def form_choices(settings: Settings | None = None) -> dict[str, Any]:
-    """Choices for the DAG forms: declared pipelines and available rules versions."""
+def form_choices(settings: Settings | None = None, *, estimates: bool = False) -> dict[str, Any]:
+    """Choices for the DAG forms: declared pipelines and available rules versions (and with `estimates`,
+    each pipeline's label with its backfill estimate)."""
     from jobs.lib.rules.files import available_rules
     from orchestrator.core.pipelines import load_pipelines
     from orchestrator.airflow.settings_var import airflow_settings
@@ -63,13 +66,24 @@ def form_choices(settings: Settings | None = None) -> dict[str, Any]:
         "rules_labels": {v: f"{v} ({', '.join(sorted(rs))})" for v, rs in labels.items()},
         "rules_by_pipeline": rules,
         "pipelines_file": str(settings.pipelines_file),
+        "pipeline_labels": _estimate_labels(settings, specs) if estimates else {},
     }
+
+
+def _estimate_labels(settings: Settings, specs: Mapping[str, Any]) -> dict[str, str]:
+    from orchestrator.airflow.estimates import form_estimates
+
+    return form_estimates(settings, specs)
 
 
 def pipeline_param(choices: Mapping[str, Any]) -> Param:
     """A dropdown of the pipelines declared in the pipelines file."""
+    labels = choices.get("pipeline_labels") or {}
+    extra = {"values_display": labels} if labels else {}
+    estimate = (" Each choice shows its backfill estimate (log size at most, at the rate an earlier version measured "
+                "or a default; as of the form's last parse)." if labels else "")
     return Param(choices["default_pipeline"], type="string", enum=choices["pipelines"], title="Pipeline",
-                 description=f"Declared in {choices['pipelines_file']}.")
+                 description=f"Declared in {choices['pipelines_file']}.{estimate}", **extra)
 
 
 def reason_param() -> Param:

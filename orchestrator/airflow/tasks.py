@@ -212,6 +212,9 @@ def start_reprocess(pipeline: str, rules_version: str | None = None, threshold: 
         info = deploy(k, spec, rules_version, actor=actor, threshold=threshold,
                       reason=tagged_reason(reason, dag_id, run_id, f"reprocess requested in Airflow by {user}"))
         log.info("%s", info.message)
+        from orchestrator.airflow.estimates import note_start
+
+        note_start(info.pipeline, info.version, info.estimate)   # the run's note: the backfill's estimate
         return info.model_dump(mode="json")
 
 
@@ -276,11 +279,12 @@ def report(pipeline: str, version: int, *, dag_id: str = "kappa_reprocess", run_
     note as Markdown (`orchestrator.airflow.notes`: its first line sums it up and links to this task's log),
     and returned."""
     from orchestrator.airflow import notes
+    from orchestrator.airflow.estimates import backfill_md
     from orchestrator.lifecycle.report import validation_report
     from orchestrator.observe.render import render_report
 
     with task_kappa() as k:
-        rep = validation_report(k.version(pipeline, version))
+        rep = validation_report(v := k.version(pipeline, version))
     d = rep.model_dump(mode="json")
     for line in _text(render_report, d):
         log.info("%s", line)
@@ -288,7 +292,7 @@ def report(pipeline: str, version: int, *, dag_id: str = "kappa_reprocess", run_
         log.warning("promote would refuse: %s", p)
     verdict = f"promote would refuse: {'; '.join(rep.problems)}" if rep.problems else "its checks pass"
     notes.set_run_note(f"{pipeline} v{version} has caught up; {verdict}{_report_head(d, dag_id, run_id)}",
-                       notes.report_md(d))
+                       [*backfill_md(v.record.details), *notes.report_md(d)])
     return d
 
 

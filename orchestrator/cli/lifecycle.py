@@ -51,6 +51,8 @@ def deploy_cmd(
     """Start a new version of a pipeline with the given rules, reading its topics from offset zero.
 
     With --dry-run nothing is started or written; the exit code is 3 when the deploy would be refused.
+    Both print the backfill's estimate: the log's records and bytes per topic, the expected time at the
+    rate an earlier version measured (or a default, said so) and the cores.
     """
     from orchestrator.lifecycle.deploy import deploy
 
@@ -63,6 +65,8 @@ def deploy_cmd(
                   force=force, queue=queue, dry_run=dry_run)
     if dry_run:
         _show(cli, info, as_json)
+        for line in [] if as_json or info.estimate is None else info.estimate.lines():
+            cli.out.print(line, markup=False, highlight=False)
         for w in [] if as_json else info.warnings:
             cli.err.print(f"warning: {w}", markup=False)
         if not info.would_succeed:
@@ -73,6 +77,8 @@ def deploy_cmd(
         for w in info.warnings:
             cli.err.print(f"warning: {w}")
         cli.out.print(f"  table {info.table}\n  log   {Path(info.run_dir) / 'job.log'}")
+        if info.estimate is not None:
+            cli.out.print(f"  {info.estimate.summary()}", markup=False, highlight=False)
     ready = None
     if wait:
         ready = wait_with_progress(cli, k.version(spec, info.version), actor=actor or default_actor(), quiet=as_json,

@@ -85,6 +85,7 @@ def version_status(v: VersionRef, alias: AliasRecord | None, *,
         "rules_file": file_state(v, rules_cache if rules_cache is not None else {}),
         "created_at": rec.created_at,
         "watch": (rec.details or {}).get("watch"),
+        **backfill_fields(rec.details),   # the backfill's estimate and actual, side by side
         "stopping": None,       # {"requested_by", "requested_at", "reason"} while a stopped version's job ends
     }
     if rec.state == VersionState.RETIRED:
@@ -198,12 +199,24 @@ def status_cmd(
             line = last_batch_line(v)
             if line:
                 cli.out.print(f"  {p['pipeline']} {line}", highlight=False, markup=False)
+            if v.get("backfill_text"):
+                cli.out.print(f"  {p['pipeline']} v{v['version']} {v['backfill_text']}", highlight=False, markup=False)
+
     from orchestrator.lifecycle.throttle import throttle_lines
 
     for p in data:
         for v in p["versions"]:
             for line in throttle_lines(v["version"], v.get("throttle"), v.get("throttle_changes") or []):
                 cli.out.print(f"  {p['pipeline']} {line}", highlight=False, markup=False)
+
+
+def backfill_fields(details: dict[str, Any] | None) -> dict[str, Any]:
+    """A status row's `estimate` and `backfill` (as stored with the version), their comparison and its line."""
+    from orchestrator.observe.estimate import compare, compare_text
+
+    d = details or {}
+    return {"estimate": d.get("estimate"), "backfill": d.get("backfill"),
+            "estimate_vs_actual": compare(d.get("estimate"), d.get("backfill")), "backfill_text": compare_text(d)}
 
 
 def last_batch_line(v: dict[str, Any]) -> str | None:

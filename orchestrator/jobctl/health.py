@@ -78,6 +78,9 @@ class JobStatus(BaseModel):
     #: The last micro-batch the job wrote: {"batch_id", "records", "spark_jobs", and seconds per stage:
     #: "read_transform_count", "rejects", "write", "upkeep"} (`jobs.lib.sink.batches`).
     last_batch: dict[str, Any] | None = None
+    #: The version's backfill batch as this run of the job wrote it: {"batch_id", "records", "offsets",
+    #: "end_offsets", "seconds", "committed_at"} (`jobs.lib.runtime.context`); kept as the measured backfill.
+    backfill: dict[str, Any] | None = None
     exit_code: int | None = None
     error: str | None = None
     log_file: str | None = None
@@ -170,7 +173,7 @@ def inspect_version(v: VersionRef, *, now: float | None = None,
         heartbeat_age=None if hb is None else max(0.0, now - hb),
         **{name: status.get(name) for name in
            ("batch_id", "batches", "rows_in", "rows_out", "rejects", "rejects_total", "end_offsets", "rules_hash",
-            "reading", "last_batch")},
+            "reading", "last_batch", "backfill")},
     )
 
     def fail(why: str) -> JobStatus:

@@ -30,7 +30,9 @@ of the newest (default 300 s, `KAPPA_READINESS_WINDOW_SECONDS`), so "N samples" 
 The sample just taken leads the run by its registry id, never by comparing clocks. The count shown
 never exceeds the rule's N. The decision carries the rule, its numbers and the samples it was made
 from (`Readiness.decision`); the first "ready" of a version moves it to `caught_up` in the registry
-with those in the audit log, and promote and rollback record them with their flip.
+with those in the audit log, and promote and rollback record them with their flip. The first recorded sample
+after the job wrote its backfill batch keeps the measured backfill in the version's details
+(`orchestrator.observe.estimate.record_backfill`, once), beside the estimate its deploy stored.
 
 A reading taken from the read progress of a first batch not yet committed (`LagReading.floored`)
 is a floor, shown as one (`observe.lag.fmt_lag`), with no ETA.
@@ -56,6 +58,7 @@ from orchestrator.core.times import utc_clock
 from orchestrator.core.files import tail as log_tail
 from orchestrator.core.secrets import mask_secrets
 from orchestrator.jobctl import JobStatus, inspect_version
+from orchestrator.observe.estimate import record_backfill
 from orchestrator.observe.lag import (LagReading, eta_seconds, fmt_lag, fmt_seconds, format_partitions, measure_lag,
                                       sample_lag, sample_seconds, sample_time, version_threshold)
 
@@ -257,6 +260,7 @@ def readiness(v: VersionRef, record: bool = True, *, threshold: int | None = Non
                   job=job.model_dump(mode="json"), lag_seconds=reading.lag_seconds, catchup_seconds=max_seconds,
                   batches=batches, growing=grows, floored=reading.floored, unread=reading.unread)
     if record:
+        record_backfill(v, job.backfill, job.started_at)   # once: the first sample after the backfill batch
         _advance_state(v, r, job, actor)
     return r
 

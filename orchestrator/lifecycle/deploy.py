@@ -15,6 +15,11 @@ one whose job already runs is reported as such.
 `deploy(dry_run=True)` makes every check deploy makes (the request, the topics, a version in flight
 or resumable) and says what it would do, writing nothing: no registry row, no audit entry, no file
 (a SQLite registry that does not exist yet is not created).
+
+Both estimate the backfill first (`orchestrator.observe.estimate`: the log's records and bytes, the rate
+measured on an earlier version or a default, the cores); a deploy stores it in the new version's
+`details["estimate"]` in the transaction that allocates it. A broker that cannot tell makes the
+estimate unknown, with the reason; the deploy goes on as it would without it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from orchestrator.core.states import IN_FLIGHT, VersionState
 from orchestrator.jobctl import inspect_version, mark_failed, start_version
 from orchestrator.core.checks import CheckResult as Check
 from orchestrator.jobctl.version_rules import stored_rules
+from orchestrator.observe.estimate import BackfillEstimate, estimate_backfill
 
 __all__ = ["DeployPlan", "DeployPreview", "VersionInfo", "check_request", "check_topics", "deploy", "code_ref"]
 
@@ -79,6 +85,8 @@ class VersionInfo(BaseModel):
     resumed: bool
     message: str
     warnings: list[str] = Field(default_factory=list)
+    #: The backfill estimate stored with the version at its allocation (`orchestrator.observe.estimate`).
+    estimate: BackfillEstimate | None = None
 
 
 class DeployPreview(BaseModel):
@@ -99,6 +107,8 @@ class DeployPreview(BaseModel):
     plan: DeployPlan | None = None
     warnings: list[str] = Field(default_factory=list)
     error: str | None = None
+    #: What the backfill would take: the log's size, the rate, the cores (`orchestrator.observe.estimate`).
+    estimate: BackfillEstimate | None = None
 
 
 def code_ref() -> str:
@@ -216,12 +226,14 @@ def _own_job(job: str) -> bool:
 def _info(v: VersionRef, plan: DeployPlan, *, pid: int | None, started: bool, resumed: bool, message: str,
           ref: str) -> VersionInfo:
     paths = v.paths
+    stored = (v.record.details or {}).get("estimate")
     return VersionInfo(
         pipeline=v.pipeline, version=v.version, state=v.reread().record.state,   # as the start left it
         rules_version=plan.rules_version, rules_hash=plan.rules_hash, code_ref=ref, threshold=plan.threshold,
         table=str(paths.table), rejects=str(paths.rejects), checkpoint=str(paths.checkpoint),
         run_dir=str(paths.run_dir), group_id=paths.group_id, pid=pid, job_started=started, resumed=resumed,
-        message=message, warnings=list(plan.warnings))
+        message=message, warnings=list(plan.warnings),
+        estimate=BackfillEstimate.model_validate(stored) if isinstance(stored, dict) else None)
 
 
 def _resumable(k: Kappa, spec: PipelineSpec, plan: DeployPlan, actor: str) -> tuple[VersionRef | None, Any]:
@@ -336,8 +348,12 @@ def deploy(k: Kappa, spec: PipelineSpec, rules_version: str | None = None, *, ac
 
     `dry_run` makes the same checks and returns a `DeployPreview` of what it would do, writing nothing."""
     if dry_run:
-        return _preview(k, spec, rules_version, actor=actor, reason=reason, threshold=threshold, force=force,
-                        queue=queue)
+        from orchestrator.serving import registry_file_missing
+
+        preview = _preview(k, spec, rules_version, actor=actor, reason=reason, threshold=threshold, force=force,
+                           queue=queue)
+        history = [] if registry_file_missing(k.settings) else None   # a dry run creates no registry
+        return preview.model_copy(update={"estimate": estimate_backfill(k, spec, history=history)})
     reg, pipeline = k.registry, spec.name
     try:
         plan = check_request(k, spec, rules_version, force=force, threshold=threshold)
@@ -361,8 +377,9 @@ def deploy(k: Kappa, spec: PipelineSpec, rules_version: str | None = None, *, ac
         return _info(v, plan, pid=res.pid, started=res.started, resumed=True,
                      message=f"resumed the deploy of {pipeline} v{v.version}: {res.message}", ref=ref)
 
+    estimate = estimate_backfill(k, spec)      # unknown, with the reason, when the broker cannot tell
     try:
-        rec = _allocate(k, plan, ref, actor, reason, queue)
+        rec = _allocate(k, plan, ref, actor, reason, queue, estimate)
     except KappaError as e:
         reg.audit("deploy", actor=actor, pipeline=pipeline, reason=reason, outcome="refused",
                   details={"rules_version": plan.rules_version, "error": str(e)})
@@ -384,11 +401,12 @@ def deploy(k: Kappa, spec: PipelineSpec, rules_version: str | None = None, *, ac
                  ref=ref)
 
 
-def _allocate(k: Kappa, plan: DeployPlan, ref: str, actor: str, reason: str | None, queue: bool):
-    """Allocate the next version; its paths follow from the number the registry picks."""
+def _allocate(k: Kappa, plan: DeployPlan, ref: str, actor: str, reason: str | None, queue: bool,
+              estimate: BackfillEstimate):
+    """Allocate the next version, with its backfill estimate; its paths follow from the number the registry picks."""
     return k.registry.allocate_version(
         plan.pipeline, rules_version=plan.rules_version, rules_hash=plan.rules_hash, code_ref=ref,
         paths=lambda n: k.paths(plan.pipeline, n), actor=actor, reason=reason, queue=queue,
         details={"threshold": plan.threshold, "force": plan.force, "rules_file": plan.rules_file,
-                 "warnings": list(plan.warnings), **stored_rules(plan)},
+                 "warnings": list(plan.warnings), "estimate": estimate.model_dump(mode="json"), **stored_rules(plan)},
     )

@@ -41,6 +41,7 @@ from orchestrator.core.names import validate_alias_name, validate_pipeline_name,
 from orchestrator.core.paths import VersionPaths
 from orchestrator.core.states import FLIP_TARGETS, FORCED_FLIP_TARGETS, IN_FLIGHT, VersionState
 from orchestrator.registry.engine import create_engine, transaction
+from orchestrator.registry.details import DetailOps
 from orchestrator.registry.lagsamples import LagSampleOps
 from orchestrator.registry.leases import LeaseOps
 from orchestrator.registry.throttles import ThrottleOps
@@ -57,7 +58,7 @@ __all__ = ["Registry", "SET_STATE_FIELDS"]
 S = VersionState
 
 
-class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps):
+class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
     """One registry database. Thread-safe: each call takes its own pooled connection.
 
     `Registry(url)` brings the schema to head (`migrate()`, idempotent) unless `auto_migrate=False`.

@@ -75,7 +75,10 @@ class JobContext:
         """Called by the job (from foreachBatch, on the driver) once a batch's output is written.
 
         Re-reporting a batch replaces its counts. `timing` (the batch's seconds per stage and its Spark
-        job count, `jobs.lib.sink.batches`) becomes the status's ``last_batch``. Writes status.json at once.
+        job count, `jobs.lib.sink.batches`) becomes the status's ``last_batch``; a timing that marks the
+        version's backfill (``timing["backfill"]``: the offsets it planned and its end offsets) also becomes
+        the status's ``backfill``, once per process: records, offsets, seconds of the batch and when it
+        was written, which the orchestrator keeps as the version's measured backfill. Writes status.json at once.
         """
         batch_id = int(batch_id)
         with self._lock:
@@ -92,7 +95,9 @@ class JobContext:
             if timing is not None:
                 fields["last_batch"] = {"batch_id": batch_id, "records": new[0],
                                         **{k: round(v, 3) if isinstance(v, float) else v for k, v in timing.items()
-                                           if k != "batch_id"}}
+                                           if k not in ("batch_id", "backfill")}}
+                if isinstance(timing.get("backfill"), dict) and d.get("backfill") is None:
+                    fields["backfill"] = _backfill_measure(batch_id, new[0], timing)
             self.status.update(**fields)
 
     def on_progress(self, progress: dict) -> None:
@@ -146,6 +151,17 @@ class JobContext:
                     log.warning("cannot commit offsets to the consumer group %s: %s", args.group_id, e)
 
         threading.Thread(target=commit, name="kappa-group-commit", daemon=True).start()
+
+
+def _backfill_measure(batch_id: int, records: int, timing: dict[str, Any]) -> dict[str, Any]:
+    """The status's ``backfill``: the batch's records and planned offsets, its seconds (read to write, upkeep left
+    out) and the time its output was written (`committed_at`, before its upkeep ran)."""
+    import time
+
+    seconds = sum(float(timing.get(k) or 0.0) for k in ("read_transform_count", "rejects", "write"))
+    return {"batch_id": batch_id, "records": int(records), "offsets": timing["backfill"].get("offsets"),
+            "end_offsets": timing["backfill"].get("end_offsets"), "seconds": round(seconds, 3),
+            "committed_at": time.time() - float(timing.get("upkeep") or 0.0)}
 
 
 def _source_end_offsets(progress: dict) -> dict | None:

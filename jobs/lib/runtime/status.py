@@ -37,6 +37,7 @@ class Status:
             "started_at": time.time(), "heartbeat_at": time.time(), "batch_id": None, "batches": 0,
             "rows_in": 0, "rows_out": 0, "rejects": 0, "rejects_total": None, "end_offsets": None,
             "error": None, "rules_hash": None, "query_id": None, "trigger": trigger, "last_batch": None,
+            "backfill": None,
         }
 
     def update(self, **fields: Any) -> None:

@@ -177,11 +177,13 @@ class MicroBatches:
         spark.sparkContext.setJobGroup(group, f"kappa {self.name}: micro-batch {batch_id}")
         progress: Any = contextlib.nullcontext()
         end = batch_end_offsets(self.checkpoint, batch_id)
-        if needs_backfill(self.checkpoint) and end:
+        backfill = needs_backfill(self.checkpoint)   # the version's first pass: its measure goes to the status
+        if backfill and end:
             progress = BackfillProgress(spark, self.checkpoint, group, end)   # lag moves while batch 0 is read
+        planned = self._planned_records(batch_id, end)
         held: list = []
         try:
-            with progress, self._sized(spark, self._planned_records(batch_id, end)):
+            with progress, self._sized(spark, planned):
                 p = self.prepare(batch, batch_id)
                 held = p.held
                 if isinstance(progress, BackfillProgress):
@@ -205,6 +207,8 @@ class MicroBatches:
         jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
         self.timings.append({"batch_id": batch_id, "read_transform_count": t1 - t0, "rejects": t2 - t1,
                              "write": t3 - t2, "upkeep": time.perf_counter() - t3, "spark_jobs": jobs})
+        if backfill:   # what the next version's backfill estimate is measured from (`JobContext.record_batch`)
+            self.timings[-1]["backfill"] = {"offsets": planned, "end_offsets": end}
         self.log.info("micro-batch %d: %d records, %d rows written, %d rejects, %d Spark jobs (%.2f s: read and "
                       "transform %.2f, rejects %.2f, write %.2f)", batch_id, p.rows_in, p.rows_out, p.n_rejects, jobs,
                       t3 - t0, t1 - t0, t2 - t1, t3 - t2)

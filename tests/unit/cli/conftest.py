@@ -62,3 +62,12 @@ def seeded(kappa):
             group_id="kappa.standardize.v{n}", actor="seeder", reason=f"seed {rules}")
         reg.set_state("standardize", rec.version, "stopped")
     return kappa
+
+
+@pytest.fixture(autouse=True)
+def _quick_estimate(monkeypatch):
+    """A deploy estimates its backfill from the broker's log offsets; where a test fakes the topic checks and no
+    broker listens (127.0.0.1:9), that ask would wait its whole timeout before the estimate says unknown."""
+    from orchestrator.observe import estimate
+
+    monkeypatch.setattr(estimate, "ESTIMATE_TIMEOUT", 0.3)

@@ -121,6 +121,9 @@ def test_deploy_json_with_wait(bed):
                     "--reason", "first")
     assert set(data) == {"version", "readiness"}
     p, pid = bed.k.paths(PIPELINE, 1), data["version"]["pid"]
+    est = data["version"].pop("estimate")   # the backfill estimate the deploy stored (the fake log: 150 records)
+    assert (est["known"], est["records"], est["bytes"], est["bytes_source"]) == (True, 150, 30_000, "log-dirs")
+    assert "no earlier version measured" in est["rate_source"]
     assert data["version"] == {
         "pipeline": PIPELINE, "version": 1, "state": "starting", "rules_version": None, "rules_hash": None,
         "code_ref": deploy_mod.code_ref(), "threshold": 0, "table": str(p.table), "rejects": str(p.rejects),

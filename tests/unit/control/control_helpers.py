@@ -12,6 +12,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
+from orchestrator.observe import estimate as estimate_mod
 from orchestrator.observe import lag as lag_mod
 from orchestrator.jobctl import launch
 from orchestrator.jobctl.health import CHILDREN
@@ -96,6 +97,9 @@ class FakeLog:
         monkeypatch.setattr(lag_mod, "checkpoint_next_offsets",
                             lambda path: (dict(self.checkpoint), 7) if self.checkpoint else (None, None))
         monkeypatch.setattr(lag_mod, "oldest_unread_age", lambda k, details, *, now, timeout: self.age)
+        # the backfill estimate's bytes: 200 B a record, as a broker's segment sizes would say (no JVM tool here)
+        monkeypatch.setattr(estimate_mod, "log_dir_bytes",
+                            lambda k, topics, timeout=30.0: {TOPIC: 200 * sum(self.ends.values())})
         return self
 
 

@@ -127,6 +127,26 @@ def test_the_last_batch_s_stage_times_and_spark_jobs_reach_the_status_and_kappa_
     assert last_batch_line({"version": 2, "job": {"pid": None, "last_batch": last}}) is None   # not running
 
 
+def test_the_backfill_batch_s_measure_reaches_the_status_once(tmp_path, group_commits):
+    """The batch `jobs.lib.sink.batches` marks as the version's backfill becomes the status's `backfill`, which
+    the orchestrator keeps as the measured backfill (`orchestrator.observe.estimate`); a later one does not replace it."""
+    import time
+
+    ctx = _ctx(tmp_path)
+    before = time.time()
+    ctx.record_batch(0, rows_in=140, rows_out=130, rejects=10, timing={
+        "batch_id": 0, "read_transform_count": 2.0, "rejects": 0.5, "write": 0.5, "upkeep": 0.0, "spark_jobs": 4,
+        "backfill": {"offsets": 150, "end_offsets": {"a": {"0": 150}}}})
+    s = read_status(tmp_path)
+    assert "backfill" not in s["last_batch"]
+    b = s["backfill"]
+    assert before <= b.pop("committed_at") <= time.time()
+    assert b == {"batch_id": 0, "records": 140, "offsets": 150, "end_offsets": {"a": {"0": 150}}, "seconds": 3.0}
+    ctx.record_batch(1, rows_in=5, rows_out=5, timing={"batch_id": 1, "read_transform_count": 0.1,
+                                                       "backfill": {"offsets": 5, "end_offsets": {"a": {"0": 155}}}})
+    assert read_status(tmp_path)["backfill"]["batch_id"] == 0
+
+
 def test_batches_that_end_during_a_slow_group_commit_start_no_second_commit(tmp_path, group_commits):
     """With the broker down a commit waits for the coordinator until it gives up (45 s here: librdkafka
     waits a session timeout), and every batch meanwhile started one more thread, blocked behind it. Now one commit runs at a time
