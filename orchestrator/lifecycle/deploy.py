@@ -17,7 +17,8 @@ or resumable) and says what it would do, writing nothing: no registry row, no au
 (a SQLite registry that does not exist yet is not created).
 
 Both estimate the backfill first (`orchestrator.observe.estimate`: the log's records and bytes, the rate
-measured on an earlier version or a default, the cores); a deploy stores it in the new version's
+measured on an earlier version or a default, the cores; the dry run's bytes are the segment sizes from
+Kafka's LogDirsCommand, a deploy's the sampled average record size); a deploy stores it in the new version's
 `details["estimate"]` in the transaction that allocates it. A broker that cannot tell makes the
 estimate unknown, with the reason; the deploy goes on as it would without it.
 """
@@ -377,7 +378,9 @@ def deploy(k: Kappa, spec: PipelineSpec, rules_version: str | None = None, *, ac
         return _info(v, plan, pid=res.pid, started=res.started, resumed=True,
                      message=f"resumed the deploy of {pipeline} v{v.version}: {res.message}", ref=ref)
 
-    estimate = estimate_backfill(k, spec)      # unknown, with the reason, when the broker cannot tell
+    # unknown, with the reason, when the broker cannot tell; bytes from a sample of records (a deploy does
+    # not start a JVM for Kafka's LogDirsCommand: `--dry-run` does, for the segment sizes)
+    estimate = estimate_backfill(k, spec, bytes_mode="sample")
     try:
         rec = _allocate(k, plan, ref, actor, reason, queue, estimate)
     except KappaError as e:

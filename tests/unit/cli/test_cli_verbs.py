@@ -122,7 +122,8 @@ def test_deploy_json_with_wait(bed):
     assert set(data) == {"version", "readiness"}
     p, pid = bed.k.paths(PIPELINE, 1), data["version"]["pid"]
     est = data["version"].pop("estimate")   # the backfill estimate the deploy stored (the fake log: 150 records)
-    assert (est["known"], est["records"], est["bytes"], est["bytes_source"]) == (True, 150, 30_000, "log-dirs")
+    # a deploy samples the records' size (the dry run asks the broker's segment sizes)
+    assert (est["known"], est["records"], est["bytes"], est["bytes_source"]) == (True, 150, 30_000, "sampled")
     assert "no earlier version measured" in est["rate_source"]
     assert data["version"] == {
         "pipeline": PIPELINE, "version": 1, "state": "starting", "rules_version": None, "rules_hash": None,

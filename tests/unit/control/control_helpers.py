@@ -100,6 +100,9 @@ class FakeLog:
         # the backfill estimate's bytes: 200 B a record, as a broker's segment sizes would say (no JVM tool here)
         monkeypatch.setattr(estimate_mod, "log_dir_bytes",
                             lambda k, topics, timeout=30.0: {TOPIC: 200 * sum(self.ends.values())})
+        # ... and a deploy's sample of records (the same 200 B a record)
+        monkeypatch.setattr(estimate_mod, "sampled_bytes",
+                            lambda k, logs, per_partition=5, timeout=5.0: {TOPIC: 200 * sum(self.ends.values())})
         return self
 
 
