@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from tests.pipelines import standardize_pipeline
 
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
-PIPELINES = ("af_dagtest", "af_busy", "af_flip", "af_conn", "af_team")
+PIPELINES = ("af_dagtest", "af_busy", "af_flip", "af_conn", "af_team", "af_share")
 #: The team's pipeline: its job and rules come from a repository outside kappa (`tests/team_repo.py`).
 TEAM = "af_team"
 RECORDS, KEYS = 300, 200
@@ -88,3 +88,46 @@ def expected(bed: AirflowTestBed, pipeline: str, rules_version: str):
     from tests.served import expected_from_log
 
     return expected_from_log(bed.bootstrap, bed.topics[pipeline], rules_version)[0]
+
+
+# -- the browser: Debian's Chromium driven by Playwright (the `browser_page` fixture in conftest) ---
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def log_in(page, url: str) -> None:
+    """Log in to the Airflow UI as the stack's admin."""
+    page.goto(f"{url}/auth/login?next=/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "admin")
+    page.keyboard.press("Enter")
+    page.wait_for_url(lambda u: "/auth/login" not in u, timeout=60_000)
+
+
+def option_name(option_text: str):
+    """An option's accessible name: the value itself, or the value and what the form says of it after a
+    colon (the reprocess form's pipelines: 'standardize: backfill ~35 s (...)')."""
+    import re
+
+    return re.compile(rf"^{re.escape(option_text)}(: .*)?$")
+
+
+def choose(page, label: str, option_text: str) -> None:
+    """Pick an option of one of the form's dropdowns (a combobox labelled like the Param's title)."""
+    box = page.get_by_role("combobox", name=label)
+    box.click()
+    page.get_by_role("option", name=option_name(option_text)).click()
+
+
+def wait_for_new_run(client, dag_id: str, known: set[str], timeout: float) -> str:
+    """The id of the one run of `dag_id` not in `known` (a form was just submitted)."""
+    from tests.waiting import wait_until
+
+    def new_runs() -> list[str]:
+        return [r["dag_run_id"] for r in client.list_runs(dag_id)["dag_runs"] if r["dag_run_id"] not in known]
+
+    new = wait_until(new_runs, f"a new run of {dag_id} after submitting the form", timeout, poll=1)
+    assert len(new) == 1, f"one submit, {len(new)} new runs: {new}"
+    return new[0]

@@ -31,8 +31,8 @@ if not os.environ.get("KAPPA_TEST_AIRFLOW_HOME"):
     atexit.register(shutil.rmtree, os.environ["KAPPA_TEST_AIRFLOW_HOME"], True)
 os.environ.update(airflow_env(Path(os.environ["KAPPA_TEST_AIRFLOW_HOME"])))
 
-from airflow_helpers import (DELETE_SHARE, KEYS, MALFORMED_SHARE, PIPELINES, POKE_SECONDS, RECORDS,  # noqa: E402
-                             TEAM, AirflowTestBed, pipelines_toml, stop_all_jobs)
+from airflow_helpers import (CHROMIUM, CHROMIUM_FLAGS, DELETE_SHARE, KEYS, MALFORMED_SHARE, PIPELINES,  # noqa: E402
+                             POKE_SECONDS, RECORDS, TEAM, AirflowTestBed, pipelines_toml, stop_all_jobs)
 
 
 @pytest.fixture(scope="session")
@@ -119,3 +119,20 @@ def stack_jobs_stopped(airflow_testbed):
         yield airflow_testbed
     finally:
         stop_all_jobs(airflow_testbed)
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A page of Debian's headless Chromium (Playwright drives it; never `playwright install`)."""
+    if shutil.which(CHROMIUM) is None:
+        pytest.fail(f"Debian's chromium is expected at {CHROMIUM}: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1100})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()

@@ -6,54 +6,15 @@ the team's v3 rules give. Screenshots of the form and of the finished run go to 
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from airflow_helpers import RUN_TIMEOUT, TEAM
+from airflow_helpers import RUN_TIMEOUT, TEAM, choose, log_in, wait_for_new_run
 
 from orchestrator.dev import datagen
 from tests.team_repo import expected_accounts
 
-from tests.waiting import wait_until
-
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PIPELINE = TEAM
-
-
-@pytest.fixture
-def browser_page(tmp_path):
-    if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"Debian's chromium is expected at {CHROMIUM}: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1400, "height": 1100})
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
-
-
-def choose(page, label: str, option_text: str) -> None:
-    """Pick an option of one of the form's dropdowns (a combobox labelled like the Param's title)."""
-    box = page.get_by_role("combobox", name=label)
-    box.click()
-    page.get_by_role("option", name=option_text, exact=True).click()
-
-
-def wait_for_new_run(client, dag_id: str, known: set[str], timeout: float) -> str:
-    def new_runs() -> list[str]:
-        return [r["dag_run_id"] for r in client.list_runs(dag_id)["dag_runs"] if r["dag_run_id"] not in known]
-
-    new = wait_until(new_runs, f"a new run of {dag_id} after submitting the form", timeout, poll=1)
-    assert len(new) == 1, f"one submit, {len(new)} new runs: {new}"
-    return new[0]
 
 
 def test_a_team_s_pipeline_and_rules_from_the_ui_form(airflow, stack_jobs_stopped, browser_page, artifacts_dir):
@@ -64,11 +25,7 @@ def test_a_team_s_pipeline_and_rules_from_the_ui_form(airflow, stack_jobs_stoppe
     client = airflow.client()
     known = {r["dag_run_id"] for r in client.list_runs("kappa_reprocess")["dag_runs"]}
 
-    page.goto(f"{airflow.url}/auth/login?next=/")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", "admin")
-    page.keyboard.press("Enter")
-    page.wait_for_url(lambda url: "/auth/login" not in url, timeout=60_000)
+    log_in(page, airflow.url)
 
     page.goto(f"{airflow.url}/dags/kappa_reprocess")
     page.get_by_label("Trigger Dag").first.click()
