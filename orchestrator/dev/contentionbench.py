@@ -52,6 +52,7 @@ class Window:
     serving_cpu_seconds: float | None = None     # the serving job's processes over the window
     backfill_cpu_seconds: float | None = None    # the new version's job processes, deploy -> ready
     share_changes: list[dict[str, Any]] = field(default_factory=list)
+    estimate: dict[str, Any] | None = None       # the deploy's backfill estimate beside the actual
 
 
 def window_figures(w: Window, latencies: list[float]) -> dict[str, Any]:
@@ -61,7 +62,8 @@ def window_figures(w: Window, latencies: list[float]) -> dict[str, Any]:
             "p50_seconds": None if p50 is None else round(p50, 3), "p99_seconds": None if p99 is None else round(p99, 3),
             "backfill_seconds": None if w.backfill_seconds is None else round(w.backfill_seconds, 2),
             "version": w.version, "serving_cpu_seconds": w.serving_cpu_seconds,
-            "backfill_cpu_seconds": w.backfill_cpu_seconds, "share_changes": list(w.share_changes)}
+            "backfill_cpu_seconds": w.backfill_cpu_seconds, "share_changes": list(w.share_changes),
+            "estimate": w.estimate}
 
 
 def contention_figures(windows: dict[str, dict[str, Any]], backfill_alone: float | None) -> dict[str, Any]:
@@ -98,6 +100,11 @@ def contention_lines(f: dict[str, Any]) -> list[str]:
         if any(cpu):
             line += " (CPU: " + ", ".join(c for c in cpu if c) + ")"
         lines.append(line)
+        est = w.get("estimate")
+        if est:
+            lines.append(f"{'':>13}  v{w['version']}'s backfill estimate {fmt_seconds(est['estimate_seconds'])}, actual "
+                         f"{fmt_seconds(est['actual_seconds'])} ({est['ratio']:.2f} of the estimate, "
+                         f"{'within' if est['within_goal'] else 'outside'} 25%; {est.get('rate_source')})")
         if w.get("share_changes"):
             shares = ", ".join(f"{c.get('to')}" for c in w["share_changes"])
             lines.append(f"{'':>13}  share changes: {len(w['share_changes'])} ({shares})")
@@ -170,6 +177,7 @@ def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: 
     from orchestrator.lifecycle.deploy import deploy
     from orchestrator.lifecycle.promote import promote
     from orchestrator.lifecycle.throttle import set_throttle, throttle_changes
+    from orchestrator.observe.estimate import compare
 
     console = console or Console(highlight=False)
     bench = Demo(DemoOptions(records=records, keys=keys, partitions=partitions, malformed_share=0.0, clean=True,
@@ -264,6 +272,8 @@ def run_contention_bench(seconds: float = 30.0, rate: float = 20.0, *, records: 
                         ctl.join(30)
                 w.version, w.backfill_seconds, w.backfill_cpu_seconds = v.version, took, cpu
                 w.share_changes = throttle_changes(v, limit=1000)
+                details = v.reread().record.details or {}
+                w.estimate = compare(details.get("estimate"), details.get("backfill"))
                 bench.say(f"v{v.version} ready {took:.1f} s after its deploy; stopping it")
                 stop_version(v, actor=ACTOR, reason="contention benchmark: measured")
             return body
