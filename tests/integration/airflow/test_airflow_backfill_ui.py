@@ -68,8 +68,8 @@ def test_a_running_backfill_s_share_changed_from_the_ui_shows_in_status(airflow,
     page.goto(f"{airflow.url}/dags/kappa_throttle")
     page.get_by_label("Trigger Dag").first.click()
     choose(page, "Pipeline", PIPELINE)
-    page.fill("#element_version", str(info.version))
-    page.fill("#element_share", "0.25")
+    page.locator("input[name=element_version]").fill(str(info.version))   # a number field: its input has the name
+    page.locator("input[name=element_share]").fill("0.25")
     page.fill("#element_reason", "the live version comes first")
     page.screenshot(path=str(artifacts_dir / "airflow_throttle_form.png"), full_page=True)
     submit = page.get_by_test_id("trigger-dag-submit")

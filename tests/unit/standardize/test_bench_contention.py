@@ -24,7 +24,7 @@ def test_probes_are_attributed_to_the_window_they_were_sent_in():
 
 def _windows():
     alone = window_figures(Window(ALONE, 0.0, 30.0, serving_cpu_seconds=12.5), [1.0, 1.2, 1.4, 2.0])
-    off = window_figures(Window(OFF, 40.0, 130.0, backfill_seconds=90.0, version=2, serving_cpu_seconds=20.0,
+    off = window_figures(Window(OFF, 40.0, 130.0, backfill_seconds=90.0, ready_seconds=101.0, version=2, serving_cpu_seconds=20.0,
                                 backfill_cpu_seconds=80.0,
                                 estimate={"estimate_seconds": 80.0, "actual_seconds": 90.0, "ratio": 1.125,
                                           "within_goal": True, "rate_source": "measured on v1"}),
@@ -58,12 +58,12 @@ def test_the_printed_lines_name_each_window_the_share_changes_and_the_goals():
     w = _windows()
     lines = contention_lines({"windows": w, "ratios": contention_figures(w, backfill_alone=60.0)})
     assert lines[0] == "serving alone: freshness p50 1.30 s, p99 1.98 s over 4 probes in 30 s (CPU: serving job 12.5 s)"
-    assert lines[1].startswith(" adaptive off: freshness p50 7.00 s, p99 11.91 s over 4 probes in 90 s; "
-                               "v2 deploy -> ready 90.00 s (CPU: serving job 20.0 s, backfill job 80.0 s)")
+    assert lines[1] == (" adaptive off: freshness p50 7.00 s, p99 11.91 s over 4 probes in 90 s; v2's backfill "
+                        "90.00 s, deploy -> ready 101.00 s (CPU: serving job 20.0 s, backfill job 80.0 s)")
     assert lines[2].strip() == ("v2's backfill estimate 80.00 s, actual 90.00 s (1.12 of the estimate, within 25%; "
                                 "measured on v1)")
     assert "share changes: 3 (0.5, 0.25, 0.5)" in lines[4]
-    assert lines[5] == "backfill alone (v1, nothing else running): deploy -> ready 60.00 s"
+    assert lines[5] == "backfill alone (v1, nothing else running): 60.00 s from its job's start to its batch committed"
     assert lines[-1] == ("adaptive on: p99 during the backfill / p99 alone = 1.51 (goal <= 2); "
                          "backfill speed / alone = 0.75 (goal >= 0.5)")
 
