@@ -18,7 +18,8 @@ or resumable) and says what it would do, writing nothing: no registry row, no au
 
 Both estimate the backfill first (`orchestrator.observe.estimate`: the log's records and bytes, the rate
 measured on an earlier version or a default, the cores; the dry run's bytes are the segment sizes from
-Kafka's LogDirsCommand, a deploy's the sampled average record size); a deploy stores it in the new version's
+Kafka's LogDirsCommand, a deploy's the sampled average record size; the cores less those the
+pipeline's running jobs use now, sampled for a second); a deploy stores it in the new version's
 `details["estimate"]` in the transaction that allocates it. A broker that cannot tell makes the
 estimate unknown, with the reason; the deploy goes on as it would without it.
 """
@@ -354,7 +355,7 @@ def deploy(k: Kappa, spec: PipelineSpec, rules_version: str | None = None, *, ac
         preview = _preview(k, spec, rules_version, actor=actor, reason=reason, threshold=threshold, force=force,
                            queue=queue)
         history = [] if registry_file_missing(k.settings) else None   # a dry run creates no registry
-        return preview.model_copy(update={"estimate": estimate_backfill(k, spec, history=history)})
+        return preview.model_copy(update={"estimate": estimate_backfill(k, spec, history=history, busy=True)})
     reg, pipeline = k.registry, spec.name
     try:
         plan = check_request(k, spec, rules_version, force=force, threshold=threshold)
@@ -380,7 +381,7 @@ def deploy(k: Kappa, spec: PipelineSpec, rules_version: str | None = None, *, ac
 
     # unknown, with the reason, when the broker cannot tell; bytes from a sample of records (a deploy does
     # not start a JVM for Kafka's LogDirsCommand: `--dry-run` does, for the segment sizes)
-    estimate = estimate_backfill(k, spec, bytes_mode="sample")
+    estimate = estimate_backfill(k, spec, bytes_mode="sample", busy=True)
     try:
         rec = _allocate(k, plan, ref, actor, reason, queue, estimate)
     except KappaError as e:

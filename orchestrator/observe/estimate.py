@@ -13,7 +13,10 @@ trigger form show:
 - **the rate**: the newest earlier version of the same pipeline whose backfill was measured
   (`details["backfill"]`: its planned offsets, the batch's seconds, the start-up before it, its cores),
   scaled to the cores the new version gets; without one, a default per job kind, said so;
-- **the cores**: `local[N]` -> N, `local[*]` -> this machine's; a cluster's are not known to kappa.
+- **the cores**: `local[N]` -> N, `local[*]` -> this machine's; a cluster's are not known to kappa. A
+  deploy (and its dry run) also samples, for a second, the CPU the pipeline's running jobs use on this
+  host (`busy_cores`: the serving version's live micro-batches come first), and counts only the cores
+  left free; a rate measured with other jobs busy beside it is scaled from the cores that were free then.
 
 The estimate is start-up + records / rate. It never raises for a broker it cannot reach: it is then
 `known=False` with the reason, and a deploy goes on as before.
@@ -71,6 +74,11 @@ ESTIMATE_TIMEOUT = KAFKA_TIMEOUT
 EXTRAPOLATED = 2.0
 #: Records sampled per partition for the sampled size.
 SAMPLE_RECORDS = 5
+#: Seconds over which a deploy samples the CPU the pipeline's running jobs use on this host (the cores a
+#: new backfill will not get: the serving version's live micro-batches take theirs first).
+BUSY_SAMPLE_SECONDS = 1.0
+#: A backfill is estimated on at least this many free cores, however busy the machine.
+MIN_FREE_CORES = 0.25
 LOG_DIRS_CLASS = "org.apache.kafka.tools.LogDirsCommand"
 
 BytesMode = Literal["log-dirs", "sample", "none"]
@@ -101,7 +109,10 @@ class BackfillEstimate(BaseModel):
     bytes_note: str | None = None             # why bytes were sampled or not measured
     cores: int | None = None
     cores_source: str = ""
-    rate: float | None = None                 # records/s on `cores`
+    #: cores the pipeline's running jobs used on this host when the estimate was made (None: not sampled)
+    busy_cores: float | None = None
+    busy_source: str | None = None
+    rate: float | None = None                 # records/s on the cores free of `busy_cores`
     startup_seconds: float | None = None
     rate_source: str = ""
     from_version: int | None = None           # the earlier version the rate was measured on
@@ -116,6 +127,8 @@ class BackfillEstimate(BaseModel):
         if self.bytes is not None:
             size += f", {fmt_bytes(self.bytes)}" + (" (sampled)" if self.bytes_source == "sampled" else "")
         cores = f"{self.cores} cores" if self.cores else "the cluster's cores (unknown to kappa)"
+        if self.cores and self.busy_cores:
+            cores += f" ({free_cores(self.cores, self.busy_cores):.1f} free: {self.busy_source})"
         return (f"backfill estimate {fmt_seconds(self.seconds)}: {size} at {self.rate:,.0f} records/s on {cores} "
                 f"+ {self.startup_seconds:.0f} s start-up ({self.rate_source})")
 
@@ -171,18 +184,25 @@ def job_kind(spec: PipelineSpec) -> str:
     return parts[-1] if parts[0] == OWN_PACKAGE and parts[-1] in DEFAULT_RATES else "team"
 
 
-def default_rate(spec: PipelineSpec, cores: int | None) -> tuple[float, float, str]:
+def default_rate(spec: PipelineSpec, cores: int | None, busy: float | None = None) -> tuple[float, float, str]:
     """(records/s, start-up seconds, where from) for a pipeline none of whose versions was measured."""
     kind = job_kind(spec)
     per_core = DEFAULT_RATES[kind]
-    return (per_core * (cores or 1), DEFAULT_STARTUP_SECONDS,
+    return (per_core * (free_cores(cores, busy) if cores else 1), DEFAULT_STARTUP_SECONDS,
             f"default for {'a team job' if kind == 'team' else kind} ({per_core:,.0f} records/s a core), "
             f"no earlier version measured")
 
 
-def measured_rate(records: Iterable[Any], cores: int | None) -> tuple[float, float, str, int] | None:
-    """(records/s on `cores`, start-up seconds, where from, version) from the newest version among `records`
-    (the pipeline's `VersionRecord`s) whose backfill was measured; None when none was."""
+def free_cores(cores: int, busy: float | None) -> float:
+    """The cores a new backfill gets: `cores` less what running jobs use (`busy`), at least `MIN_FREE_CORES`."""
+    return max(MIN_FREE_CORES, cores - (busy or 0.0))
+
+
+def measured_rate(records: Iterable[Any], cores: int | None, busy: float | None = None
+                  ) -> tuple[float, float, str, int] | None:
+    """(records/s on the cores free now, start-up seconds, where from, version) from the newest version among
+    `records` (the pipeline's `VersionRecord`s) whose backfill was measured; None when none was. A rate measured
+    on other free cores (more cores, or other jobs busy beside it then) is scaled to the free cores now."""
     for rec in sorted(records, key=lambda r: r.version, reverse=True):
         b = (rec.details or {}).get("backfill")
         if not isinstance(b, dict):
@@ -194,9 +214,11 @@ def measured_rate(records: Iterable[Any], cores: int | None) -> tuple[float, flo
         rate = float(amount) / batch
         then = b.get("cores")
         where = f"measured on v{rec.version}'s backfill: {int(amount):,} records in {batch:.1f} s"
-        if cores and then and int(then) != cores:
-            rate *= cores / int(then)
-            where += f", scaled from {then} to {cores} cores"
+        if cores and then:
+            free_then, free_now = free_cores(int(then), b.get("busy_cores")), free_cores(cores, busy)
+            if abs(free_then - free_now) > 0.05:
+                rate *= free_now / free_then
+                where += f", scaled from {round(free_then, 1):g} to {round(free_now, 1):g} free cores"
         startup = max(0.0, float(b.get("seconds") or batch) - batch)
         return rate, startup, where, rec.version
     return None
@@ -208,6 +230,43 @@ def _measured_amount(records: Iterable[Any], version: int | None) -> int | None:
             b = (rec.details or {}).get("backfill") or {}
             return b.get("offsets") or b.get("records")
     return None
+
+
+def running_cores(records: Iterable[Any], seconds: float | None = None) -> tuple[float | None, str | None]:
+    """(cores used now by the jobs of the running versions among `records`, on this host, sampled over
+    `seconds` (`BUSY_SAMPLE_SECONDS`); which versions): None when none runs here."""
+    import psutil
+
+    seconds = BUSY_SAMPLE_SECONDS if seconds is None else seconds
+
+    from orchestrator.core.states import RUNNING
+
+    procs, names = [], []
+    for rec in records:
+        if rec.pid and rec.state in RUNNING:
+            try:
+                root = psutil.Process(rec.pid)
+                procs += [root, *root.children(recursive=True)]
+                names.append(f"v{rec.version}")
+            except psutil.Error:
+                continue
+    if not procs:
+        return None, None
+
+    def cpu() -> float:
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total
+
+    c0, w0 = cpu(), time.monotonic()
+    time.sleep(seconds)
+    used = max(0.0, (cpu() - c0) / max(1e-6, time.monotonic() - w0))
+    return round(used, 2), f"{used:.1f} busy with the job{'s' if len(names) > 1 else ''} of {', '.join(names)}"
 
 
 # -- the log's size --------------------------------------------------------------------------------
@@ -318,11 +377,13 @@ def sampled_bytes(k: Kappa, logs: dict[tuple[str, int], tuple[int, int]], per_pa
 # -- the estimate --------------------------------------------------------------------------------------
 
 def estimate_backfill(k: Kappa, spec: PipelineSpec, *, bytes_mode: BytesMode = "log-dirs",
-                      timeout: float | None = None, history: Iterable[Any] | None = None) -> BackfillEstimate:
+                      timeout: float | None = None, history: Iterable[Any] | None = None,
+                      busy: bool = False) -> BackfillEstimate:
     """The estimate of a backfill of `spec` from offset zero now (see the module). `history`: the
     pipeline's version records, if read already (else read here); `timeout`: seconds for each answer of the
     broker (`ESTIMATE_TIMEOUT`). Never raises for a broker or registry it cannot read: the estimate is then
-    unknown, with the reason."""
+    unknown, with the reason. `busy`: sample the CPU the pipeline's running jobs use on this host now
+    (`busy_cores`, over `BUSY_SAMPLE_SECONDS`), which the new backfill will not get."""
     now = time.time()
     timeout = ESTIMATE_TIMEOUT if timeout is None else timeout
     cores, cores_source = cores_of(k.settings)
@@ -343,7 +404,8 @@ def estimate_backfill(k: Kappa, spec: PipelineSpec, *, bytes_mode: BytesMode = "
         recs = list(history) if history is not None else k.registry.list_versions(spec.name)
     except KappaError as e:
         recs, note = [], ((note + "; ") if note else "") + f"no history read ({e})"
-    measured = measured_rate(recs, cores)
+    busy_now, busy_source = (running_cores(recs) if busy and cores else (None, None))
+    measured = measured_rate(recs, cores, busy_now)
     if measured is not None:
         rate, startup, where, from_version = measured
         then = _measured_amount(recs, from_version)
@@ -353,11 +415,11 @@ def estimate_backfill(k: Kappa, spec: PipelineSpec, *, bytes_mode: BytesMode = "
             where += f"; extrapolated from a log {records / then:.1f}x this size" if records < then else \
                 f"; extrapolated to a log {records / then:.1f}x that size"
     else:
-        (rate, startup, where), from_version = default_rate(spec, cores), None
+        (rate, startup, where), from_version = default_rate(spec, cores, busy_now), None
     return BackfillEstimate(
         pipeline=spec.name, at=now, known=True, topics=topics, records=records,
         bytes=None if sizes is None else sum(sizes.values()), bytes_source=bytes_source, bytes_note=note,
-        cores=cores, cores_source=cores_source, rate=rate, startup_seconds=startup, rate_source=where,
+        cores=cores, cores_source=cores_source, busy_cores=busy_now, busy_source=busy_source, rate=rate, startup_seconds=startup, rate_source=where,
         from_version=from_version, seconds=startup + records / rate)
 
 
@@ -393,7 +455,8 @@ def backfill_actual(measure: dict[str, Any], *, started_at: float | None, cores:
     return {"batch_id": measure.get("batch_id"), "records": measure.get("records"), "offsets": measure.get("offsets"),
             "bytes": (estimate or {}).get("bytes"), "batch_seconds": round(batch, 3),
             "seconds": None if total is None else round(max(total, batch), 3), "committed_at": committed,
-            "end_offsets": measure.get("end_offsets"), "cores": cores}
+            "end_offsets": measure.get("end_offsets"), "cores": cores,
+            "busy_cores": (estimate or {}).get("busy_cores")}
 
 
 def record_backfill(v: VersionRef, measure: dict[str, Any] | None, started_at: float | None) -> bool:

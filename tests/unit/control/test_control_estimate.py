@@ -55,7 +55,7 @@ def test_the_rate_comes_from_the_newest_measured_version_scaled_to_the_cores(k, 
     four = type(k)(k.settings.model_copy(update={"spark_master": "local[4]"}), registry=k.registry,
                    pipelines=k.pipelines)
     scaled = estimate_backfill(four, spec)
-    assert scaled.rate == 100.0 and scaled.rate_source.endswith("scaled from 2 to 4 cores")
+    assert scaled.rate == 100.0 and scaled.rate_source.endswith("scaled from 2 to 4 free cores")
 
 
 def test_a_broker_that_cannot_answer_makes_it_unknown_with_the_reason(k, spec, fake_log):
@@ -117,7 +117,7 @@ def test_readiness_keeps_the_measured_backfill_once(k, spec, fake_log):
     kept = k.registry.get_version(PIPELINE, n).details["backfill"]
     assert kept == {"batch_id": 0, "records": 140, "offsets": 150, "bytes": 30_000, "batch_seconds": 3.0,
                     "seconds": pytest.approx(5.0, abs=0.01), "committed_at": started + 5.0,
-                    "end_offsets": {TOPIC: {"0": 100, "1": 50}}, "cores": 2}
+                    "end_offsets": {TOPIC: {"0": 100, "1": 50}}, "cores": 2, "busy_cores": None}
 
     fake_running(k, n, backfill={**measure, "seconds": 99.0})    # a later run of the job: the first one stands
     readiness(k.version(PIPELINE, n), record=True)
@@ -196,3 +196,31 @@ def test_the_form_says_unknown_at_once_for_every_pipeline_once_the_broker_did_no
     labels = form_estimates(settings, {PIPELINE: spec})
     assert labels[PIPELINE] == (f"{PIPELINE}: backfill ~8 s (150 records at most, 2 cores; default rate, no earlier "
                                 f"version measured)")
+
+
+def test_a_rate_is_scaled_to_the_cores_left_free_by_the_running_jobs(k, spec, fake_log, monkeypatch):
+    """The serving version's live micro-batches take their cores first: v2 measured alone on 2 free cores
+    (50 records/s), a deploy beside a job busy with 1 core gets half that; a rate measured beside a busy job
+    is scaled up to a machine with nothing else running."""
+    from orchestrator.observe import estimate as estimate_mod
+
+    allocate(k, backfill=MEASURED)                                            # v1: measured, nothing busy
+    monkeypatch.setattr(estimate_mod, "running_cores", lambda recs: (1.0, "1.0 busy with the job of v1"))
+    est = estimate_backfill(k, spec, busy=True)
+    assert (est.busy_cores, est.rate) == (1.0, 25.0)
+    assert est.rate_source.endswith("scaled from 2 to 1 free cores")
+    assert "2 cores (1.0 free: 1.0 busy with the job of v1)" in est.summary()
+    assert estimate_backfill(k, spec).busy_cores is None                     # not sampled unless asked
+
+    allocate(k, backfill={**MEASURED, "busy_cores": 1.5})                     # v2: measured beside a busy job
+    monkeypatch.setattr(estimate_mod, "running_cores", lambda recs: (None, None))
+    assert estimate_backfill(k, spec, busy=True).rate == pytest.approx(50.0 * 2 / 0.5)   # 0.5 free then, 2 now
+
+
+def test_the_actual_keeps_the_busy_cores_its_estimate_saw():
+    from orchestrator.observe.estimate import backfill_actual
+
+    actual = backfill_actual({"batch_id": 0, "records": 10, "offsets": 10, "seconds": 2.0, "committed_at": 12.0},
+                             started_at=7.0, cores=2, estimate={"bytes": 2_000, "busy_cores": 0.9})
+    assert (actual["busy_cores"], actual["cores"], actual["seconds"], actual["batch_seconds"]) == (0.9, 2, 5.0, 2.0)
+
