@@ -194,8 +194,10 @@ def default_rate(spec: PipelineSpec, cores: int | None, busy: float | None = Non
 
 
 def free_cores(cores: int, busy: float | None) -> float:
-    """The cores a new backfill gets: `cores` less what running jobs use (`busy`), at least `MIN_FREE_CORES`."""
-    return max(MIN_FREE_CORES, cores - (busy or 0.0))
+    """The cores a new backfill gets beside running jobs that used `busy` cores when sampled: the kernel splits
+    the cores evenly between processes that want them all (a backfill starts at full share), so a running job
+    keeps what it used up to half of them, and the backfill has the rest (at least `MIN_FREE_CORES`)."""
+    return max(MIN_FREE_CORES, cores - min(busy or 0.0, cores / 2))
 
 
 def measured_rate(records: Iterable[Any], cores: int | None, busy: float | None = None

@@ -214,7 +214,8 @@ def test_a_rate_is_scaled_to_the_cores_left_free_by_the_running_jobs(k, spec, fa
 
     allocate(k, backfill={**MEASURED, "busy_cores": 1.5})                     # v2: measured beside a busy job
     monkeypatch.setattr(estimate_mod, "running_cores", lambda recs: (None, None))
-    assert estimate_backfill(k, spec, busy=True).rate == pytest.approx(50.0 * 2 / 0.5)   # 0.5 free then, 2 now
+    # a job busy with 1.5 of 2 cores still leaves the backfill half of them (equal shares): 1 free then, 2 now
+    assert estimate_backfill(k, spec, busy=True).rate == pytest.approx(50.0 * 2 / 1.0)
 
 
 def test_the_actual_keeps_the_busy_cores_its_estimate_saw():
