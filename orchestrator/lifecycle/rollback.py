@@ -32,6 +32,11 @@ committed since the restart, its lag within the limits over spaced samples, not 
 has not caught up by the deadline is not flipped to: the rollback says so (the lag, the rule) and
 the current version keeps serving; with `force` (and a reason) the flip happens at the deadline
 anyway, audited as forced with the readiness it overrode.
+
+A running standby (nothing restarted) whose lag cannot be read because the broker is unreachable is
+not waited for until the deadline: the rollback refuses at its first sample, in one line that says so
+and that --force flips anyway; with `force` it flips at once, audited as forced. Its job is left
+running either way (issue 33).
 """
 
 from __future__ import annotations
