@@ -411,3 +411,50 @@ def test_broker_down_through_a_promote(control_bed, fault_row):
     fault_row(scenario=SCENARIO, phase=verb, fault=f"broker down (lag reads fail) through `kappa {verb}`; fake log",
               kappa=did, healed_s=time.monotonic() - t0, exact=exact, consistent=consistent)
     assert not problems, problems
+
+
+def test_broker_down_through_a_rollback_to_a_running_standby(control_bed, fault_row):
+    """v1 a running standby of v2; the broker down. `kappa rollback` is refused at once in one line (the lag
+    unknown because the broker is unreachable, --force flips anyway), moving nothing and leaving v1's job
+    alone; `--force` with a reason flips at once, audited as forced. Once the broker is back the served
+    table, the alias, the pointer and the states are v1's, and v1's job was never stopped."""
+    from orchestrator.jobctl import inspect_version as inspect
+    from tests.faults.fault_helpers import flips, one_line_error, oracle, serving_v1_then_v2_ready
+    from tests.unit.control.control_helpers import ALIAS, PIPELINE as CONTROL
+
+    bed = control_bed
+    serving_v1_then_v2_ready(bed, v2_serves=True)
+    standby = inspect(bed.k.version(CONTROL, 1))
+    assert standby.alive and str(bed.k.registry.get_version(CONTROL, 1).state) == "standby"
+    before = len(flips(bed))
+    bed.fake_log.down = True
+    t0 = time.monotonic()
+    first = bed.run("rollback", CONTROL, "--actor", "fault-test", "--reason", "v2 is bad, the broker is down")
+    assert first.exit_code != 0, f"a rollback with the broker down flipped without --force: {first.output}"
+    line = one_line_error(first, "refused (v2 still serves)", "unknown because the Kafka broker is unreachable",
+                          "--force")
+    print(f"\nrollback, broker down: {line}")
+    alias = bed.k.registry.get_alias(ALIAS)
+    assert (alias.version, alias.published_version, len(flips(bed))) == (2, 2, before)
+    forced = bed.run("rollback", CONTROL, "--force", "--actor", "fault-test", "--reason",
+                     "v2 is bad: roll back now, broker or not")
+    assert forced.exit_code == 0, forced.output
+    flip = bed.k.registry.audit_log(CONTROL, action="rollback")[-1]
+    assert (flip.outcome, flip.details["forced"], flip.details["readiness"]["lag"]) == ("ok", ["ready"], None)
+    bed.fake_log.down = False
+    rec = bed.run("reconcile", "--actor", "fault-test")
+    assert rec.exit_code == 0, rec.output
+    exact, consistent, problems = oracle(bed, 1)
+    moved = flips(bed)[before:]
+    if [(e.details or {}).get("to_version") for e in moved] != [1]:
+        consistent = False
+        problems.append(f"the alias moved {len(moved)} times: {[(e.details or {}) for e in moved]}")
+    if bed.k.registry.audit_log(CONTROL, action="stop", version=1) or inspect(bed.k.version(CONTROL, 1)).pid != standby.pid:
+        consistent = False
+        problems.append("the rollback stopped or replaced the standby's job")
+    fault_row(scenario=SCENARIO, phase="rollback",
+              fault="broker down (lag reads fail) through `kappa rollback` to a running standby; fake log",
+              kappa="refused at once in one line (lag unknown: broker unreachable; --force flips anyway), alias "
+                    "unchanged; `--force` flipped at once, audited as forced; the standby's job untouched",
+              healed_s=time.monotonic() - t0, exact=exact, consistent=consistent)
+    assert not problems, problems
