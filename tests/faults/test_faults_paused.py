@@ -162,11 +162,13 @@ def test_a_paused_promoted_job_past_its_heartbeat_bound_is_decided_on_once_by_th
     try:
         live.produce(600, 200, first_new=True)
         n1 = deploy(k, k.pipeline(PIPELINE), "v1", actor="setup", reason="serves first").version
-        n2 = deploy(k, k.pipeline(PIPELINE), "v1", actor="setup", reason="promoted, then paused").version
-        v1, v2 = k.version(PIPELINE, n1), k.version(PIPELINE, n2)
-        for v in (v1, v2):
-            assert wait_ready(v, deadline_seconds=DEADLINE, poll_seconds=1).ready
+        v1 = k.version(PIPELINE, n1)
+        assert wait_ready(v1, deadline_seconds=DEADLINE, poll_seconds=1).ready
         promote(v1, actor="setup", reason="v1 serves")
+        n2 = deploy(k, k.pipeline(PIPELINE), "v1", actor="setup", reason="promoted, then paused").version
+        assert n2 != n1
+        v2 = k.version(PIPELINE, n2)
+        assert wait_ready(v2, deadline_seconds=DEADLINE, poll_seconds=1).ready
         promote(v2.reread(), actor="setup", reason="v2 serves, watched; v1 its standby")
         assert (watch_of(reg.get_version(PIPELINE, n2)) or {}).get("state") == "watching"
         standby_pid = inspect_version(v1).pid
