@@ -40,7 +40,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
 from orchestrator.dev.broker import EmbeddedBroker
 from orchestrator.jobctl import inspect_version, stop_version
-from orchestrator.lifecycle.await_ready import wait_ready
+from orchestrator.lifecycle.await_ready import readiness, wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.monitor import monitor
 from orchestrator.lifecycle.promote import promote
@@ -53,8 +53,8 @@ from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
-INITIAL = 600
-KEYS = 200
+INITIAL = 1500
+KEYS = 400
 #: The jobs' brokerOutageSeconds: a cut longer than this kills them.
 OUTAGE = 10
 PROXY = "kafka"
@@ -227,6 +227,9 @@ def test_a_slow_link_delays_but_a_backfill_and_live_updates_go_through_exactly(n
     live_s = time.monotonic() - t0
     served_exactly(net, f"v{new_v}'s table over the slow link", version=new_v)
     backfill_s = time.monotonic() - t0
+    # what a supervision pass records: its job runs micro-batches (starting -> backfilling), no catch-up wait
+    wait_until(lambda: readiness(net.v(new_v), actor="supervisor"), f"v{new_v} to be recorded backfilling",
+               DEADLINE, poll=1.0, done=lambda r: r.registry_state in ("backfilling", "caught_up"))
     assert toxi.toxics(PROXY), "the latency toxic was gone before the end of the scenario"
     toxi.remove(PROXY, "slow")
     wrong = consistent(net, [live_v, new_v])
