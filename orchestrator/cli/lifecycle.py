@@ -150,7 +150,7 @@ def rollback_cmd(
     pipeline: Annotated[str, typer.Argument(help="pipeline name")],
     to: Annotated[Optional[int], typer.Option("--to", min=1, help="version to serve (default: the previous serving one)")] = None,
     deadline: Annotated[Optional[float], typer.Option("--deadline", min=1, help="seconds to wait for a restarted version to catch up (default: the kappa_rollback DAG's)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="flip at the deadline even if the version has not caught up (needs --reason; audited)")] = False,
+    force: Annotated[bool, typer.Option("--force", help="flip at the deadline even if the version has not caught up; at once to a running standby whose lag is unknown because the broker is unreachable (needs --reason; audited)")] = False,
     actor: Actor = None,
     reason: Reason = None,
     as_json: AsJson = False,
@@ -159,7 +159,8 @@ def rollback_cmd(
 
     First says what it costs: an instant flip to a running standby, or a restart from the checkpoint
     (records to catch up, the last such restart's duration), then draws the catch-up until the flip.
-    A version not caught up by the deadline is not flipped to (unless --force)."""
+    A version not caught up by the deadline is not flipped to (unless --force). A running standby whose
+    lag cannot be read (the broker unreachable) is refused at once, in one line (--force flips at once)."""
     from orchestrator.lifecycle.await_ready import POLL_SECONDS
     from orchestrator.lifecycle.rollback import finish_rollback, prepare_rollback
     from orchestrator.observe.progress import LagProgress

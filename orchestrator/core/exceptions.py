@@ -25,6 +25,11 @@ class BrokerError(KappaError):
     """The Kafka-protocol broker cannot be started, reached or used as asked."""
 
 
+class BrokerUnreachable(BrokerError):
+    """A call to the broker failed or timed out (down, or the network to it cut): not a refusal of
+    kappa's credentials, not a missing topic. A lag it leaves unknown says nothing about the version."""
+
+
 class SourceError(KappaError):
     """The Kafka source cannot read what it was asked to read."""
 

@@ -107,6 +107,7 @@ class Readiness(BaseModel):
     growing: bool = False                    # the lag grew across the counted samples
     floored: bool = False                    # total_lag is a floor: the first batch is not committed yet
     unread: int | None = None                # with floored: what the read progress says is left
+    lag_unreachable: bool = False            # the lag is unknown because the broker could not be reached
 
     def limits(self) -> str:
         return catchup_limits(self.threshold, self.catchup_seconds)
@@ -258,7 +259,8 @@ def readiness(v: VersionRef, record: bool = True, *, threshold: int | None = Non
                   required_samples=needed, threshold=threshold, job_health=job.health, reason=why, at=reading.at,
                   registry_state=rec.state, lag_error=reading.error, lag_source=reading.source, samples=basis,
                   job=job.model_dump(mode="json"), lag_seconds=reading.lag_seconds, catchup_seconds=max_seconds,
-                  batches=batches, growing=grows, floored=reading.floored, unread=reading.unread)
+                  batches=batches, growing=grows, floored=reading.floored, unread=reading.unread,
+                  lag_unreachable=reading.unreachable and reading.total is None)
     if record:
         record_backfill(v, job.backfill, job.started_at)   # once: the first sample after the backfill batch
         _advance_state(v, r, job, actor)

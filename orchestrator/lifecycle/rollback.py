@@ -32,6 +32,11 @@ committed since the restart, its lag within the limits over spaced samples, not 
 has not caught up by the deadline is not flipped to: the rollback says so (the lag, the rule) and
 the current version keeps serving; with `force` (and a reason) the flip happens at the deadline
 anyway, audited as forced with the readiness it overrode.
+
+A running standby (nothing restarted) whose lag cannot be read because the broker is unreachable is
+not waited for until the deadline: the rollback refuses at its first sample, in one line that says so
+and that --force flips anyway; with `force` it flips at once, audited as forced. Its job is left
+running either way (issue 33).
 """
 
 from __future__ import annotations
@@ -324,6 +329,14 @@ def _stop_restarted(tv: VersionRef, plan: RollbackPlan, *, actor: str, why: str)
                          outcome="failed", details={"error": f"could not stop the restarted target: {e}"})
 
 
+class _LagUnreachable(Exception):
+    """Ends the wait for a running standby at the first sample whose lag the broker's absence left unknown."""
+
+    def __init__(self, readiness: Readiness):
+        super().__init__(readiness.lag_error)
+        self.readiness = readiness
+
+
 def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | None = None,
                     deadline_seconds: float = ROLLBACK_DEADLINE_SECONDS, poll_seconds: float = POLL_SECONDS,
                     on_sample: Callable[[Readiness], None] | None = None, force: bool = False) -> RollbackResult:
@@ -353,10 +366,27 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
         seen[:] = [r]
         if on_sample is not None:
             on_sample(r)
-    forced = False
+        if not plan.restarted and r.lag_unreachable and r.state not in ENDED:
+            raise _LagUnreachable(r)
+    forced = unreachable = False
     try:
         r = wait_ready(tv, deadline_seconds=deadline_seconds, poll_seconds=poll_seconds,
                        on_sample=sampled, actor=actor)
+    except _LagUnreachable as u:
+        # A running standby whose lag cannot be read: waiting for the broker until the deadline would hang
+        # the rollback (the alias unchanged meanwhile), and the job is left alone either way.
+        r, unreachable = u.readiness, True
+        if not force:
+            why = " ".join((r.lag_error or "no answer").split())
+            error = (f"rollback of alias {alias!r} to {pipeline} v{target} refused (v{current} still serves): the lag "
+                     f"of v{target} is unknown because the Kafka broker is unreachable ({why}); unknown lag never "
+                     f"counts as caught up; retry once the broker is back, or flip now with --force and a reason "
+                     f"(audited).")
+            k.registry.audit("rollback", actor=actor, pipeline=pipeline, version=target, reason=reason,
+                             outcome="failed", details={"from_version": current, "error": error,
+                                                        "restarted": False, "readiness": r.decision()})
+            raise NotReadyError(error) from None
+        forced = True
     except NotReadyError as e:
         last = seen[0] if seen else None
         if force and last is not None and last.state not in ENDED:
@@ -389,7 +419,10 @@ def finish_rollback(k: Kappa, plan: RollbackPlan, *, actor: str, reason: str | N
     except KappaError:
         _stop_restarted(tv, plan, actor=actor, why="the flip was refused")
         raise
-    if forced:
+    if unreachable:
+        msg = (f"rolled back alias {alias!r} from v{current} to v{target} although the lag of v{target} is unknown "
+               f"(the Kafka broker is unreachable; --force): {r.summary()}")
+    elif forced:
         msg = (f"rolled back alias {alias!r} from v{current} to v{target} at the deadline although v{target} had not "
                f"caught up (--force): {r.summary()}")
     else:

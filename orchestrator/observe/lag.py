@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core import uris
-from orchestrator.core.exceptions import BrokerError, KappaError
+from orchestrator.core.exceptions import BrokerError, BrokerUnreachable, KappaError
 from orchestrator.core.times import to_seconds
 from orchestrator.observe.lagtime import oldest_unread_age
 
@@ -108,6 +108,7 @@ class LagReading(BaseModel):
     lag_seconds: float | None = None  # age of the oldest unprocessed record; None: unknown
     pending_commit: bool = False     # read progress of an uncommitted backfill: never caught up
     unread: int | None = None        # with pending_commit: the records not read yet (`total` is floored)
+    unreachable: bool = False        # unknown because the broker could not be reached (`BrokerUnreachable`)
 
     @property
     def floored(self) -> bool:
@@ -135,7 +136,7 @@ def kafka_error(what: str, k, e: Exception) -> BrokerError:
             f"(sasl.mechanism={conf.get('sasl.mechanism', '?')}, sasl.username={str(conf.get('sasl.username', '?'))!r}): "
             f"fix sasl.username / sasl.password in the Kafka settings ([kafka_config] in kappa.toml, "
             f"KAPPA_KAFKA_CONFIG, or the Airflow Connection kafka_default)")
-    return BrokerError(
+    return BrokerUnreachable(
         f"cannot read {what} from the Kafka broker at {k.settings.bootstrap_servers} ({e}); "
         f"check that the broker is up and that bootstrap_servers / kafka_config are right"
     )
@@ -329,7 +330,8 @@ def measure_lag(v: VersionRef, *, timeout: float = KAFKA_TIMEOUT) -> LagReading:
     try:
         logs = log_offsets(k, spec.topics, timeout)
     except KappaError as e:
-        return LagReading(pipeline=pipeline, version=version, at=now, total=None, partitions={}, error=str(e))
+        return LagReading(pipeline=pipeline, version=version, at=now, total=None, partitions={}, error=str(e),
+                          unreachable=isinstance(e, BrokerUnreachable))
     reading = lag_from_offsets(pipeline, version, logs, ckpt, group, at=now, batch_id=batch_id, reading=progress)
     if reading.total is None:
         return reading

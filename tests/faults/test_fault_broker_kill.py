@@ -349,9 +349,67 @@ def test_broker_killed_with_a_producer_transaction_open(stack, broker, fault_row
     assert not problems, problems
 
 
+def test_broker_killed_then_a_rollback_to_the_running_standby(stack, broker, fault_row):
+    """The real stack: v_a serves (the phases above), v_b is deployed and promoted over it, so v_a is a
+    running standby; the broker is SIGKILLed. A rollback to v_a is refused after its first lag sample,
+    in one line (lag unknown: broker unreachable; --force flips anyway), moving nothing; with --force it
+    flips at once, audited as forced. Neither stops v_a's job (its jobs wait for the broker
+    `brokerOutageSeconds`, 120 s by default, longer than both rollbacks). Once the broker is back: the
+    served table (v_a's, through the alias) equals the oracle, the registry is consistent, v_a's job is
+    the one that ran before, never stopped."""
+    from orchestrator.core.exceptions import NotReadyError
+    from orchestrator.lifecycle.rollback import rollback
+
+    live, k = stack, stack.k
+    va = k.registry.get_alias(live.alias).version
+    vb = deploy(k, k.pipeline(PIPELINE), "v1", actor="fault-test", reason="serves over v_a, then rolled back").version
+    assert wait_ready(k.version(PIPELINE, vb), deadline_seconds=DEADLINE, poll_seconds=1).ready
+    promote(k.version(PIPELINE, vb), actor="fault-test", reason="v_a becomes the running standby")
+    standby = inspect_version(k.version(PIPELINE, va))
+    assert standby.health == "running" and str(k.registry.get_version(PIPELINE, va).state) == "standby"
+    watch = Watch(live, va)
+    t_wall = time.time()
+    pid = broker.pid
+    t0 = kill_broker(broker)
+    samples: list = []
+    with pytest.raises(NotReadyError) as refused:
+        rollback(k, k.pipeline(PIPELINE), actor="fault-test", reason="v_b is bad; the broker is down",
+                 on_sample=samples.append)
+    msg = str(refused.value)
+    print(f"\nrollback, broker killed: {msg}")
+    assert len(samples) == 1, f"the rollback polled an unknown lag {len(samples)} times"
+    assert "\n" not in msg and "unknown because the Kafka broker is unreachable" in msg and "--force" in msg, msg
+    assert k.registry.get_alias(live.alias).version == vb
+    samples.clear()
+    res = rollback(k, k.pipeline(PIPELINE), actor="fault-test", reason="roll back now, broker or not", force=True,
+                   on_sample=samples.append)
+    print(f"\nforced rollback, broker killed: {res.message}")
+    assert (res.flipped, res.forced, len(samples)) == (True, True, 1), res
+    flip = k.registry.audit_log(PIPELINE, action="rollback")[-1]
+    assert (flip.outcome, flip.details["forced"], flip.details["readiness"]["lag"]) == ("ok", ["ready"], None)
+    assert broker.proc is None, "the broker came back before both rollbacks were done"
+    restart_broker(broker, pid)
+    live.produce(LIVE, KEYS)
+    watch.exact("the served table (v_a) after the forced rollback and the broker's restart")
+    healed = time.monotonic() - t0
+    problems = watch.problems(serving=True)
+    stops = [e for e in k.registry.audit_log(PIPELINE, limit=None, version=va, action="stop") if e.at >= t_wall]
+    if stops or (not watch.restarts and inspect_version(k.version(PIPELINE, va)).pid != standby.pid):
+        problems.append(f"the standby v{va}'s job was stopped or replaced: {stops}")
+    fault_row(scenario=SCENARIO, phase="rollback",
+              fault="broker SIGKILLed with v_b serving, v_a its running standby; `rollback`, then `rollback --force`",
+              kappa=watch.did("refused at once in one line (lag unknown: broker unreachable; --force flips anyway); "
+                              "--force flipped at once, audited as forced; the standby's job never stopped"),
+              healed_s=healed, exact=True, consistent=not problems)
+    assert not problems, problems
+
+
+# The real-stack tests come before the fake-log ones below: their fixture's teardown ends this process's
+# child processes (`end_children`), the real jobs of the module's stack included.
+
 # -- promote: the control plane's only use of the broker there is the lag it reads ---------------------
 # It runs on the fault suite's fake log with fake jobs (like scenarios 3 and 4's promote): a broker
-# killed with SIGKILL is, to a promote, lag reads that fail (the fake log's `down`: BrokerError from the
+# killed with SIGKILL is, to a promote, lag reads that fail (the fake log's `down`: BrokerUnreachable from the
 # log end offsets, as `orchestrator.observe.lag.log_offsets` raises against a dead broker).
 
 @pytest.fixture
@@ -411,3 +469,51 @@ def test_broker_down_through_a_promote(control_bed, fault_row):
     fault_row(scenario=SCENARIO, phase=verb, fault=f"broker down (lag reads fail) through `kappa {verb}`; fake log",
               kappa=did, healed_s=time.monotonic() - t0, exact=exact, consistent=consistent)
     assert not problems, problems
+
+
+def test_broker_down_through_a_rollback_to_a_running_standby(control_bed, fault_row):
+    """v1 a running standby of v2; the broker down. `kappa rollback` is refused at once in one line (the lag
+    unknown because the broker is unreachable, --force flips anyway), moving nothing and leaving v1's job
+    alone; `--force` with a reason flips at once, audited as forced. Once the broker is back the served
+    table, the alias, the pointer and the states are v1's, and v1's job was never stopped."""
+    from orchestrator.jobctl import inspect_version as inspect
+    from tests.faults.fault_helpers import flips, one_line_error, oracle, serving_v1_then_v2_ready
+    from tests.unit.control.control_helpers import ALIAS, PIPELINE as CONTROL
+
+    bed = control_bed
+    serving_v1_then_v2_ready(bed, v2_serves=True)
+    standby = inspect(bed.k.version(CONTROL, 1))
+    assert standby.alive and str(bed.k.registry.get_version(CONTROL, 1).state) == "standby"
+    before = len(flips(bed))
+    bed.fake_log.down = True
+    t0 = time.monotonic()
+    first = bed.run("rollback", CONTROL, "--actor", "fault-test", "--reason", "v2 is bad, the broker is down")
+    assert first.exit_code != 0, f"a rollback with the broker down flipped without --force: {first.output}"
+    line = one_line_error(first, "refused (v2 still serves)", "unknown because the Kafka broker is unreachable",
+                          "--force")
+    print(f"\nrollback, broker down: {line}")
+    alias = bed.k.registry.get_alias(ALIAS)
+    assert (alias.version, alias.published_version, len(flips(bed))) == (2, 2, before)
+    forced = bed.run("rollback", CONTROL, "--force", "--actor", "fault-test", "--reason",
+                     "v2 is bad: roll back now, broker or not")
+    assert forced.exit_code == 0, forced.output
+    flip = bed.k.registry.audit_log(CONTROL, action="rollback")[-1]
+    assert (flip.outcome, flip.details["forced"], flip.details["readiness"]["lag"]) == ("ok", ["ready"], None)
+    bed.fake_log.down = False
+    rec = bed.run("reconcile", "--actor", "fault-test")
+    assert rec.exit_code == 0, rec.output
+    exact, consistent, problems = oracle(bed, 1)
+    moved = flips(bed)[before:]
+    if [(e.details or {}).get("to_version") for e in moved] != [1]:
+        consistent = False
+        problems.append(f"the alias moved {len(moved)} times: {[(e.details or {}) for e in moved]}")
+    if bed.k.registry.audit_log(CONTROL, action="stop", version=1) or inspect(bed.k.version(CONTROL, 1)).pid != standby.pid:
+        consistent = False
+        problems.append("the rollback stopped or replaced the standby's job")
+    fault_row(scenario=SCENARIO, phase="rollback",
+              fault="broker down (lag reads fail) through `kappa rollback` to a running standby; fake log",
+              kappa="refused at once in one line (lag unknown: broker unreachable; --force flips anyway), alias "
+                    "unchanged; `--force` flipped at once, audited as forced; the standby's job untouched",
+              healed_s=time.monotonic() - t0, exact=exact, consistent=consistent)
+    assert not problems, problems
+

@@ -18,7 +18,7 @@ from orchestrator.jobctl import launch
 from orchestrator.jobctl.health import CHILDREN
 from orchestrator.core.settings import Settings
 from orchestrator.context import Kappa
-from orchestrator.core.exceptions import BrokerError
+from orchestrator.core.exceptions import BrokerUnreachable
 from orchestrator.core.pipelines import PipelineSpec
 from orchestrator.registry import Registry
 from tests.waiting import wait_until
@@ -88,7 +88,7 @@ class FakeLog:
     def install(self, monkeypatch) -> "FakeLog":
         def log_offsets(k, topics, timeout=10.0):
             if self.down:
-                raise BrokerError("cannot read log end offsets from the Kafka broker at 127.0.0.1:9 "
+                raise BrokerUnreachable("cannot read log end offsets from the Kafka broker at 127.0.0.1:9 "
                                   "(KafkaError{code=_TRANSPORT})")
             return {tp: (self.starts[tp], self.ends[tp]) for tp in self.ends}
 

@@ -166,3 +166,40 @@ def test_a_version_started_since_its_last_stop_is_not_said_to_be_stopped(k, fake
 ])
 def test_the_progress_line(args, kw, line):
     assert restart_progress_line(*args, **kw) == line
+
+
+def test_a_rollback_to_a_running_standby_with_the_broker_unreachable_refuses_at_once_or_flips_when_forced(
+        k, fake_log, pair):
+    """Issue 33: the standby's lag cannot be read (the broker unreachable). The rollback neither waits
+    until its deadline nor touches the standby's job: it refuses after the first sample, in one line that
+    says why and that --force flips anyway; --force flips at once, audited as forced."""
+    v1, v2 = pair
+    job = inspect_version(k.version(PIPELINE, v1)).pid
+    fake_log.down = True
+    samples = []
+    with pytest.raises(NotReadyError) as e:
+        rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad", poll_seconds=0.01, deadline_seconds=5,
+                 on_sample=samples.append)
+    msg = str(e.value)
+    assert len(samples) == 1, f"the rollback kept waiting on an unknown lag: {len(samples)} samples; {msg}"
+    assert "\n" not in msg, msg
+    assert msg.startswith(f"rollback of alias '{ALIAS}' to {PIPELINE} v{v1} refused (v{v2} still serves): the lag "
+                          f"of v{v1} is unknown because the Kafka broker is unreachable (cannot read log end "), msg
+    assert msg.endswith("; retry once the broker is back, or flip now with --force and a reason (audited)."), msg
+    assert k.registry.get_alias(ALIAS).version == v2
+    assert str(k.registry.get_version(PIPELINE, v1).state) == "standby"
+    assert inspect_version(k.version(PIPELINE, v1)).pid == job, "the refused rollback touched the standby's job"
+    failed = k.registry.audit_log(PIPELINE, action="rollback")[-1]
+    assert (failed.outcome, failed.details["readiness"]["lag"]) == ("failed", None)
+
+    samples.clear()
+    res = rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad, broker or not", force=True,
+                   poll_seconds=0.01, deadline_seconds=5, on_sample=samples.append)
+    assert len(samples) == 1 and (res.flipped, res.forced) == (True, True), (samples, res)
+    assert res.message.startswith(f"rolled back alias '{ALIAS}' from v{v2} to v{v1} although the lag of v{v1} is "
+                                  f"unknown (the Kafka broker is unreachable; --force)"), res.message
+    assert (k.registry.get_alias(ALIAS).version, k.registry.get_alias(ALIAS).published_version) == (v1, v1)
+    flip = k.registry.audit_log(PIPELINE, action="rollback")[-1]
+    assert (flip.outcome, flip.details["forced"], flip.details["readiness"]["lag"]) == ("ok", ["ready"], None)
+    assert inspect_version(k.version(PIPELINE, v1)).pid == job
+    assert not k.registry.audit_log(PIPELINE, action="stop", version=v1)
