@@ -40,7 +40,7 @@ from typing import Any, Iterator
 from jobs.lib.runtime.session import session_settings
 from orchestrator.core.exceptions import SinkError
 
-__all__ = ["KEY_ORDERS", "TABLE_ORDER", "key_order_columns", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables",
+__all__ = ["KEY_ORDERS", "TABLE_ORDER", "key_order_columns", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "clear_torn_create",
            "batch_end_offsets", "pause_if_asked", "crash_if_asked"]
 
 log = logging.getLogger("kappa.sink")
@@ -135,6 +135,22 @@ LOCAL_SOURCE_ROWS = 10_000
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 
 
+def clear_torn_create(session: Any, location: str) -> bool:
+    """Delete the `_delta_log` of `location` if it holds no commit (no non-empty commit or checkpoint file):
+    what a table's create cut short leaves (a full disk), which Delta then takes for a table it cannot find.
+    True when it deleted one; a log with any commit is a table's, never touched."""
+    jvm = session._jvm
+    log_dir = jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/_delta_log")
+    fs = log_dir.getFileSystem(session._jsc.hadoopConfiguration())
+    if not fs.exists(log_dir):
+        return False
+    for status in fs.listStatus(log_dir):
+        name = status.getPath().getName()
+        if not name.startswith(".") and name.endswith((".json", ".parquet")) and status.getLen() > 0:
+            return False
+    return bool(fs.delete(log_dir, True))
+
+
 class DeltaTables:
     """The output and rejects tables of one pipeline version, written from foreachBatch.
 
@@ -157,6 +173,7 @@ class DeltaTables:
         self.key_order = key_order
         self.metadata = dict(metadata or {})
         self.checkpoint = checkpoint
+        self._rejects_readable = False      # the rejects table was read once by this process
 
     # -- reading the tables' transaction state ---------------------------------------------------
     def _txn_version(self, uri: str) -> int | None:
@@ -201,6 +218,18 @@ class DeltaTables:
 
         return DeltaTable.is_deltatable(uri or self.table_uri)
 
+    @staticmethod
+    def _readable(uri: str) -> bool:
+        """Whether a table at `uri` can be read: not only a log (a create a full disk cut short leaves a
+        commit file with nothing in it, which a look at the log alone takes for a table)."""
+        from deltalake import DeltaTable
+
+        try:
+            DeltaTable(uri)
+        except Exception:  # noqa: BLE001 - no table, or no readable one: the caller creates it
+            return False
+        return True
+
     @contextlib.contextmanager
     def _transaction(self, session: Any, batch_id: int) -> Iterator[None]:
         """Delta's idempotent-write settings and the commit's metadata for one write, in `session`: the
@@ -225,12 +254,28 @@ class DeltaTables:
         if self.rejects_uri is None:
             return
         if count == 0:
-            if not self.exists(self.rejects_uri):
+            if self._rejects_readable:
+                return
+            if not self._readable(self.rejects_uri):
                 # Delta compares the location with the table's identifier in Hadoop's form: given
                 # `file:///x` it would see `file:/x` and refuse the two as different locations
                 session = rejects.sparkSession
                 location = session._jvm.org.apache.hadoop.fs.Path(self.rejects_uri).toString()
-                DeltaTable.createIfNotExists(session).location(location).addColumns(rejects.schema).execute()
+
+                def create() -> None:
+                    DeltaTable.createIfNotExists(session).location(location).addColumns(rejects.schema).execute()
+
+                try:
+                    create()
+                except Exception:
+                    # a create cut short (a full disk) leaves a log with no readable commit, which Delta
+                    # then takes for a table it cannot find or read: clear that log, never one with a commit
+                    if not clear_torn_create(session, location):
+                        raise
+                    log.warning("rejects table %s: cleared the log a create cut short left, creating it again",
+                                location)
+                    create()
+            self._rejects_readable = True
             return
         done = self._txn_version(self.rejects_uri)
         if done is not None and done >= batch_id:

@@ -21,3 +21,30 @@ def test_an_empty_rejects_table_is_created_at_a_file_uri(spark, tmp_path):
     table = spark.read.format("delta").load(rejects_uri)
     assert table.columns == ["member_id", "reason"]
     assert table.count() == 0
+
+
+def test_a_rejects_table_whose_create_a_full_disk_cut_short_is_created_again(spark, tmp_path):
+    """The disk filled while the first batch created the empty rejects table: its log holds a commit file
+    with nothing in it. The job restarted from its checkpoint must create the table, not fail on a table
+    Delta cannot find (found by the fault suite's disk-full scenario); a log with a commit is never touched."""
+    rejects_uri = f"file://{tmp_path}/warehouse/v1__rejects"
+    torn = tmp_path / "warehouse" / "v1__rejects" / "_delta_log"
+    torn.mkdir(parents=True)
+    (torn / "00000000000000000000.json").write_bytes(b"")
+    tables = DeltaTables(f"file://{tmp_path}/warehouse/v1", rejects_uri, "app", "member_id")
+    empty = spark.createDataFrame([], "member_id string, reason string")
+
+    tables.write_rejects(0, empty, 0)
+
+    assert DeltaTable(rejects_uri).version() == 0
+    assert spark.read.format("delta").load(rejects_uri).count() == 0
+
+
+def test_a_log_with_a_commit_is_never_cleared(spark, tmp_path):
+    from jobs.lib.sink.tables import clear_torn_create
+
+    table = f"file://{tmp_path}/t"
+    spark.createDataFrame([("m1", "x")], "member_id string, reason string").write.format("delta").save(table)
+    assert clear_torn_create(spark, table) is False
+    assert DeltaTable(table).version() == 0
+    assert clear_torn_create(spark, f"file://{tmp_path}/nothing-here") is False
