@@ -4,6 +4,7 @@ qualifies `file:///x` to `file:/x` and refused the two as different locations)."
 
 from __future__ import annotations
 
+import pytest
 from deltalake import DeltaTable
 
 from jobs.lib.sink.tables import DeltaTables
@@ -23,14 +24,21 @@ def test_an_empty_rejects_table_is_created_at_a_file_uri(spark, tmp_path):
     assert table.count() == 0
 
 
-def test_a_rejects_table_whose_create_a_full_disk_cut_short_is_created_again(spark, tmp_path):
-    """The disk filled while the first batch created the empty rejects table: its log holds a commit file
-    with nothing in it. The job restarted from its checkpoint must create the table, not fail on a table
-    Delta cannot find (found by the fault suite's disk-full scenario); a log with a commit is never touched."""
+@pytest.mark.parametrize("left", [
+    {"00000000000000000000.json": b""},                                        # an empty commit file
+    {".00000000000000000000.json.5f1c.tmp": b'{"commitInfo":{"ti',            # Delta's temp file, never renamed
+     "..00000000000000000000.json.5f1c.tmp.crc": b""},
+])
+def test_a_rejects_table_whose_create_a_full_disk_cut_short_is_created_again(spark, tmp_path, left):
+    """The disk filled while the first batch created the empty rejects table (Delta's log store failed to
+    close its temp file, so nothing was renamed into the log). The job restarted from its checkpoint must
+    create the table, not fail on a table Delta cannot find (DELTA_TABLE_NOT_FOUND: found by the fault
+    suite's disk-full scenario); a log with a commit is never touched (below)."""
     rejects_uri = f"file://{tmp_path}/warehouse/v1__rejects"
     torn = tmp_path / "warehouse" / "v1__rejects" / "_delta_log"
     torn.mkdir(parents=True)
-    (torn / "00000000000000000000.json").write_bytes(b"")
+    for name, data in left.items():
+        (torn / name).write_bytes(data)
     tables = DeltaTables(f"file://{tmp_path}/warehouse/v1", rejects_uri, "app", "member_id")
     empty = spark.createDataFrame([], "member_id string, reason string")
 
