@@ -128,8 +128,14 @@ def supervised_until_running(net: Net, versions: list[int], what: str) -> list[d
 
 
 def served_exactly(net: Net, what: str, version: int | None = None) -> None:
-    wait_until(lambda: served_equals_expected(net.live, "v1", version=version),
-               f"{what} to equal the oracle's table", DEADLINE, poll=1.0, done=lambda r: r[0])
+    """Wait for the table to equal the oracle's, with a supervision pass before each look, as `kappa
+    supervise` runs beside the jobs: a job that dies after the fault healed (a connection reset it took a
+    while to give up on) is restarted from its checkpoint, not waited for until the deadline."""
+    def look():
+        monitor(net.k, actor="supervisor", raise_on_problem=False)
+        return served_equals_expected(net.live, "v1", version=version)
+
+    wait_until(look, f"{what} to equal the oracle's table", DEADLINE, poll=1.0, done=lambda r: r[0])
 
 
 def consistent(net: Net, running: list[int]) -> list[str]:
