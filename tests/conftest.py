@@ -123,10 +123,65 @@ def rng(seed) -> random.Random:
 
 _SESSION_SEED = pytest.StashKey[int]()
 _SHARED_SEEDS = pytest.StashKey[dict]()
+#: The fault suite's table rows, in the order their tests reported (tests/faults/fault_table.py).
+_FAULT_ROWS: list[dict] = []
+
+
+def pytest_runtest_logreport(report):
+    """Gathers the fault suite's rows from the reports (here, not in tests/faults, so that the process that
+    writes the summary sees them when the run is split over pytest-xdist workers)."""
+    from tests.faults.fault_table import KEY
+
+    if report.when == "call":
+        rows = [v for k, v in report.user_properties if k == KEY]
+        if rows:
+            _FAULT_ROWS.extend(rows)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.faults.fault_table import write
+
+    if hasattr(terminalreporter.config, "workerinput"):
+        return                                        # a pytest-xdist worker: the controller writes it
+    write(terminalreporter, _FAULT_ROWS, ARTIFACTS)
 
 
 def pytest_configure(config):
     config.stash[_SESSION_SEED] = random.SystemRandom().randrange(2**31)
+
+
+#: The suite's units of work (`unit_of`) that take longest on this machine, started first: the README's
+#: test command runs the suite on two pytest-xdist workers (`--dist loadgroup`, in collection order), and a
+#: long unit started last would leave one worker idle at the end.
+LONG_FIRST = (
+    "tests/integration/cli/test_cli_up.py",
+    "tests/integration/airflow",
+    "tests/integration/control/test_control_live.py",
+    "tests/faults/test_faults_network.py",
+    "tests/integration/control/test_control_supervision.py",
+    "tests/faults/test_fault_broker_kill.py",
+)
+#: Folders whose tests share a session-scoped service that is expensive to start (the real Airflow stack):
+#: one unit of work, so that one worker starts it once.
+ONE_UNIT = ("tests/integration/airflow",)
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def unit_of(item) -> str:
+    """The unit of work a test belongs to: its file (its module-scoped fixtures are built once), or the
+    folder of `ONE_UNIT` it is in."""
+    rel = Path(item.path).resolve().relative_to(_ROOT).as_posix()
+    return next((u for u in ONE_UNIT if rel.startswith(u + "/")), rel)
+
+
+@pytest.hookimpl(tryfirst=True)             # before pytest-xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Marks each test with its unit of work (`xdist_group`, which `--dist loadgroup` keeps on one worker)
+    and starts the longest units first; within a unit, and among the rest, the order is pytest's."""
+    rank = {u: i for i, u in enumerate(LONG_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(unit_of(item)))
+    items.sort(key=lambda item: rank.get(unit_of(item), len(rank)))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -7,8 +7,6 @@
   `reset_peer`: a TCP reset of every connection that carries data).
 - `delta_batches`: which micro-batch each commit of a Delta table wrote, from its log (`txn` actions),
   for the oracle that no batch is written twice.
-- `fault_line`: one row of the fault table (scenario, phase, fault, what kappa did, healed in how many
-  seconds, served table exact, registry consistent), printed as `FAULT | ...` (`-s` shows it).
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import requests
 from orchestrator.core.net import free_port
 from orchestrator.jobctl.process import create_time, stop_process
 
-__all__ = ["TOXIPROXY_VERSION", "Toxiproxy", "toxiproxy_binary", "delta_batches", "fault_line"]
+__all__ = ["TOXIPROXY_VERSION", "Toxiproxy", "toxiproxy_binary", "delta_batches"]
 
 #: The version `deploy/dev.sh` installs (keep the two in step).
 TOXIPROXY_VERSION = "2.5.0"
@@ -130,12 +128,3 @@ def delta_batches(table: str, app_id: str | None = None) -> list[tuple[int, str,
             if app_id is None or app == app_id:
                 out.append((int(f.stem), app, batch, ts))
     return out
-
-
-def fault_line(*, scenario: str, phase: str, fault: str, kappa: str, healed_s: float, exact: bool,
-               consistent: bool) -> str:
-    """One row of the fault table, printed (with `-s`) and returned."""
-    line = (f"FAULT | {scenario} | {phase} | {fault} | {kappa} | healed in {healed_s:.1f} s | "
-            f"exact {'yes' if exact else 'no'} | consistent {'yes' if consistent else 'no'}")
-    print("\n" + line)
-    return line

@@ -15,7 +15,8 @@ supervisor's pass (`monitor`, what `kappa supervise` runs) restarts them from th
 - slow: `latency` with jitter on both streams, while a backfill runs, updates arrive, a promote and a
   rollback flip the alias: everything goes through, slower.
 - reset: `reset_peer` on the broker-to-client stream: each response resets its connection (a fetch
-  in flight is cut), during a backfill and the live tail.
+  in flight is cut), during a backfill and the live tail, then during a promote and a rollback: each
+  refused with one line (its lag cannot be read), moving nothing, and done once the resets stop.
 
 After each heal: the served table and the new version's table equal the oracle's for the log as it
 is then (tests/served.py), the registry holds one live job per version, the states the model allows,
@@ -44,7 +45,7 @@ from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.rollback import rollback
 from orchestrator.observe.lag import measure_lag
 from orchestrator.registry import Registry
-from tests.faults.netfaults import Toxiproxy, fault_line
+from tests.faults.netfaults import Toxiproxy
 from tests.integration.control.control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, \
     served_equals_expected
 from tests.waiting import wait_until
@@ -166,7 +167,7 @@ def restarts(net: Net, n: int, since: float) -> int:
     return sum(1 for e in net.k.registry.audit_log(PIPELINE, limit=None, version=n, action="restart") if e.at >= since)
 
 
-def test_a_cut_link_reads_unknown_refuses_a_promote_and_heals_to_exact_tables(net):
+def test_a_cut_link_reads_unknown_refuses_a_promote_and_heals_to_exact_tables(net, fault_row):
     k, toxi = net.k, net.toxi
     live_v = net.serving()
     t_wall = time.time()
@@ -202,23 +203,23 @@ def test_a_cut_link_reads_unknown_refuses_a_promote_and_heals_to_exact_tables(ne
     assert wrong == [], wrong
     assert restarts(net, new_v, t_wall) >= 1, actions
     kinds = sorted({a["kind"] for a in actions})
-    fault_line(scenario="link cut", phase="live", fault=f"timeout toxic (no packets) until v{new_v} died",
+    fault_row(scenario="link cut", phase="live", fault=f"timeout toxic (no packets) until v{new_v} died",
                kappa=f"lag unknown; job {'died, restarted by supervision' if live_died else 'rode it out'}",
                healed_s=live_s, exact=True, consistent=True)
-    fault_line(scenario="link cut", phase="backfill", fault="timeout toxic before the first batch",
+    fault_row(scenario="link cut", phase="backfill", fault="timeout toxic before the first batch",
                kappa=f"lag unknown; job died, restarted ({', '.join(kinds)})", healed_s=backfill_s, exact=True,
                consistent=True)
 
     # The promote refused during the cut goes through after the heal; the old version stands by.
     promote(net.v(new_v), actor="tests", reason="after the cut healed")
     served_exactly(net, f"the served table after v{new_v}'s promote")
-    fault_line(scenario="link cut", phase="promote", fault="promote during the cut",
+    fault_row(scenario="link cut", phase="promote", fault="promote during the cut",
                kappa="refused with one line (lag unknown); promoted after the heal", healed_s=0.0, exact=True,
                consistent=consistent(net, [new_v, live_v]) == [])
     stop_version(net.v(live_v), actor="tests", reason="spare the cores: the next scenario needs two versions")
 
 
-def test_a_slow_link_delays_but_a_backfill_updates_a_promote_and_a_rollback_go_through(net):
+def test_a_slow_link_delays_but_a_backfill_updates_a_promote_and_a_rollback_go_through(net, fault_row):
     k, toxi = net.k, net.toxi
     live_v = net.serving()
     t_wall = time.time()
@@ -252,12 +253,12 @@ def test_a_slow_link_delays_but_a_backfill_updates_a_promote_and_a_rollback_go_t
         assert restarts(net, n, t_wall) == 0, f"v{n} was restarted over the slow link"
     for phase, secs, what in (("live", live_s, "updates served"), ("backfill", backfill_s, "caught up"),
                               ("promote", promote_s, "promoted"), ("rollback", rollback_s, "rolled back")):
-        fault_line(scenario="link slowed", phase=phase, fault="latency 120 ms, jitter 60 ms both ways",
+        fault_row(scenario="link slowed", phase=phase, fault="latency 120 ms, jitter 60 ms both ways",
                    kappa=f"{what} through it, no restart", healed_s=secs, exact=True, consistent=True)
     stop_version(net.v(new_v), actor="tests", reason="spare the cores for the next scenario")
 
 
-def test_a_link_reset_mid_fetch_is_ridden_out_or_supervised_to_exact_tables(net):
+def test_a_link_reset_mid_fetch_is_ridden_out_or_supervised_to_exact_tables(net, fault_row):
     k, toxi = net.k, net.toxi
     live_v = net.serving()
     t_wall = time.time()
@@ -281,7 +282,42 @@ def test_a_link_reset_mid_fetch_is_ridden_out_or_supervised_to_exact_tables(net)
     assert wrong == [], wrong
     for phase, n, secs in (("live", live_v, live_s), ("backfill", new_v, backfill_s)):
         r = restarts(net, n, t_wall)
-        fault_line(scenario="link reset", phase=phase, fault=f"reset_peer on every response for {RESET_SECONDS:g} s",
+        fault_row(scenario="link reset", phase=phase, fault=f"reset_peer on every response for {RESET_SECONDS:g} s",
                    kappa=f"restarted by supervision ({r}x)" if r else "rode it out", healed_s=secs, exact=True,
                    consistent=True)
     print(f"\nsupervision after the resets: {sorted({a['kind'] for a in actions})}")
+
+    # A promote, then a rollback, each while every response is reset: refused in one line (the lag cannot be
+    # read), nothing moves; each goes through once the resets stop, and the served table follows it exactly.
+    for verb, target, other in (("promote", new_v, live_v), ("rollback", live_v, new_v)):
+        before = net.serving()
+        toxi.add(PROXY, "reset", "reset_peer", {"timeout": 0}, streams=("downstream",))
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(KappaError) as refused:
+                flip_to(net, verb, target, f"a {verb} while every response is reset")
+        finally:
+            toxi.remove(PROXY, "reset")
+        msg = str(refused.value)
+        print(f"\n{verb} during the resets: {msg}")
+        assert "\n" not in msg and f"v{target}" in msg and "unknown" in msg, msg
+        assert net.serving() == before, f"the {verb} refused during the resets moved the alias"
+        supervised_until_running(net, [live_v, new_v], f"both jobs to run after the {verb}'s resets")
+        assert wait_ready(net.v(target), deadline_seconds=DEADLINE, poll_seconds=1).ready
+        flip_to(net, verb, target, f"the {verb} refused during the resets, after they stopped")
+        assert net.serving() == target
+        net.live.produce(100, KEYS)                # a live update after the flip reaches the served table
+        served_exactly(net, f"the served table after the {verb} to v{target}")
+        healed_s = time.monotonic() - t0
+        wrong = consistent(net, [target, other])
+        assert wrong == [], wrong
+        fault_row(scenario="link reset", phase=verb, fault=f"reset_peer on every response during `{verb}`",
+                   kappa=f"refused with one line (lag unknown); {verb}d to v{target} after the resets",
+                   healed_s=healed_s, exact=True, consistent=True)
+
+
+def flip_to(net: Net, verb: str, target: int, reason: str) -> None:
+    if verb == "promote":
+        promote(net.v(target), actor="tests", reason=reason)
+    else:
+        rollback(net.k, net.k.pipeline(PIPELINE), target, actor="tests", reason=reason)

@@ -34,7 +34,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.supervise import supervise_version
 from orchestrator.registry import Registry
-from tests.faults.netfaults import delta_batches, fault_line
+from tests.faults.netfaults import delta_batches
 from tests.integration.control.control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, \
     served_equals_expected
 from tests.waiting import wait_until
@@ -46,7 +46,7 @@ STALE = 6.0
 
 
 def test_a_paused_serving_job_resumed_mid_stop_never_writes_beside_its_replacement(
-        bootstrap, tmp_path, seed, monkeypatch):
+        bootstrap, tmp_path, seed, monkeypatch, fault_row):
     unique = uuid.uuid4().hex[:8]
     topic, alias = f"profiles_{unique}", f"profiles_std_{unique}"
     datagen.ensure_topic(bootstrap, topic, PARTITIONS)
@@ -115,7 +115,7 @@ def test_a_paused_serving_job_resumed_mid_stop_never_writes_beside_its_replaceme
         restarts = reg.audit_log(PIPELINE, limit=None, version=n, action="restart")
         assert [e.outcome for e in restarts] == ["ok"], restarts
         how = stop[0].details["how"]
-        fault_line(scenario="job paused (SIGSTOP)", phase="live",
+        fault_row(scenario="job paused (SIGSTOP)", phase="live",
                    fault=f"SIGSTOP of the job's group past a {STALE:g} s heartbeat bound, SIGCONT mid-stop",
                    kappa=f"hung job stopped ({how}) before its restart; batches {batches}, each once",
                    healed_s=healed_s, exact=True, consistent=True)
@@ -132,7 +132,7 @@ WATCH_LAG, WATCH_SAMPLES = 2.0, 2
 
 
 def test_a_paused_promoted_job_past_its_heartbeat_bound_is_decided_on_once_by_the_watch(
-        bootstrap, tmp_path, seed):
+        bootstrap, tmp_path, seed, fault_row):
     """v1 promoted, v2 promoted with a watch (v1 its running standby); v2's job group SIGSTOPped while
     records arrive, past its heartbeat bound. The passes are called in order, by hand: watch pass 1
     (samples: lag over), watch pass 2 in a thread (decides: rolls back to v1, then stops v2, whose STOP
@@ -230,7 +230,7 @@ def test_a_paused_promoted_job_past_its_heartbeat_bound_is_decided_on_once_by_th
         r1, r2 = reg.get_version(PIPELINE, n1), reg.get_version(PIPELINE, n2)
         assert (str(r1.state), str(r2.state), r2.lease_held()) == ("serving", "stopped", False), (r1, r2)
         assert inspect_version(v1).pid == standby_pid, "the standby's job was replaced"
-        fault_line(scenario="job paused (SIGSTOP)", phase="rollback (watch)",
+        fault_row(scenario="job paused (SIGSTOP)", phase="rollback (watch)",
                    fault=f"SIGSTOP of the promoted v2 past a {STALE:g} s heartbeat bound while records arrive; "
                          f"SIGCONT when the watch's rollback stops it",
                    kappa=f"watch decided once (lag > {WATCH_LAG:g} s for {WATCH_SAMPLES} passes): flipped to the "
