@@ -171,9 +171,9 @@ case "$cmd" in
     setup_toxiproxy
     # Two pytest-xdist workers: the integration tests wait on brokers, JVMs and micro-batch triggers for
     # much of their time, so two of them share the two cores well; each unit of work (a test file, or
-    # tests/integration/airflow with its Airflow stack) stays on one worker (tests/conftest.py).
+    # tests/integration/airflow with its Airflow stack) goes whole to one worker (tests/conftest.py).
     # KAPPA_TEST_WORKERS=0 runs the suite in this process; arguments after `test` go to pytest.
-    exec "$venv/bin/python" -m pytest -n "${KAPPA_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"
+    exec "$venv/bin/python" -m pytest -n "${KAPPA_TEST_WORKERS:-2}" --no-loadscope-reorder "$@"
     ;;
   setup)
     setup_python

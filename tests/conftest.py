@@ -151,8 +151,8 @@ def pytest_configure(config):
 
 
 #: The suite's units of work (`unit_of`) that take longest on this machine, started first: the README's
-#: test command runs the suite on two pytest-xdist workers (`--dist loadgroup`, in collection order), and a
-#: long unit started last would leave one worker idle at the end.
+#: test command runs the suite on two pytest-xdist workers, each unit given whole to one worker in
+#: collection order, and a long unit started last would leave the other worker idle at the end.
 LONG_FIRST = (
     "tests/integration/cli/test_cli_up.py",
     "tests/integration/airflow",
@@ -164,24 +164,31 @@ LONG_FIRST = (
 #: Folders whose tests share a session-scoped service that is expensive to start (the real Airflow stack):
 #: one unit of work, so that one worker starts it once.
 ONE_UNIT = ("tests/integration/airflow",)
-_ROOT = Path(__file__).resolve().parents[1]
 
 
-def unit_of(item) -> str:
-    """The unit of work a test belongs to: its file (its module-scoped fixtures are built once), or the
-    folder of `ONE_UNIT` it is in."""
-    rel = Path(item.path).resolve().relative_to(_ROOT).as_posix()
-    return next((u for u in ONE_UNIT if rel.startswith(u + "/")), rel)
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file (its module-scoped fixtures are built once, and a
+    module's tests that build on each other run in order), or the folder of `ONE_UNIT` it is in."""
+    path = nodeid.split("::", 1)[0]
+    return next((u for u in ONE_UNIT if path.startswith(u + "/")), path)
 
 
-@pytest.hookimpl(tryfirst=True)             # before pytest-xdist reads the marks
 def pytest_collection_modifyitems(config, items):
-    """Marks each test with its unit of work (`xdist_group`, which `--dist loadgroup` keeps on one worker)
-    and starts the longest units first; within a unit, and among the rest, the order is pytest's."""
+    """Starts the longest units first; within a unit, and among the rest, the order is pytest's."""
     rank = {u: i for i, u in enumerate(LONG_FIRST)}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(unit_of(item)))
-    items.sort(key=lambda item: rank.get(unit_of(item), len(rank)))
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist hands each worker whole units of work (`unit_of`), in collection order. (Its own
+    `--dist loadgroup` cannot do this with pytest 9: the group it appends to a node id is lost.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -11,7 +11,8 @@ supervisor's pass (`monitor`, what `kappa supervise` runs) restarts them from th
 
 - cut: Toxiproxy's `timeout` toxic with timeout=0 on both streams: no byte passes and no connection
   closes. While it lasts the lag of both versions reads unknown (never 0) and a promote is refused
-  with one line; the jobs die and are restarted after the heal.
+  with one line; the jobs die and are restarted after the heal. A second cut meets a rollback to the
+  running standby: refused at its first lag sample, done after the heal.
 - slow: `latency` with jitter on both streams, while a backfill runs, updates arrive, a promote and a
   rollback flip the alias: everything goes through, slower.
 - reset: `reset_peer` on the broker-to-client stream: each response resets its connection (a fetch
@@ -216,7 +217,31 @@ def test_a_cut_link_reads_unknown_refuses_a_promote_and_heals_to_exact_tables(ne
     fault_row(scenario="link cut", phase="promote", fault="promote during the cut",
                kappa="refused with one line (lag unknown); promoted after the heal", healed_s=0.0, exact=True,
                consistent=consistent(net, [new_v, live_v]) == [])
-    stop_version(net.v(live_v), actor="tests", reason="spare the cores: the next scenario needs two versions")
+
+    # A rollback to the running standby during a second cut: refused at its first lag sample in one line,
+    # nothing moved; done once the link heals.
+    toxi.add(PROXY, "cut", "timeout", {"timeout": 0})
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KappaError) as refused:
+            rollback(k, k.pipeline(PIPELINE), live_v, actor="tests", reason="a rollback during the cut")
+    finally:
+        toxi.remove(PROXY, "cut")
+    msg = str(refused.value)
+    print(f"\nrollback during the cut: {msg}")
+    assert "\n" not in msg and f"v{live_v}" in msg and "unknown" in msg, msg
+    assert net.serving() == new_v
+    supervised_until_running(net, [live_v, new_v], "both jobs to run after the second cut")
+    rollback(k, k.pipeline(PIPELINE), live_v, actor="tests", reason="the rollback refused during the cut")
+    assert net.serving() == live_v
+    net.live.produce(100, KEYS)
+    served_exactly(net, f"the served table after the rollback to v{live_v}")
+    wrong = consistent(net, [live_v, new_v])
+    assert wrong == [], wrong
+    fault_row(scenario="link cut", phase="rollback", fault="rollback to the running standby during a cut",
+              kappa="refused at its first lag sample with one line (lag unknown); rolled back after the heal",
+              healed_s=time.monotonic() - t0, exact=True, consistent=True)
+    stop_version(net.v(new_v), actor="tests", reason="spare the cores: the next scenario needs two versions")
 
 
 def test_a_slow_link_delays_but_a_backfill_updates_a_promote_and_a_rollback_go_through(net, fault_row):
