@@ -221,22 +221,9 @@ def test_a_cut_link_reads_unknown_refuses_a_promote_and_heals_to_exact_tables(ne
 
     # A rollback to the running standby during a second cut: refused at its first lag sample in one line,
     # nothing moved; done once the link heals.
-    toxi.add(PROXY, "cut", "timeout", {"timeout": 0})
     t0 = time.monotonic()
-    try:
-        with pytest.raises(KappaError) as refused:
-            rollback(k, k.pipeline(PIPELINE), live_v, actor="tests", reason="a rollback during the cut")
-    finally:
-        toxi.remove(PROXY, "cut")
-        healed = time.monotonic()
-    msg = str(refused.value)
-    print(f"\nrollback during the cut: {msg}")
-    assert "\n" not in msg and f"v{live_v}" in msg and "unknown" in msg, msg
-    assert net.serving() == new_v
-    retried = flip_after_heal(net, "rollback", live_v, "the rollback refused during the cut")
-    assert net.serving() == live_v
-    net.live.produce(100, KEYS)
-    served_exactly(net, f"the served table after the rollback to v{live_v}")
+    retried, healed = refused_then_done(net, "rollback", live_v, "during the cut",
+                                        ("cut", "timeout", {"timeout": 0}, None))
     settle(net, healed, [live_v, new_v])
     wrong = consistent(net, [live_v, new_v])
     assert wrong == [], wrong
@@ -318,23 +305,9 @@ def test_a_link_reset_mid_fetch_is_ridden_out_or_supervised_to_exact_tables(net,
     # A promote, then a rollback, each while every response is reset: refused in one line (the lag cannot be
     # read), nothing moves; each goes through once the resets stop, and the served table follows it exactly.
     for verb, target, other in (("promote", new_v, live_v), ("rollback", live_v, new_v)):
-        before = net.serving()
-        toxi.add(PROXY, "reset", "reset_peer", {"timeout": 0}, streams=("downstream",))
         t0 = time.monotonic()
-        try:
-            with pytest.raises(KappaError) as refused:
-                flip_to(net, verb, target, f"a {verb} while every response is reset")
-        finally:
-            toxi.remove(PROXY, "reset")
-            healed = time.monotonic()
-        msg = str(refused.value)
-        print(f"\n{verb} during the resets: {msg}")
-        assert "\n" not in msg and f"v{target}" in msg and "unknown" in msg, msg
-        assert net.serving() == before, f"the {verb} refused during the resets moved the alias"
-        retried = flip_after_heal(net, verb, target, f"the {verb} refused during the resets, after they stopped")
-        assert net.serving() == target
-        net.live.produce(100, KEYS)                # a live update after the flip reaches the served table
-        served_exactly(net, f"the served table after the {verb} to v{target}")
+        retried, healed = refused_then_done(net, verb, target, "while every response is reset",
+                                            ("reset", "reset_peer", {"timeout": 0}, ("downstream",)))
         healed_s = time.monotonic() - t0
         settle(net, healed, [target, other])
         wrong = consistent(net, [target, other])
@@ -343,6 +316,30 @@ def test_a_link_reset_mid_fetch_is_ridden_out_or_supervised_to_exact_tables(net,
                    kappa=f"refused with one line (lag unknown); {DONE[verb]} to v{target} after the resets"
                          + (f" ({len(retried)} retries: {retried[0]})" if retried else ""),
                    healed_s=healed_s, exact=True, consistent=True)
+
+
+def refused_then_done(net: Net, verb: str, target: int, during: str, toxic: tuple) -> tuple[list[str], float]:
+    """`verb` to `target` while `toxic` (name, type, attributes, streams) is on the link: refused in one line
+    (the lag cannot be read), the alias unmoved; then, the toxic removed, done (`flip_after_heal`) and the
+    served table exact after a live update. The one-line errors met after the heal, and when it healed."""
+    name, kind, attrs, streams = toxic
+    before = net.serving()
+    net.toxi.add(PROXY, name, kind, attrs, **({"streams": streams} if streams else {}))
+    try:
+        with pytest.raises(KappaError) as refused:
+            flip_to(net, verb, target, f"a {verb} {during}")
+    finally:
+        net.toxi.remove(PROXY, name)
+        healed = time.monotonic()
+    msg = str(refused.value)
+    print(f"\n{verb} {during}: {msg}")
+    assert "\n" not in msg and f"v{target}" in msg and "unknown" in msg, msg
+    assert net.serving() == before, f"the {verb} refused {during} moved the alias"
+    retried = flip_after_heal(net, verb, target, f"the {verb} refused {during}, after the heal")
+    assert net.serving() == target
+    net.live.produce(100, KEYS)                    # a live update after the flip reaches the served table
+    served_exactly(net, f"the served table after the {verb} to v{target}")
+    return retried, healed
 
 
 def flip_after_heal(net: Net, verb: str, target: int, reason: str) -> list[str]:
