@@ -12,7 +12,7 @@ as `airflow:<your user>` with that reason and this run's id.
    (they are applied to its raw columns): rows changed per field and the top changes, in the log
    and the XCom. Advisory: with nothing served yet the run just goes on.
 3. **start_version**: allocates version N and starts its Spark job from offset zero.
-4. **wait_ready**: a sensor (reschedule mode: no worker slot held between pokes) that logs lag
+4. **wait_ready**: a sensor (poke mode: one task that holds a worker slot while it waits) that logs lag
    and ETA at every poke until the version is caught up; it fails when the job fails or at the
    catch-up deadline, naming the partitions still lagging.
 5. **validation_report**: key counts, reject rate, what the new rules changed (XCom and log).
@@ -88,7 +88,7 @@ def kappa_reprocess():
         return tasks.start_reprocess(params["pipeline"], params["rules_version"], params["catchup_threshold"],
                                      params["reason"], user=dag_run.triggering_user_name, run_id=dag_run.run_id)
 
-    @task.sensor(mode="reschedule", poke_interval=POKE, timeout=timedelta(hours=24))
+    @task.sensor(mode=form.SENSOR_MODE, poke_interval=POKE, timeout=timedelta(hours=24))
     def wait_ready(version: dict, params=None, dag_run=None) -> PokeReturnValue:
         return PokeReturnValue(**tasks.poke_ready(
             version["pipeline"], version["version"], user=dag_run.triggering_user_name,

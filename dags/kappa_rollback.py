@@ -6,7 +6,7 @@ Triggered by hand (**Trigger Dag** in the UI, or `kappa trigger rollback PIPELIN
 1. **prepare**: picks the target, the version the alias served before (or the one you name). A
    standby version still runs; a version whose job was stopped is restarted from its own
    checkpoint (never from offset zero).
-2. **wait_ready**: a sensor (reschedule mode) that logs lag and ETA until the target has caught up
+2. **wait_ready**: a sensor (poke mode) that logs lag and ETA until the target has caught up
    again (by the same rule as a deploy: a micro-batch committed since its restart, lag within
    `catchup_threshold` and `catchup_seconds` over spaced samples, not growing); fails when its job
    fails, or at the deadline: a target that cannot catch up in time is not flipped to, unless
@@ -64,7 +64,7 @@ def kappa_rollback():
         return tasks.prepare_rollback(params["pipeline"], params["to_version"], params["reason"],
                                       user=dag_run.triggering_user_name, run_id=dag_run.run_id)
 
-    @task.sensor(mode="reschedule", poke_interval=POKE, timeout=timedelta(hours=24))
+    @task.sensor(mode=form.SENSOR_MODE, poke_interval=POKE, timeout=timedelta(hours=24))
     def wait_ready(prepared: dict, params=None, dag_run=None) -> PokeReturnValue:
         return PokeReturnValue(**tasks.poke_rollback_ready(
             prepared, user=dag_run.triggering_user_name, deadline_at=form.deadline_at(dag_run, params),

@@ -20,15 +20,21 @@ from airflow.sdk import Param
 from orchestrator.core.envvars import KAPPA_AIRFLOW_POKE_SECONDS
 from orchestrator.core.settings import Settings
 
-__all__ = ["POKE_SECONDS_ENV", "MIN_POKE_SECONDS", "poke_seconds", "form_choices", "pipeline_param",
+__all__ = ["POKE_SECONDS_ENV", "SENSOR_MODE", "MIN_POKE_SECONDS", "poke_seconds", "form_choices", "pipeline_param",
            "reason_param", "grace_period_param", "deadline_minutes_param", "deadline_at"]
 
 #: Seconds between two pokes of the sensors (read at parse time; the tests shorten it).
 POKE_SECONDS_ENV = KAPPA_AIRFLOW_POKE_SECONDS
-#: Below this, Airflow 3.3's LocalExecutor can report the end of one poke after the next poke of
-#: the same try started, and the scheduler then fails the running sensor ("finished with state
-#: success, but the task instance's state attribute is running"): seen with 3 s on a busy machine.
-MIN_POKE_SECONDS = 10.0
+#: The sensors' mode: "poke", one task process that pokes until done, holding one executor slot while it
+#: waits. Not "reschedule": there Airflow 3.3's scheduler can drain the executor's success of one poke
+#: after it queued the next poke of the same try, and it then fails the sensor ("finished with state
+#: success, but the task instance's state attribute is queued": apache/airflow#71172, open); a busy
+#: machine makes the late drain likely and every poke is a chance, so a reprocess waiting out a long
+#: backfill failed for nothing (kappa up's walk in CI). The test: tests/integration/airflow/test_airflow_sensor_race.py.
+SENSOR_MODE = "poke"
+#: The shortest poke interval: a poke samples the lag (the broker's offsets and the registry), a few
+#: hundred milliseconds of work.
+MIN_POKE_SECONDS = 2.0
 #: The form param holding a run's catch-up deadline, in minutes.
 DEADLINE_PARAM = "catchup_deadline_minutes"
 

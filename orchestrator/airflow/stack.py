@@ -96,8 +96,10 @@ def airflow_env(home: Path, *, db_url: str | None = None, port: int | None = Non
         "AIRFLOW__CORE__DAGS_FOLDER": str(Path(dags_folder).resolve()),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        # LocalExecutor keeps one worker process per slot: 2 cores do not need 32.
-        "AIRFLOW__CORE__PARALLELISM": "4",
+        # LocalExecutor keeps one worker process per slot (forked, idle between tasks): 2 cores do not need
+        # 32, but a catch-up sensor holds its slot while it waits (params.SENSOR_MODE), so that several
+        # reprocesses and rollbacks waiting at once leave slots for promotes and kappa_monitor.
+        "AIRFLOW__CORE__PARALLELISM": "8",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(paused_at_creation),
         "AIRFLOW__CORE__AUTH_MANAGER":
             "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",

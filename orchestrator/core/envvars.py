@@ -108,7 +108,7 @@ CATALOGUE: dict[str, EnvVar] = {v.name: v for v in (
            "(--airflow-password, --password; default admin)"),
     EnvVar(KAPPA_AIRFLOW_DB_URL, "kappa airflow start: PostgreSQL URL of Airflow's metadata (--db-url; "
            "default SQLite in <home>/airflow)"),
-    EnvVar(KAPPA_AIRFLOW_POKE_SECONDS, "Airflow sensors: seconds between two pokes (default 15, at least 10)"),
+    EnvVar(KAPPA_AIRFLOW_POKE_SECONDS, "Airflow sensors: seconds between two pokes (default 15, at least 2)"),
     EnvVar(KAPPA_AIRFLOW_KAFKA_CONN_ID, "Airflow tasks: the connection holding Kafka settings "
            "(default kafka_default)"),
     EnvVar(KAPPA_SHUFFLE_PARTITIONS, "jobs: spark.sql.shuffle.partitions (default: a local master's cores, "

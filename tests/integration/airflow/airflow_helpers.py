@@ -7,15 +7,15 @@ from dataclasses import dataclass
 from tests.pipelines import standardize_pipeline
 
 #: One pipeline per test scenario. Two samples at lag 0 make a version ready; no standby grace.
-PIPELINES = ("af_dagtest", "af_busy", "af_flip", "af_conn", "af_team", "af_share")
+PIPELINES = ("af_dagtest", "af_busy", "af_flip", "af_conn", "af_team", "af_share", "af_race")
 #: The team's pipeline: its job and rules come from a repository outside kappa (`tests/team_repo.py`).
 TEAM = "af_team"
 RECORDS, KEYS = 300, 200
 #: Of the records after the first KEYS (which create each member once): tombstones and malformed
 #: records (rejects), so that every DAG run meets both; the pipelines allow this reject rate.
 DELETE_SHARE, MALFORMED_SHARE, MAX_REJECT_RATE = 0.05, 0.15, 0.25
-#: The sensors poke at Airflow's floor for kappa (see orchestrator.airflow.params.MIN_POKE_SECONDS).
-POKE_SECONDS = "10"
+#: The sensors poke every 3 s (kappa's floor is 2: orchestrator.airflow.params.MIN_POKE_SECONDS).
+POKE_SECONDS = "3"
 RUN_TIMEOUT = 420.0
 
 

@@ -90,15 +90,25 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 @pytest.fixture(scope="session")
-def airflow(airflow_testbed):
-    """One Airflow (api-server, scheduler, dag-processor, triggerer) for the session.
+def executor_ctl(tmp_path_factory) -> Path:
+    """The control folder of the test hook in the stack's scheduler (`executor_hook/sitecustomize.py`):
+    inert while empty."""
+    return tmp_path_factory.mktemp("executor-ctl")
+
+
+@pytest.fixture(scope="session")
+def airflow(airflow_testbed, executor_ctl):
+    """One Airflow (api-server, scheduler, dag-processor, triggerer) for the session, its scheduler with
+    the executor test hook on its path.
 
     DAGs start paused so that kappa_monitor stays off; the three manual DAGs are unpaused.
     """
     from orchestrator.airflow import stack as airflow_stack
 
+    hook_path = os.pathsep.join(p for p in (str(_HERE / "executor_hook"), os.environ.get("PYTHONPATH")) if p)
     stack = airflow_stack.start(airflow_testbed.settings, paused_at_creation=True, timeout=400,
-                                extra_env={"KAPPA_AIRFLOW_POKE_SECONDS": POKE_SECONDS})
+                                extra_env={"KAPPA_AIRFLOW_POKE_SECONDS": POKE_SECONDS, "PYTHONPATH": hook_path,
+                                           "KAPPA_TEST_EXECUTOR_CTL": str(executor_ctl)})
     try:
         client = stack.client()
         for dag_id in ("kappa_reprocess", "kappa_promote", "kappa_rollback"):

@@ -130,12 +130,18 @@ def note_of(client, dag_id: str, run_id: str) -> str:
 
 
 def wait_run(client, dag_id: str, timeout: float = RUN_TIMEOUT) -> dict:
-    """The DAG's one run, once it has ended (it must end success)."""
+    """The DAG's one run, once it has ended (it must end success; if not, which task failed and its log)."""
+    from orchestrator.airflow.client import follow
+
     def ended():
         runs = client.list_runs(dag_id)["dag_runs"]
         return runs[0] if runs and runs[0]["state"] in ("success", "failed") else None
     run = wait_until(ended, f"the {dag_id} run to end", timeout, poll=2)
-    assert run["state"] == "success", run
+    if run["state"] != "success":
+        outcome = follow(client, dag_id, run["dag_run_id"], timeout=5)
+        tails = "\n".join(f"--- {t.task_id} ({t.state}, try {t.try_number}):\n" + "\n".join(t.log_tail)
+                          for t in outcome.tasks if t.state == "failed")
+        pytest.fail(f"{dag_id} run {run['dag_run_id']} ended {run['state']}: {outcome.error}\n{tails}")
     return run
 
 
@@ -179,7 +185,7 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
 
     home = tmp_path / "up"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KAPPA_", "AIRFLOW"))}
-    env["KAPPA_AIRFLOW_POKE_SECONDS"] = "10"   # the floor: the sensors' waits are the walk's length
+    env["KAPPA_AIRFLOW_POKE_SECONDS"] = "3"   # the sensors' waits are the walk's length
     from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
     holds = Holds(tmp_path / "held")
     env.update({HOLD_HOOK: "0", HOLD_FILE: str(holds.path)})

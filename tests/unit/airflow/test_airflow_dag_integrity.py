@@ -102,8 +102,8 @@ def test_reprocess_chain_and_sensor(clean_kappa_env):
     for up, down in zip(chain, chain[1:]):
         assert down in dag.get_task(up).downstream_task_ids, f"{up} >> {down}"
     wait = dag.get_task("wait_ready")
-    assert wait.mode == "reschedule"
-    assert wait.poke_interval >= 10 and wait.timeout == timedelta(hours=24).total_seconds()
+    assert wait.mode == "poke"   # not "reschedule": apache/airflow#71172 (orchestrator.airflow.params.SENSOR_MODE)
+    assert wait.poke_interval >= 2 and wait.timeout == timedelta(hours=24).total_seconds()
     # a refusal is final; a worker that died is retried (and resumes from the registry)
     assert dag.get_task("validate").retries == 0
     assert dag.get_task("start_version").retries == 1

@@ -53,7 +53,7 @@ def test_attribution():
 def test_poke_interval_has_a_floor(monkeypatch):
     monkeypatch.delenv(params.POKE_SECONDS_ENV, raising=False)
     assert params.poke_seconds() == 15.0
-    monkeypatch.setenv(params.POKE_SECONDS_ENV, "2")
+    monkeypatch.setenv(params.POKE_SECONDS_ENV, "0.5")
     assert params.poke_seconds() == params.MIN_POKE_SECONDS
     monkeypatch.setenv(params.POKE_SECONDS_ENV, "42")
     assert params.poke_seconds() == 42.0
