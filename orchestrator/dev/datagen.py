@@ -369,17 +369,19 @@ def iter_log(bootstrap: str, topic: str, *, config: dict | None = None,
                 continue
             consumer.assign([TopicPartition(topic, p, low)])
             deadline = time.monotonic() + timeout
-            while True:
+            furthest = low   # progress is the position passing its furthest point: records that come
+            while True:      # again (a fetch reset to the log start) are not progress
                 msgs = consumer.consume(10000, 1.0)
                 for m in msgs:
                     if m.error():
                         raise BrokerError(f"reading {topic}[{p}]: {m.error()}")
                     yield LogRecord(m.key(), m.value(), m.partition(), m.offset(), m.timestamp()[1])
-                pos = consumer.position([TopicPartition(topic, p)])[0].offset
+                # the consumer's position (past a transaction's markers too), or past the last record read
+                pos = max(consumer.position([TopicPartition(topic, p)])[0].offset, msgs[-1].offset() + 1 if msgs else -1)
                 if pos >= high:
                     break
-                if msgs:
-                    deadline = time.monotonic() + timeout
+                if pos > furthest:
+                    furthest, deadline = pos, time.monotonic() + timeout
                 elif time.monotonic() > deadline:
                     raise BrokerError(f"reading {topic}[{p}] made no progress for {timeout:.0f}s at offset "
                                       f"{pos} of {high}")

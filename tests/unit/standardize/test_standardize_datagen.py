@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+import types
 from collections import Counter
 
+import confluent_kafka
+import pytest
+
+from orchestrator.core.exceptions import BrokerError
+from orchestrator.dev import datagen
 from orchestrator.dev.datagen import MALFORMED_KINDS, generate_changelog, member_key
 from tests.oracle.standardize import key_reason, standardize, value_reason
 
@@ -39,3 +46,66 @@ def test_v2_changes_a_visible_share_of_titles():
     titles = [json.loads(r.value)["title"] for r in recs]
     changed = sum(standardize("titles", t, "v1") != standardize("titles", t, "v2") for t in titles)
     assert 0.15 < changed / len(titles) < 0.6
+
+
+def test_reading_the_log_gives_up_when_its_position_stops_passing_its_furthest_point(monkeypatch):
+    """A fetch reset to the log start returns records again and again without the position ever reaching the
+    high watermark: the reader counted any returned record as progress and looped until pytest-timeout ended
+    the disk-full fault test 900 s later. Progress is now the position passing its furthest point."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(datagen, "time", types.SimpleNamespace(monotonic=lambda: clock.now, time_ns=lambda: 1))
+    monkeypatch.setattr(datagen, "topic_partitions", lambda *a, **kw: 1)
+
+    class Message:
+        def __init__(self, offset):
+            self._offset = offset
+
+        def error(self):
+            return None
+
+        def key(self):
+            return b"k"
+
+        def value(self):
+            return b"{}"
+
+        def partition(self):
+            return 0
+
+        def offset(self):
+            return self._offset
+
+        def timestamp(self):
+            return (1, 0)
+
+    class Resetting:
+        """Offsets 0-4 of a log whose high watermark is 10, then from 0 again, each call one second later."""
+        calls = 0
+
+        def __init__(self, conf):
+            self.next = 0
+
+        def get_watermark_offsets(self, tp, timeout=None):
+            return 0, 10
+
+        def assign(self, tps):
+            pass
+
+        def consume(self, n, timeout):
+            Resetting.calls += 1
+            assert Resetting.calls < 1000, "the reader never gave up"
+            clock.now += 1.0
+            start, self.next = self.next, (self.next + 1) % 5
+            return [Message(start)]
+
+        def position(self, tps):
+            return [types.SimpleNamespace(offset=self.next)]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Resetting)
+    with pytest.raises(BrokerError) as err:
+        list(datagen.iter_log("127.0.0.1:9", "t", timeout=30))
+    assert re.fullmatch(r"reading t\[0\] made no progress for 30s at offset [0-5] of 10", str(err.value)), err.value
+    assert Resetting.calls < 40
