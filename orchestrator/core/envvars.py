@@ -22,7 +22,7 @@ __all__ = ["CATALOGUE", "EnvVar", "SETTINGS_VARS",
            "KAPPA_CHECKPOINTS", "KAPPA_CONFIG", "KAPPA_GROUP_PREFIX", "KAPPA_HOME", "KAPPA_JOB_PATH", "KAPPA_KAFKA_CONFIG",
            "KAPPA_LAG_SAMPLE_RETENTION_SECONDS", "KAPPA_LAUNCH_ID", "KAPPA_PIPELINES",
            "KAPPA_READINESS_WINDOW_SECONDS", "KAPPA_REGISTRY_URL", "KAPPA_RULES", "KAPPA_SHUFFLE_PARTITIONS",
-           "KAPPA_SPARK_DRIVER_MEMORY", "KAPPA_SPARK_EVENT_LOG_DIR", "KAPPA_SPARK_LOG_LEVEL", "KAPPA_SPARK_MASTER", "KAPPA_STATE_DIR",
+           "KAPPA_SPARK_DRIVER_MEMORY", "KAPPA_SPARK_EVENT_LOG_DIR", "KAPPA_SPARK_JIT", "KAPPA_SPARK_LOG_LEVEL", "KAPPA_SPARK_MASTER", "KAPPA_STATE_DIR",
            "KAPPA_WAREHOUSE"]
 
 
@@ -66,6 +66,7 @@ KAPPA_SHUFFLE_PARTITIONS: Final = "KAPPA_SHUFFLE_PARTITIONS"
 KAPPA_SPARK_DRIVER_MEMORY: Final = "KAPPA_SPARK_DRIVER_MEMORY"
 KAPPA_SPARK_LOG_LEVEL: Final = "KAPPA_SPARK_LOG_LEVEL"
 KAPPA_SPARK_EVENT_LOG_DIR: Final = "KAPPA_SPARK_EVENT_LOG_DIR"
+KAPPA_SPARK_JIT: Final = "KAPPA_SPARK_JIT"
 
 # -- internal --------------------------------------------------------------------------------------
 KAPPA_LAUNCH_ID: Final = "KAPPA_LAUNCH_ID"
@@ -115,6 +116,8 @@ CATALOGUE: dict[str, EnvVar] = {v.name: v for v in (
            "else 2)"),
     EnvVar(KAPPA_SPARK_DRIVER_MEMORY, "jobs and bench: Spark driver memory (default 2g)"),
     EnvVar(KAPPA_SPARK_LOG_LEVEL, "jobs and bench: Spark log level (default WARN)"),
+    EnvVar(KAPPA_SPARK_JIT, "jobs: `full` (default) keeps the JVM's whole JIT in a driver that runs the tasks; "
+           "`quick` stops at C1 there too (short runs over little data, such as the test suite's jobs)"),
     EnvVar(KAPPA_SPARK_EVENT_LOG_DIR, "jobs: write Spark's event log into this folder (the benchmarks read "
            "executor CPU seconds from it; default: none)"),
     EnvVar(KAPPA_LAUNCH_ID, "internal: set by kappa in a job's environment to find its processes; "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRIVER_MEMORY, KAPPA_SPARK_EVENT_LOG_DIR,
-                                     KAPPA_SPARK_LOG_LEVEL, KAPPA_SPARK_MASTER)
+                                     KAPPA_SPARK_JIT, KAPPA_SPARK_LOG_LEVEL, KAPPA_SPARK_MASTER)
 
 __all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
            "cds_archive_path", "driver_java_options", "runs_tasks", "create_cds_archive", "connector_jars", "DELTA_CONF", "REDACTION",
@@ -207,11 +207,25 @@ def cds_archive_path() -> Path:
     return cache / "kappa" / f"spark-{pyspark.__version__}-{_install_id()}-{java}-{jar_dir('spark').name}.jsa"
 
 
+#: KAPPA_SPARK_JIT's values: the JIT of a driver that runs the tasks.
+JIT_MODES = {"full": TASK_JIT, "quick": PLANNING_JIT}
+
+
+def task_jit() -> str:
+    """The JIT of a driver that runs the tasks: KAPPA_SPARK_JIT `full` (the default: C2 pays for itself over
+    a backfill) or `quick` (C1 only: a run over a few thousand records, where C2's compile threads cost more
+    CPU than they save, as in the test suite)."""
+    mode = (os.environ.get(KAPPA_SPARK_JIT) or "full").strip().lower()
+    if mode not in JIT_MODES:
+        raise ValueError(f"{KAPPA_SPARK_JIT}={mode!r} is not a JIT mode: set it to full or quick, or unset it")
+    return JIT_MODES[mode]
+
+
 def driver_java_options(extra: str = "", *, tasks: bool = False) -> str:
-    """The driver JVM's options: its JIT (`TASK_JIT` when it runs the `tasks` too, else `PLANNING_JIT`),
+    """The driver JVM's options: its JIT (`task_jit()` when it runs the `tasks` too, else `PLANNING_JIT`),
     and the class-data-sharing archive when one was made (`create_cds_archive`); `extra` (the caller's
     own spark.driver.extraJavaOptions) last."""
-    opts = [TASK_JIT if tasks else PLANNING_JIT]
+    opts = [task_jit() if tasks else PLANNING_JIT]
     archive = cds_archive_path()
     if archive.is_file() and "ArchiveClassesAtExit" not in extra:
         # -Xlog:cds=off: an archive of another classpath or JDK build is skipped without a warning

@@ -11,6 +11,7 @@ import pyspark
 import pytest
 
 from jobs.lib.runtime import session
+from orchestrator.core.envvars import KAPPA_SPARK_JIT
 
 
 @pytest.fixture
@@ -71,6 +72,7 @@ def test_the_archive_is_made_per_set_of_connector_jars(cache):
 
 def test_a_driver_that_runs_the_tasks_keeps_the_full_jit_and_a_planning_driver_compiles_with_c1(cache, monkeypatch):
     """In local[N] the executors live in the driver's JVM: C1 only doubled the parse's CPU there."""
+    monkeypatch.delenv(KAPPA_SPARK_JIT, raising=False)   # the suite's own jobs run quick (tests/conftest.py)
     assert session.runs_tasks("local[2]") and session.runs_tasks("local") and not session.runs_tasks("spark://h:7077")
     assert "TieredStopAtLevel" not in session.driver_java_options(tasks=True)
     seen = {}
@@ -90,6 +92,17 @@ def test_a_driver_that_runs_the_tasks_keeps_the_full_jit_and_a_planning_driver_c
         with pytest.raises(RuntimeError, match="stop here"):
             session.build_session("x", master=master, short_lived=short)
         assert ("-XX:TieredStopAtLevel=1" in seen["spark.driver.extraJavaOptions"]) is c1, (master, short)
+
+
+def test_a_quick_jit_stops_a_task_driver_at_c1_and_an_unknown_mode_is_one_line(cache, monkeypatch):
+    monkeypatch.setenv(KAPPA_SPARK_JIT, "quick")
+    assert session.driver_java_options(tasks=True).startswith(session.PLANNING_JIT)
+    monkeypatch.setenv(KAPPA_SPARK_JIT, "Full ")
+    assert "TieredStopAtLevel" not in session.driver_java_options(tasks=True)
+    monkeypatch.setenv(KAPPA_SPARK_JIT, "fast")
+    with pytest.raises(ValueError) as err:
+        session.driver_java_options(tasks=True)
+    assert str(err.value) == "KAPPA_SPARK_JIT='fast' is not a JIT mode: set it to full or quick, or unset it"
 
 
 def test_a_c1_only_driver_keeps_the_full_jit_s_code_cache(cache):
