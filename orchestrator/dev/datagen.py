@@ -377,7 +377,9 @@ def iter_log(bootstrap: str, topic: str, *, config: dict | None = None,
                         raise BrokerError(f"reading {topic}[{p}]: {m.error()}")
                     yield LogRecord(m.key(), m.value(), m.partition(), m.offset(), m.timestamp()[1])
                 # the consumer's position (past a transaction's markers too), or past the last record read
-                pos = max(consumer.position([TopicPartition(topic, p)])[0].offset, msgs[-1].offset() + 1 if msgs else -1)
+                pos = consumer.position([TopicPartition(topic, p)])[0].offset
+                if msgs:
+                    pos = max(pos, msgs[-1].offset() + 1)
                 if pos >= high:
                     break
                 if pos > furthest:
