@@ -41,12 +41,13 @@ def test_prepare_environment_keeps_a_spark_home_that_is_set(cache, monkeypatch):
 def test_driver_options_use_the_archive_only_once_it_exists(cache):
     archive = session.cds_archive_path()
     assert archive.parent == cache / "kappa" and session._install_id() in archive.name
-    assert session.driver_java_options() == session.PLANNING_JIT
-    assert session.driver_java_options("-Dmine=1") == f"{session.PLANNING_JIT} -Dmine=1"
+    plain = f"{session.PLANNING_JIT} {session.JVM_TIME_ZONE}"
+    assert session.driver_java_options() == plain
+    assert session.driver_java_options("-Dmine=1") == f"{plain} -Dmine=1"
     archive.parent.mkdir(parents=True, exist_ok=True)
     archive.write_bytes(b"jsa")
     opts = session.driver_java_options("-Dmine=1").split()
-    assert " ".join(opts[:2]) == session.PLANNING_JIT and opts[-1] == "-Dmine=1"     # the caller's own options last
+    assert " ".join(opts[:3]) == plain and opts[-1] == "-Dmine=1"     # the caller's own options last
     assert f"-XX:SharedArchiveFile={archive}" in opts and "-Xlog:cds=off" in opts
     # making an archive: the dump option is not combined with using one
     assert "-XX:SharedArchiveFile" not in session.driver_java_options(f"-XX:ArchiveClassesAtExit={archive}.new")
@@ -112,3 +113,12 @@ def test_a_c1_only_driver_keeps_the_full_jit_s_code_cache(cache):
     assert "-XX:TieredStopAtLevel=1" in opts
     sizes = [o.split("=", 1)[1] for o in opts if o.startswith("-XX:ReservedCodeCacheSize=")]
     assert len(sizes) == 1 and sizes[0].endswith("m") and int(sizes[0][:-1]) >= 240
+
+
+def test_every_driver_runs_in_utc_whatever_the_machine_s_zone(cache, monkeypatch):
+    """The SQL session's zone is UTC; the JVM's own is set too, for delta-spark's commits
+    (tests/integration/source/test_session_time_zone.py shows what a JVM in another zone costs)."""
+    for mode in ("full", "quick"):
+        monkeypatch.setenv(KAPPA_SPARK_JIT, mode)
+        for tasks in (True, False):
+            assert "-Duser.timezone=UTC" in session.driver_java_options(tasks=tasks).split(), (mode, tasks)
