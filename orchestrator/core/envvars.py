@@ -116,7 +116,7 @@ CATALOGUE: dict[str, EnvVar] = {v.name: v for v in (
            "else 2)"),
     EnvVar(KAPPA_SPARK_DRIVER_MEMORY, "jobs and bench: Spark driver memory (default 2g)"),
     EnvVar(KAPPA_SPARK_LOG_LEVEL, "jobs and bench: Spark log level (default WARN)"),
-    EnvVar(KAPPA_SPARK_JIT, "jobs: `full` (default) keeps the JVM's whole JIT in a driver that runs the tasks; "
+    EnvVar(KAPPA_SPARK_JIT, "jobs: `full` (default) keeps the JVM's whole JIT in a driver that runs the tasks (C2 for code that stays hot); "
            "`quick` stops at C1 there too (short runs over little data, such as the test suite's jobs)"),
     EnvVar(KAPPA_SPARK_EVENT_LOG_DIR, "jobs: write Spark's event log into this folder (the benchmarks read "
            "executor CPU seconds from it; default: none)"),

@@ -50,8 +50,12 @@ DELTA_CONF = {
 PLANNING_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 #: A driver that runs the tasks too (``local[N]``: a version's job, a benchmark, the tests' session)
 #: keeps the full tiered JIT: there the executors live in the driver's JVM, and C2 halves the CPU of
-#: the per-record work (the parse of 2M profiles: 41 -> 17 s of executor CPU).
-TASK_JIT = ""
+#: the per-record work (the parse of 2M profiles: 41 -> 17 s of executor CPU). Its compile thresholds
+#: are five times the JVM's: Spark generates new classes for every plan (each live MERGE's too), most
+#: of them run for one batch, and C2 compiled them all, 17 CPU-s of a 2M-record reprocess's 62; with
+#: the higher thresholds C2 compiles what stays hot (10 CPU-s; the executors' CPU unchanged), and a
+#: live job's processes use 48 instead of 60 CPU-s over `kappa bench freshness`.
+TASK_JIT = "-XX:CompileThresholdScaling=5"
 #: Every kappa JVM runs in UTC, whatever the machine's zone (the SQL session's zone is UTC already):
 #: delta-spark checks a table's whole file list against its checksum after every commit when the JVM's
 #: default zone is not UTC (`allFilesInCrc.verificationMode.forceOnNonUTC`), a second replay of the

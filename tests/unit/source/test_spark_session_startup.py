@@ -76,6 +76,9 @@ def test_a_driver_that_runs_the_tasks_keeps_the_full_jit_and_a_planning_driver_c
     monkeypatch.delenv(KAPPA_SPARK_JIT, raising=False)   # the suite's own jobs run quick (tests/conftest.py)
     assert session.runs_tasks("local[2]") and session.runs_tasks("local") and not session.runs_tasks("spark://h:7077")
     assert "TieredStopAtLevel" not in session.driver_java_options(tasks=True)
+    # C2 on, for what stays hot: the classes Spark generates for one batch's plan are left to C1
+    assert "-XX:CompileThresholdScaling=5" in session.driver_java_options(tasks=True).split()
+    assert "CompileThresholdScaling" not in session.driver_java_options(tasks=False)
     seen = {}
 
     class Builder:
