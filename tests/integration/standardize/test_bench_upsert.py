@@ -20,6 +20,12 @@ def test_bench_upsert_reports_the_live_batches_next_to_a_full_rewrite(spark, tmp
         assert live["executor_cpu_seconds"] > 0 and 0 < live["bytes_written"] < full["bytes_written"]
     assert figures["first"] == figures["live"][0] and figures["steady"]["seconds"] == figures["live"][1]["seconds"]
     assert figures["ratio_bytes"] == figures["steady"]["bytes_written"] / full["bytes_written"]
+    # the reference: Delta's plain MERGE of the same keys into a copy of the same table, ending equal to kappa's
+    for ref in figures["plain"]:
+        assert ref["rows_updated"] == 5 and ref["spark_jobs"] >= 1 and ref["executor_cpu_seconds"] > 0
+    assert figures["ratio_plain"] == figures["plain_steady"]["seconds"] / figures["steady"]["seconds"]
+    table = lambda name: sorted(tuple(r) for r in spark.read.format("delta").load(str(tmp_path / name)).collect())
+    assert table("plain") == table("out")
 
 
 def test_bench_upsert_refuses_a_bad_count():
