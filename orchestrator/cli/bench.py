@@ -71,20 +71,24 @@ def bench_freshness(
     rules: Annotated[str, typer.Option("--rules", help="rules version")] = "v2",
     poll: Annotated[float, typer.Option("--poll", help="seconds between the reader's polls of the alias")] = 0.05,
     drain: Annotated[float, typer.Option("--drain", help="seconds to wait for the last records after the producer stops")] = 30.0,
+    reference: Annotated[bool, typer.Option("--reference/--no-reference",
+                                            help="then measure a plain Spark pipeline on the same topic")] = True,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Time from a record produced to its value readable through the serving alias: p50, p99.
 
     Deploys and promotes a standardize version (live trigger) on its own embedded stack, runs a live
-    producer, polls the alias; the job's trigger interval is the reference. Stops all it started.
+    producer, polls the alias; the references are the job's trigger interval and, measured next with
+    kappa's job stopped, a plain Spark pipeline (from_json, Delta's MERGE) on the same topic, read
+    the same way. Stops all it started.
     """
     from orchestrator.dev.freshbench import run_freshness_bench
 
     cli = cli_of(ctx)
     figures = run_freshness_bench(seconds, rate, records=records, keys=keys, partitions=partitions, rules=rules,
                                   poll=poll, drain=drain, console=cli.err if as_json else cli.out,
-                                  overrides=cli.overrides)
+                                  overrides=cli.overrides, reference=reference)
     write_json(out, figures)
     if as_json:
         print_json(figures)

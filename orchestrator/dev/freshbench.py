@@ -9,8 +9,11 @@ reloaded when the table's version changes) and notes when each probe's value is 
 latency of a probe is from just before `produce()` to the poll that first saw it, so it is
 over-estimated by at most one poll interval plus one table read.
 
-The reference figure is the job's trigger interval: p50 over the interval says how many triggers a
-record waits. A probe overwritten by a later probe of the same member before it was seen is
+Two references: the job's trigger interval (p50 over the interval says how many triggers a record
+waits), and a plain Spark pipeline measured after kappa's phase in the same run, kappa's job stopped
+first: Kafka source, ``from_json``, the latest row per key, Delta's MERGE from ``foreachBatch`` at the
+same trigger interval, no kappa code (`orchestrator.dev.plainlive`), read straight from its table by
+the same reader with new probes from the same producer (`--no-reference` leaves it out). A probe overwritten by a later probe of the same member before it was seen is
 counted as superseded (never readable, not a loss); one still unseen `drain` seconds after the
 producer stopped is counted as unseen. Everything started (broker, job, producer) is stopped by
 PID at the end; a temporary home is deleted, one given with `--home` is kept.
@@ -27,7 +30,7 @@ from orchestrator.core.exceptions import ConfigError, LifecycleError
 from orchestrator.dev.benchutil import fmt_seconds, percentile, positive, ratio, write_figures
 
 __all__ = ["validate_freshness", "trigger_interval", "freshness_figures", "freshness_lines", "Probes", "produce_probes", "poll_alias",
-           "run_freshness_bench"]
+           "poll_table", "follow_probes", "reference_lines", "run_freshness_bench"]
 
 PROBE_COLUMN = "location"
 
@@ -161,13 +164,18 @@ def produce_probes(bootstrap: str, topic: str, rate: float, seconds: float, keys
 
 def poll_alias(k, alias: str, probes: Probes, state: dict) -> None:
     """One poll of the alias: reload the table if the pointer or its version moved; mark seen probes."""
+    from orchestrator.serving import resolve_alias
+
+    poll_table(resolve_alias(alias, k.settings)["table"], probes, state)
+
+
+def poll_table(table: str, probes: Probes, state: dict) -> None:
+    """One poll of the Delta table `table`: reload it if it or its version moved; mark seen probes."""
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
     from orchestrator.core.tables import read_table
-    from orchestrator.serving import resolve_alias
 
-    table = resolve_alias(alias, k.settings)["table"]
     if state.get("uri") != table:
         state.update(uri=table, dt=DeltaTable(table), version=None)
     dt = state["dt"]
@@ -186,10 +194,51 @@ def poll_alias(k, alias: str, probes: Probes, state: dict) -> None:
     probes.seen(dict(zip(t.column("member_id").to_pylist(), t.column(PROBE_COLUMN).to_pylist())), now)
 
 
+def follow_probes(poll_once, producer: threading.Thread, probes: Probes, poll: float, drain: float, console) -> None:
+    """Poll (`poll_once`) while `producer` runs and until every probe is seen or `drain` seconds after it
+    ended; a progress line every 2 s."""
+    t0 = last_line = time.monotonic()
+    drain_until = None
+    while True:
+        poll_once()
+        now = time.monotonic()
+        if now - last_line >= 2.0:
+            last_line = now
+            p50 = percentile(probes.latencies, 50)
+            console.print(f"  {now - t0:5.1f} s: {probes.produced:,} produced, {len(probes.latencies):,} "
+                          f"readable, {len(probes.pending):,} in flight; p50 so far {fmt_seconds(p50)}",
+                          highlight=False)
+        if not producer.is_alive():
+            drain_until = drain_until or now + drain
+            if not probes.pending or now > drain_until:
+                break
+        time.sleep(poll)
+
+
+def reference_lines(f: dict) -> list[str]:
+    """The plain pipeline's figures beside kappa's (pure: tested); none when it was left out."""
+    ref = f.get("plain")
+    if not ref:
+        return []
+    line = (f"reference, a plain Spark pipeline on the same topic (from_json, latest row per key, Delta's MERGE "
+            f"from foreachBatch, the same trigger): p50 {fmt_seconds(ref['p50_seconds'])}, p99 "
+            f"{fmt_seconds(ref['p99_seconds'])}, max {fmt_seconds(ref['max_seconds'])} over {ref['readable']:,} "
+            f"records (of {ref['produced']:,}; {ref['unseen']:,} never seen)")
+    ex, jobs = ref.get("executor"), ref.get("spark_jobs_per_batch")
+    if ex and jobs:
+        line += (f"; executor CPU {ex['cpu_seconds']:.1f} s, its processes {ref['process_cpu_seconds']:.1f} s over "
+                 f"{ref['live_seconds']:.1f} s; {jobs['median'] or 0:g} Spark jobs per micro-batch (median)")
+    lines = [line]
+    p50, p99 = ratio(f.get("p50_seconds"), ref["p50_seconds"], 2), ratio(f.get("p99_seconds"), ref["p99_seconds"], 2)
+    if p50 is not None and p99 is not None:
+        lines.append(f"kappa / plain: p50 {p50:.2f}x, p99 {p99:.2f}x")
+    return lines
+
+
 def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: int = 100_000, keys: int = 20_000,
                         partitions: int = 4, rules: str = "v2", poll: float = 0.05, drain: float = 30.0,
                         deadline: float = 600.0, console=None, overrides: dict[str, Any] | None = None,
-                        json_out=None) -> dict[str, Any]:
+                        json_out=None, reference: bool = True) -> dict[str, Any]:
     """Run the freshness benchmark (module docstring); print and return its figures."""
     import os
 
@@ -199,6 +248,7 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
     from orchestrator.core.envvars import KAPPA_SPARK_EVENT_LOG_DIR
     from orchestrator.dev.benchutil import process_cpu_seconds
     from orchestrator.dev.demo import ACTOR, PIPELINE, Demo, DemoOptions
+    from orchestrator.dev.plainlive import PlainLive
     from orchestrator.jobctl import read_launch
     from orchestrator.lifecycle.await_ready import wait_ready
     from orchestrator.lifecycle.deploy import deploy
@@ -211,9 +261,10 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
                              batch=None), console, overrides)
     figures: dict[str, Any] = {"params": {"seconds": seconds, "rate": rate, "records": records, "keys": keys,
                                           "partitions": partitions, "rules": rules, "poll_seconds": poll,
-                                          "drain_seconds": drain}, "pids_started": []}
+                                          "drain_seconds": drain, "reference": reference},
+               "pids_started": []}
     stop, errors, probes = threading.Event(), [], Probes()
-    producer = None
+    producer = plain = None
     ok = False
     events_env = os.environ.get(KAPPA_SPARK_EVENT_LOG_DIR)
     live_from = cpu0 = None
@@ -247,22 +298,7 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         live_from, cpu0 = time.time(), process_cpu_seconds(info.pid)
         producer.start()
         state: dict[str, Any] = {}
-        t0 = last_line = time.monotonic()
-        drain_until = None
-        while True:
-            poll_alias(bench.k, spec.alias, probes, state)
-            now = time.monotonic()
-            if now - last_line >= 2.0:
-                last_line = now
-                p50 = percentile(probes.latencies, 50)
-                console.print(f"  {now - t0:5.1f} s: {probes.produced:,} produced, {len(probes.latencies):,} "
-                              f"readable, {len(probes.pending):,} in flight; p50 so far {fmt_seconds(p50)}",
-                              highlight=False)
-            if not producer.is_alive():
-                drain_until = drain_until or now + drain
-                if not probes.pending or now > drain_until:
-                    break
-            time.sleep(poll)
+        follow_probes(lambda: poll_alias(bench.k, spec.alias, probes, state), producer, probes, poll, drain, console)
         if errors:
             raise LifecycleError(f"the benchmark's live producer failed: {errors[0]}")
         figures.update(freshness_figures(probes.latencies, probes.produced, probes.superseded,
@@ -270,11 +306,39 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         figures["version"] = info.version
         figures["live_seconds"] = round(time.time() - live_from, 2)
         figures["job_process_cpu_seconds"] = round(process_cpu_seconds(info.pid) - cpu0, 2)
+        if reference:
+            from orchestrator.jobctl import stop_version
+
+            bench.section("reference: a plain Spark pipeline on the same topic (kappa's job stopped first)")
+            stop_version(v, actor=ACTOR, reason="freshness benchmark: the plain reference runs alone", force=True)
+            plain = PlainLive(bench.home / "plain", bench.k.bootstrap_servers, spec.topics[0], interval).start()
+            figures["pids_started"].append(plain.pid)
+            bench.say(f"plain pipeline (pid {plain.pid}): its first batch appends the log so far...")
+            plain.wait_table(deadline)
+            stop.clear()
+            ref_probes, ref_state = Probes(), {}
+            producer = threading.Thread(target=produce_probes, name="kappa-bench-fresh-producer", daemon=True,
+                                        args=(bench.k.bootstrap_servers, spec.topics[0], rate, seconds, keys,
+                                              f"{run}-plain", ref_probes, stop, errors))
+            ref_from, ref_cpu0 = time.time(), process_cpu_seconds(plain.pid)
+            producer.start()
+            follow_probes(lambda: poll_table(str(plain.output), ref_probes, ref_state), producer, ref_probes, poll,
+                          drain, console)
+            ref_cpu = process_cpu_seconds(plain.pid) - ref_cpu0
+            if errors:
+                raise LifecycleError(f"the benchmark's live producer failed: {errors[0]}")
+            figures["plain"] = {**freshness_figures(ref_probes.latencies, ref_probes.produced, ref_probes.superseded,
+                                                    len(ref_probes.pending), interval, poll),
+                                "live_seconds": round(time.time() - ref_from, 2),
+                                "process_cpu_seconds": round(ref_cpu, 2)}
         ok = True
     finally:
         stop.set()
         if producer is not None:
             producer.join(40)
+        if plain is not None:
+            plain.stop()
+            console.print(f"stopped the plain pipeline (pid {plain.pid})", highlight=False)
         stopped = bench.cleanup()
         for what, pid in stopped:
             console.print(f"stopped {what} (pid {pid})", highlight=False)
@@ -283,6 +347,12 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
             jobs = sorted(event_log_jobs(events, since=live_from).values())
             figures["spark_jobs_per_batch"] = {"batches": len(jobs), "median": percentile(jobs, 50),
                                                "max": max(jobs) if jobs else None}
+            if "plain" in figures:
+                ref_jobs = sorted(event_log_jobs(plain.events, since=ref_from).values())
+                figures["plain"]["executor"] = event_log_time(plain.events, since=ref_from).as_dict()
+                figures["plain"]["spark_jobs_per_batch"] = {"batches": len(ref_jobs),
+                                                            "median": percentile(ref_jobs, 50),
+                                                            "max": max(ref_jobs) if ref_jobs else None}
         if events_env is None:
             os.environ.pop(KAPPA_SPARK_EVENT_LOG_DIR, None)
         else:
@@ -290,7 +360,7 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         if bench.home is not None and bench.temp_home:
             shutil.rmtree(bench.home, ignore_errors=True)
     if ok:
-        for line in freshness_lines(figures):
+        for line in freshness_lines(figures) + reference_lines(figures):
             console.print(f"[bold]{line}[/]" if line.startswith("freshness") else line, highlight=False)
     write_figures(json_out, figures)
     return figures

@@ -119,3 +119,18 @@ def test_bad_bench_arguments_end_as_one_line_and_exit_1_before_anything_starts(t
     assert result.exit_code == 1, result.output
     assert result.stderr.splitlines() == [result.stderr.strip()] and result.stderr.startswith(message)
     assert "Traceback" not in result.output and started == []
+
+
+def test_the_plain_reference_is_printed_beside_kappa_s_figures():
+    from orchestrator.dev.freshbench import reference_lines
+
+    f = freshness_figures([1.0, 2.0, 3.0], produced=3, superseded=0, unseen=0, interval=1.0, poll=0.05)
+    assert reference_lines(f) == []                     # --no-reference
+    f["plain"] = {**freshness_figures([0.5, 1.0, 1.5], produced=4, superseded=0, unseen=1, interval=1.0, poll=0.05),
+                  "live_seconds": 31.0, "process_cpu_seconds": 20.5,
+                  "executor": {"cpu_seconds": 6.25}, "spark_jobs_per_batch": {"batches": 30, "median": 7, "max": 9}}
+    assert reference_lines(f) == [
+        "reference, a plain Spark pipeline on the same topic (from_json, latest row per key, Delta's MERGE from "
+        "foreachBatch, the same trigger): p50 1.00 s, p99 1.49 s, max 1.50 s over 3 records (of 4; 1 never seen); "
+        "executor CPU 6.2 s, its processes 20.5 s over 31.0 s; 7 Spark jobs per micro-batch (median)",
+        "kappa / plain: p50 2.00x, p99 2.00x"]
