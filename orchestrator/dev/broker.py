@@ -82,6 +82,19 @@ def _java() -> str:
     return str(java)
 
 
+def random_cluster_id() -> str:
+    """A new KRaft cluster id, made as Kafka's `StorageTool random-uuid` makes it (`Uuid.randomUuid`: a
+    random version-4 UUID in URL-safe base64 without padding, never one that starts with "-"), without a
+    JVM start for it."""
+    import base64
+    import uuid
+
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
 def kafka_tool(main_class: str, args: list[str], *, timeout: float = 120.0, secret_args: bool = False,
                jvm_jit: bool = False) -> str:
     """Run one of Kafka's own tools (a main class from the fetched JARs); its stdout, or BrokerError.
@@ -249,7 +262,7 @@ class EmbeddedBroker:
         config.write_text(self._properties())
         (self.data_dir / "log4j2.properties").write_text(_LOG4J)
         if not (self.data_dir / "kraft" / "meta.properties").is_file():
-            cluster_id = kafka_tool("kafka.tools.StorageTool", ["random-uuid"]).strip().splitlines()[-1]
+            cluster_id = random_cluster_id()
             self._format(config, cluster_id)
             state["cluster_id"] = cluster_id
             (self.data_dir / STATE_FILE).write_text(json.dumps(state, indent=1))

@@ -167,3 +167,18 @@ def test_properties_open_a_sasl_listener_only_with_scram_users(tmp_path):
     text = sasl._properties()
     assert "advertised.listeners=PLAINTEXT://127.0.0.1:9,SASL_PLAINTEXT://127.0.0.1:11\n" in text
     assert f"sasl.enabled.mechanisms={SCRAM_MECHANISM}\n" in text and "password" not in text
+
+
+def test_a_cluster_id_is_made_as_kafka_makes_it_without_a_jvm():
+    """`kafka-storage random-uuid`'s format: a version-4 UUID in URL-safe base64 without padding, never
+    starting with "-" (Kafka's `Uuid.randomUuid`); `kafka-storage format` takes it at every broker start."""
+    import base64
+    import uuid
+
+    from orchestrator.dev.broker import random_cluster_id
+
+    ids = {random_cluster_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for text in ids:
+        assert len(text) == 22 and not text.startswith("-") and "=" not in text, text
+        assert uuid.UUID(bytes=base64.urlsafe_b64decode(text + "==")).version == 4
