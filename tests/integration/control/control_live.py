@@ -1,7 +1,7 @@
 """The live setup of the control-plane integration tests: a compacted topic on the session's
 Apache Kafka broker, a kappa home, real standardize jobs spawned by the orchestrator, a live producer.
 
-Everything started here is stopped by PID in `Live.close()` (jobs by `stop_version`, then any
+Everything started here is stopped by PID in `Live.close()` (jobs killed by `tests.teardown.kill_jobs`, then any
 process group left behind), which the fixtures call in their teardown.
 """
 
@@ -15,12 +15,12 @@ from pathlib import Path
 
 from orchestrator.dev import datagen
 
-import orchestrator.jobctl as lifecycle
 from orchestrator.jobctl.health import CHILDREN
 from orchestrator.core.settings import Settings
 from orchestrator.context import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from tests.served import served_diff, version_diff
+from tests.teardown import kill_jobs
 
 PIPELINE = "standardize"
 PARTITIONS = 4
@@ -88,13 +88,9 @@ class Live:
 
     def close(self) -> None:
         self.stop_producer()
-        reg = self.k._registry
-        if reg is not None:
+        if self.k._registry is not None:
             try:
-                for rec in reg.list_versions(PIPELINE):
-                    if lifecycle.inspect_version(self.k.version(PIPELINE, rec.version)).alive:
-                        lifecycle.stop_version(self.k.version(PIPELINE, rec.version), actor="teardown", force=True,
-                                               graceful_timeout=30, term_timeout=15)
+                kill_jobs(self.k, [PIPELINE])
             except Exception as e:  # teardown goes on: the PIDs below are stopped regardless
                 print(f"teardown: {e}")
         for pid, proc in list(CHILDREN.items()):

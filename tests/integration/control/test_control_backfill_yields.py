@@ -26,7 +26,7 @@ from orchestrator.core.pipelines import load_pipelines
 from orchestrator.core.settings import Settings
 from orchestrator.core.shares import MIN_SHARE, share_to_nice
 from orchestrator.dev import seedgen
-from orchestrator.jobctl import inspect_version, stop_version
+from orchestrator.jobctl import inspect_version
 from orchestrator.jobctl.priority import job_processes, thread_nice
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
@@ -34,6 +34,7 @@ from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.throttle import throttle_changes, throttle_pass
 from orchestrator.observe.lag import sample_lag
 from tests.waiting import wait_until
+from tests.teardown import kill_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -91,10 +92,7 @@ def bed(bootstrap, tmp_path, monkeypatch):
                 _signal_tree(pid, signal.SIGCONT)
         if (tmp_path / "held").exists():
             (tmp_path / "held").unlink()
-        for n in (1, 2):
-            if k.registry.get_version(PIPELINE, n) and inspect_version(k.version(PIPELINE, n)).alive:
-                stop_version(k.version(PIPELINE, n), actor=ACTOR, reason="test teardown", force=True,
-                             graceful_timeout=20, final_state=None)
+        kill_jobs(k, [PIPELINE])
         k.close()
 
 

@@ -27,7 +27,6 @@ from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
 from orchestrator.dev.broker import FAST_COMPACTION
-from orchestrator.jobctl import inspect_version, stop_version
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
@@ -36,6 +35,7 @@ from orchestrator.observe.lag import log_offsets
 from orchestrator.registry import Registry
 from tests.oracle.standardize import expected_table
 from tests.served import version_diff
+from tests.teardown import kill_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -136,8 +136,5 @@ def test_a_reprocess_of_a_compacted_log_is_exact_and_counts_the_keys_compaction_
         assert report.key_count_ok is True and report.rows_changed == 0
         assert report.keys_serving == report.keys_new + len(gone)
     finally:
-        for rec in k.registry.list_versions(PIPELINE):
-            if inspect_version(k.version(PIPELINE, rec.version)).alive:
-                stop_version(k.version(PIPELINE, rec.version), actor="tests", reason="teardown", force=True,
-                             graceful_timeout=20, final_state=None)
+        kill_jobs(k, [PIPELINE])
         reg.close()

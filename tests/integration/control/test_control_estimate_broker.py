@@ -22,11 +22,11 @@ from control_live import DEADLINE, PARTITIONS, PIPELINE
 from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
-from orchestrator.jobctl import inspect_version, stop_version
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.observe.estimate import compare
+from tests.teardown import kill_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -106,8 +106,5 @@ max_reject_rate = 0.05
         row = next(v for v in rows["pipelines"][0]["versions"] if v["version"] == v2.version)
         assert row["estimate_vs_actual"] == c
     finally:
-        for rec in k.registry.list_versions(PIPELINE):
-            if inspect_version(k.version(PIPELINE, rec.version)).alive:
-                stop_version(k.version(PIPELINE, rec.version), actor="tests", reason="teardown", force=True,
-                             graceful_timeout=20, final_state=None)
+        kill_jobs(k, [PIPELINE])
         k.close()

@@ -27,7 +27,7 @@ from orchestrator.core.settings import resolve_settings
 from orchestrator.context import Kappa
 from orchestrator.dev import datagen
 from orchestrator.dev.broker import SCRAM_MECHANISM
-from orchestrator.jobctl import inspect_version, stop_version
+from orchestrator.jobctl import inspect_version
 from orchestrator.jobctl.health import CHILDREN
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
@@ -35,6 +35,7 @@ from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.reconcile import reconcile
 from tests.conftest import SCRAM_USER
 from tests.pipelines import standardize_pipeline
+from tests.teardown import kill_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -103,10 +104,7 @@ bootstrap_servers = "{broker.sasl_bootstrap_servers}"
 
 
 def _stop_everything(k: Kappa, pipeline: str) -> None:
-    for rec in k.registry.list_versions(pipeline):
-        if inspect_version(k.version(pipeline, rec.version)).alive:
-            stop_version(k.version(pipeline, rec.version), actor="tests", reason="teardown", force=True,
-                         graceful_timeout=20, final_state=None)
+    kill_jobs(k, [pipeline])
     for pid, proc in list(CHILDREN.items()):
         if proc.poll() is None:
             proc.kill()

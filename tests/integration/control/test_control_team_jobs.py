@@ -28,6 +28,7 @@ from orchestrator.lifecycle.promote import promote
 from orchestrator.registry import Registry
 from orchestrator.serving import open_alias, resolve_alias
 from tests.team_repo import accounts, expected_accounts, write_team_repo
+from tests.teardown import kill_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -69,12 +70,7 @@ def team(bootstrap, tmp_path, seed):
     try:
         yield k, topic, alias
     finally:
-        from orchestrator.jobctl import inspect_version, stop_version
-
-        for rec in reg.list_versions("accounts"):
-            if inspect_version(k.version("accounts", rec.version)).alive:
-                stop_version(k.version("accounts", rec.version), actor="tests", reason="teardown", force=True,
-                             graceful_timeout=20, final_state=None)
+        kill_jobs(k, ["accounts"])
         k.close()
 
 

@@ -19,7 +19,7 @@ from orchestrator.core import uris
 from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
-from orchestrator.jobctl import inspect_version, stop_version
+from orchestrator.jobctl import stop_version
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
@@ -27,6 +27,7 @@ from orchestrator.lifecycle.retire import retire
 from orchestrator.serving import open_alias, resolve_alias
 from tests.pipelines import standardize_pipeline
 from orchestrator.core.tables import read_table
+from tests.teardown import kill_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -54,10 +55,7 @@ def bed(bootstrap, tmp_path, seed, monkeypatch):
     try:
         yield k, pipeline, alias, warehouse, tmp_path
     finally:
-        for rec in k.registry.list_versions(pipeline):
-            if inspect_version(k.version(pipeline, rec.version)).alive:
-                stop_version(k.version(pipeline, rec.version), actor="tests", reason="test teardown", force=True,
-                             graceful_timeout=20, final_state=None)
+        kill_jobs(k, [pipeline])
         k.close()
 
 

@@ -26,13 +26,13 @@ from orchestrator.context import Kappa
 from orchestrator.core.pipelines import load_pipelines
 from orchestrator.core.settings import Settings
 from orchestrator.dev import seedgen
-from orchestrator.jobctl import inspect_version, stop_version
 from orchestrator.lifecycle.await_ready import wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.serving import open_alias
 from seedjob_helpers import expected_joined, expected_pairs, ts
 from orchestrator.core.tables import read_table
+from tests.teardown import kill_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -82,10 +82,7 @@ def control_plane(bootstrap, tmp_path):
         yield serve
     finally:
         for k, pipeline in made:
-            for rec in k.registry.list_versions(pipeline):
-                if inspect_version(k.version(pipeline, rec.version)).alive:
-                    stop_version(k.version(pipeline, rec.version), actor="tests", reason="test teardown", force=True,
-                                 graceful_timeout=20, final_state=None)
+            kill_jobs(k, [pipeline])
             k.close()
 
 

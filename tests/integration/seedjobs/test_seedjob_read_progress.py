@@ -23,11 +23,12 @@ from orchestrator.core.pipelines import load_pipelines
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import VersionState
 from orchestrator.dev import seedgen
-from orchestrator.jobctl import inspect_version, stop_version
+from orchestrator.jobctl import inspect_version
 from orchestrator.lifecycle.await_ready import readiness, wait_ready
 from orchestrator.lifecycle.deploy import deploy
 from orchestrator.observe.lag import group_offsets, measure_lag
 from tests.waiting import wait_until
+from tests.teardown import kill_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -64,9 +65,7 @@ def held_version(bootstrap, tmp_path, monkeypatch):
         yield start
     finally:
         for k, pipeline, version in made:
-            if inspect_version(k.version(pipeline, version)).alive:
-                stop_version(k.version(pipeline, version), actor="tests", reason="test teardown", force=True,
-                             graceful_timeout=20, final_state=None)
+            kill_jobs(k, [pipeline])
             k.close()
 
 
