@@ -290,13 +290,13 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 rejects_before = status_of(home, bootstrap, 1)["rejects"]
                 assert rejects_before > 0
 
-                # 3. kappa_promote (the note's link), grace 20 s: the run ends at the flip, stop_previous skipped
+                # 3. kappa_promote (the note's link), grace 5 s: the run ends at the flip, stop_previous skipped
                 page.goto(f"{url}/dags/kappa_promote")
                 page.get_by_label("Trigger Dag").first.click()
                 grace = page.locator("input[name=element_grace_period_seconds], #element_grace_period_seconds input, "
                                      "input#element_grace_period_seconds").first
                 try:
-                    grace.fill("20", timeout=10_000)
+                    grace.fill("5", timeout=10_000)
                 except Exception:
                     html = page.content()
                     i = html.find("grace_period")
@@ -315,8 +315,8 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 assert note.startswith("**kappa:** promoted standardize v2"), note
                 assert "v1 stays a running standby until" in note and "kappa_monitor stops it after" in note
 
-                # 4. kappa_monitor stops the standby after its 20 s; meanwhile no "failing" for a requested stop
-                wait_until(lambda: time.time() > flipped_at + 21, "the 20 s grace period", 60, poll=1)
+                # 4. kappa_monitor stops the standby after its 5 s; meanwhile no "failing" for a requested stop
+                wait_until(lambda: time.time() > flipped_at + 6, "the 5 s grace period", 60, poll=1)
                 client.trigger("kappa_monitor", {})
                 samples = []
 
