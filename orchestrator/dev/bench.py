@@ -109,12 +109,16 @@ def check_against_generator(output, rejects: int, changes) -> dict[str, Any]:
     return compare_raw(output, rejects, expected, malformed)
 
 
+def first_batch_seconds(spark_breakdown: dict) -> float:
+    """A query's start to its first batch (to the first trigger, then that batch's planning phases)."""
+    return round(spark_breakdown.get("until_first_trigger", 0) + spark_breakdown.get("first_batch_planning", 0), 3)
+
+
 def reprocess_figures(job: dict, total_bytes: int, records: int) -> dict[str, Any]:
     """The reprocess's figures from `benchjob.run_in_child`'s result."""
     sp = job["spark"]
     breakdown = {"spark_startup": job["startup"],
-                 "query_start_to_first_batch": round(sp.get("until_first_trigger", 0)
-                                                     + sp.get("first_batch_planning", 0), 3),
+                 "query_start_to_first_batch": first_batch_seconds(sp),
                  **{f"spark_{k}": v for k, v in sp.items() if k not in ("batches",)},
                  **{f"job_{k}": v for k, v in job["stages"].items()}}
     return {"reprocess": {**rate(records, total_bytes, job["seconds"]), "batches": job["batches"],
@@ -151,7 +155,10 @@ def breakdown_lines(f: dict) -> list[str]:
         lines.append(f"where the time goes (s): Spark start-up {b['spark_startup']:.2f}; query start to first batch "
                      f"{b['query_start_to_first_batch']:.2f} (to the first trigger "
                      f"{b.get('spark_until_first_trigger', 0):.2f}, its planning "
-                     f"{b.get('spark_first_batch_planning', 0):.2f}); Spark phases over all batches: {phases} "
+                     f"{b.get('spark_first_batch_planning', 0):.2f}"
+                     + (f"; the plain Spark pipeline's {plain['query_start_to_first_batch']:.2f}, to its first trigger "
+                        f"{plain['until_first_trigger']:.2f}" if plain and "query_start_to_first_batch" in plain else "")
+                     + f"); Spark phases over all batches: {phases} "
                      f"(addBatch is the job's batch work, commitOffsets the checkpoint commit); after the last "
                      f"trigger {b.get('spark_after_last_trigger', 0):.2f}")
         stages = {k[4:]: v for k, v in b.items() if k.startswith("job_")}
@@ -303,6 +310,8 @@ def run_reprocess_bench(records: int = 2_000_000, keys: int = 500_000, partition
         figures["pids_started"].append(plain["child_pid"])
         figures["plain_spark"] = {**rate(records, ref["bytes"], plain["seconds"]), "rows": count_rows(plain["output"]),
                                   "spark_startup_seconds": plain["startup"], "executor": plain.get("executor"),
+                                  "query_start_to_first_batch": first_batch_seconds(plain["spark"]),
+                                  "until_first_trigger": round(plain["spark"].get("until_first_trigger", 0), 3),
                                   "process_cpu_seconds": plain.get("process_cpu_seconds"),
                                   "peak_memory_mb": round(plain["peak_memory_bytes"] / 1e6)}
         figures["reprocess"]["rejects"] = count_rows(job["rejects"])

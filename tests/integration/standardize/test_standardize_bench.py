@@ -89,6 +89,7 @@ def test_reprocess_bench_small(tmp_path, bootstrap, seed):
     # it keeps a malformed latest record as a row of nulls where kappa keeps the member's last valid value
     assert abs(plain["rows"] - output.num_rows) <= len(expected.rejects) and plain["records_per_s"] > 0 and plain["executor"]["cpu_seconds"] > 0
     assert figures["ratio_to_plain_spark"] == round(figures["reprocess"]["records_per_s"] / plain["records_per_s"], 3)
+    assert plain["query_start_to_first_batch"] >= plain["until_first_trigger"] > 0
     for text in ("plain Spark pipeline", "ratio to the plain Spark pipeline", "CPU: executor CPU",
                  "costliest stages", "kappa bench reprocess", "raw read (reference)", "ratio to the reference", "where the time goes",
                  "peak memory", "output's raw columns match the generated records: yes",

@@ -167,5 +167,11 @@ def test_reprocess_figures_and_the_printed_breakdown():
     assert lines[2] == "the job's own stages (s, summed over batches): fetch 2.00, transform 3.50"
     assert lines[3].endswith("1,234 MB")
 
+    # the plain pipeline's start to first batch beside kappa's (the floor of Spark's own query start)
+    f.update(plain_spark={"records_per_s": 400_000, "mb_per_s": 80.0, "rows": 10, "query_start_to_first_batch": 0.75,
+                          "until_first_trigger": 0.5}, ratio_to_plain_spark=0.5)
+    assert ("query start to first batch 0.80 (to the first trigger 0.60, its planning 0.20; the plain Spark "
+            "pipeline's 0.75, to its first trigger 0.50)") in breakdown_lines(f)[2]
+
     bare = reprocess_figures(_job({}), 400_000_000, 2_000_000)
     assert "not exposed" in breakdown_lines(bare)[1]
