@@ -170,3 +170,31 @@ def assert_consumer_group_lag_is_the_checkpoint_s(bootstrap, changelog, paths, s
     assert {p: (c, e, lag) for p, (c, e, lag) in tool.items()} == {
         p: (checkpoint[p], ends[p], ends[p] - checkpoint[p]) for p in range(4)}
     assert sum(lag for _c, _e, lag in tool.values()) == 300
+
+
+def test_the_job_s_function_runs_once_on_the_stream_before_the_query_starts(spark, bootstrap, unique, paths):
+    """`start_job` calls the job's function on the stream once, to learn its sink, and starts the query with
+    that answer: it called it twice (once more in `start_query`), ~0.3 s of the query's start on a fresh JVM."""
+    from jobs import standardize
+    from jobs.lib.contract.runner import start_job
+    from jobs.lib.rules.files import load_rules
+    from jobs.lib.runtime.args import parse_args
+    from jobs.lib.runtime.context import JobContext
+    from jobs.lib.runtime.status import Status
+    from orchestrator.dev import datagen
+
+    topic = f"once_{unique}"
+    datagen.ensure_topic(bootstrap, topic, 1)
+    args = parse_args(paths.argv(bootstrap, topic, rules_path("titles", "v1")))
+    on_stream = []
+
+    def transform(job):
+        if job.source.isStreaming:                   # the micro-batches' calls get a batch DataFrame
+            on_stream.append(job.version)
+        return standardize.transform(job)
+    ctx = JobContext(args, spark, Status(paths.run_dir / "status.json", args.pipeline, args.version, args.trigger))
+    query = start_job(ctx, standardize.JOB, transform, load_rules(args.rules))
+    try:
+        assert on_stream == [args.version], on_stream
+    finally:
+        query.stop()
