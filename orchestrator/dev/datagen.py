@@ -223,7 +223,11 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, *, compact: bo
     Compacted by default. `fast_compaction` adds the settings that have the cleaner compact closed
     segments within seconds (`FAST_COMPACTION`: the demo, the compaction tests); without it the
     broker's segment defaults keep every record for days, which tests whose expected table counts
-    every produced record (rejects) rely on. `topic_config` adds or overrides topic settings."""
+    every produced record (rejects) rely on. `topic_config` adds or overrides topic settings.
+
+    A topic it created is returned once the broker serves its metadata: KRaft answers CreateTopics when
+    the controller has committed the topic, and the broker applies that a moment later, so a describe
+    right after the create could read "unknown topic" (the demo failed that way in CI)."""
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -234,12 +238,31 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, *, compact: bo
                                         config=topic_config)])[topic]
     try:
         fut.result(timeout)
-        return True
     except Exception as e:
         err = e.args[0] if e.args else None
         if getattr(err, "code", lambda: None)() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
         raise BrokerError(f"cannot create topic {topic!r} on {bootstrap}: {e}") from None
+    _wait_served(admin, bootstrap, topic, partitions, timeout)
+    return True
+
+
+def _wait_served(admin, bootstrap: str, topic: str, partitions: int, timeout: float) -> None:
+    """Until the broker's metadata has `topic` with its `partitions` (BrokerError after `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while True:
+        try:
+            t = admin.list_topics(topic, timeout=max(0.1, min(5.0, deadline - time.monotonic()))).topics.get(topic)
+            seen = t.error if t is not None and t.error else (len(t.partitions) if t is not None else None)
+            if t is not None and t.error is None and len(t.partitions) == partitions:
+                return
+        except Exception as e:  # a metadata request that timed out: try again until the deadline
+            seen = e
+        if time.monotonic() >= deadline:
+            raise BrokerError(f"topic {topic!r} was created on {bootstrap} but the broker did not serve it within "
+                              f"{timeout:g} s (last seen: {seen}); check the broker's log")
+        time.sleep(0.05)
 
 
 def topic_partitions(bootstrap: str, topic: str, config: dict | None = None, timeout: float = 10.0) -> int:
