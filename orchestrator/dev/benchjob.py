@@ -29,7 +29,7 @@ from typing import Any, Callable
 from orchestrator.core.exceptions import ConfigError, LifecycleError
 
 __all__ = ["PROGRESS", "SPARK_PHASES", "start_standardize", "spark_breakdown", "stage_totals", "run_job",
-           "run_in_child", "job_argv", "main"]
+           "run_in_child", "child_env", "job_argv", "main"]
 
 PROGRESS = "progress: "
 #: Spark's micro-batch phases in the order a trigger runs them (StreamingQueryProgress.durationMs).
@@ -212,9 +212,18 @@ def project_root() -> Path:
     return Path(orchestrator.__file__).resolve().parents[1]
 
 
+def child_env(**extra: str) -> tuple[dict[str, str], str]:
+    """(the environment, the working folder) of a benchmark's Spark child process: Spark's environment
+    (`spark_env`), unbuffered output, the project on its path; `extra` on top."""
+    from jobs.lib.runtime.session import spark_env
+
+    root = str(project_root())
+    return {**os.environ, **spark_env(), "PYTHONUNBUFFERED": "1", **extra,
+            "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}, root
+
+
 def run_in_child(p: dict, work: Path, console, label: str = "reprocess") -> dict[str, Any]:
     """`run_job(p)` in a child process (module docstring); its result plus `peak_memory_bytes`."""
-    from jobs.lib.runtime.session import spark_env
     from orchestrator.dev.benchutil import PeakMemory
     from orchestrator.jobctl.process import end_group
 
@@ -222,9 +231,7 @@ def run_in_child(p: dict, work: Path, console, label: str = "reprocess") -> dict
     pfile, rfile, log = work / f"{label}.params.json", work / f"{label}.result.json", work / f"{label}.log"
     pfile.write_text(json.dumps(p), encoding="utf-8")
     rfile.unlink(missing_ok=True)
-    root = str(project_root())
-    env = {**os.environ, **spark_env(), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env, root = child_env()
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator.dev.benchjob", str(pfile), str(rfile)],
                                 stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=root,

@@ -194,6 +194,16 @@ def poll_table(table: str, probes: Probes, state: dict) -> None:
     probes.seen(dict(zip(t.column("member_id").to_pylist(), t.column(PROBE_COLUMN).to_pylist())), now)
 
 
+def _spark_work(events, since: float) -> dict[str, Any]:
+    """The executor CPU and the Spark jobs per micro-batch in the event logs under `events`, after `since`."""
+    from jobs.lib.runtime.sparkwork import event_log_jobs, event_log_time
+
+    jobs = sorted(event_log_jobs(events, since=since).values())
+    return {"executor": event_log_time(events, since=since).as_dict(),
+            "spark_jobs_per_batch": {"batches": len(jobs), "median": percentile(jobs, 50),
+                                     "max": max(jobs) if jobs else None}}
+
+
 def follow_probes(poll_once, producer: threading.Thread, probes: Probes, poll: float, drain: float, console) -> None:
     """Poll (`poll_once`) while `producer` runs and until every probe is seen or `drain` seconds after it
     ended; a progress line every 2 s."""
@@ -244,7 +254,6 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
 
     from rich.console import Console
 
-    from jobs.lib.runtime.sparkwork import event_log_jobs, event_log_time
     from orchestrator.core.envvars import KAPPA_SPARK_EVENT_LOG_DIR
     from orchestrator.dev.benchutil import process_cpu_seconds
     from orchestrator.dev.demo import ACTOR, PIPELINE, Demo, DemoOptions
@@ -292,9 +301,11 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
 
         bench.section(f"live producer: {rate:g} updates/s for {seconds:g} s; reading through alias {spec.alias}")
         run = f"{time.time_ns() % 10**9}"
-        producer = threading.Thread(target=produce_probes, name="kappa-bench-fresh-producer", daemon=True,
-                                    args=(bench.k.bootstrap_servers, spec.topics[0], rate, seconds, keys, run,
-                                          probes, stop, errors))
+        def producer_of(run_id: str, sent: Probes) -> threading.Thread:
+            return threading.Thread(target=produce_probes, name="kappa-bench-fresh-producer", daemon=True,
+                                    args=(bench.k.bootstrap_servers, spec.topics[0], rate, seconds, keys, run_id,
+                                          sent, stop, errors))
+        producer = producer_of(run, probes)
         live_from, cpu0 = time.time(), process_cpu_seconds(info.pid)
         producer.start()
         state: dict[str, Any] = {}
@@ -317,9 +328,7 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
             plain.wait_table(deadline)
             stop.clear()
             ref_probes, ref_state = Probes(), {}
-            producer = threading.Thread(target=produce_probes, name="kappa-bench-fresh-producer", daemon=True,
-                                        args=(bench.k.bootstrap_servers, spec.topics[0], rate, seconds, keys,
-                                              f"{run}-plain", ref_probes, stop, errors))
+            producer = producer_of(f"{run}-plain", ref_probes)
             ref_from, ref_cpu0 = time.time(), process_cpu_seconds(plain.pid)
             producer.start()
             follow_probes(lambda: poll_table(str(plain.output), ref_probes, ref_state), producer, ref_probes, poll,
@@ -343,16 +352,9 @@ def run_freshness_bench(seconds: float = 30.0, rate: float = 20.0, *, records: i
         for what, pid in stopped:
             console.print(f"stopped {what} (pid {pid})", highlight=False)
         if ok:
-            figures["executor"] = event_log_time(events, since=live_from).as_dict()
-            jobs = sorted(event_log_jobs(events, since=live_from).values())
-            figures["spark_jobs_per_batch"] = {"batches": len(jobs), "median": percentile(jobs, 50),
-                                               "max": max(jobs) if jobs else None}
+            figures.update(_spark_work(events, live_from))
             if "plain" in figures:
-                ref_jobs = sorted(event_log_jobs(plain.events, since=ref_from).values())
-                figures["plain"]["executor"] = event_log_time(plain.events, since=ref_from).as_dict()
-                figures["plain"]["spark_jobs_per_batch"] = {"batches": len(ref_jobs),
-                                                            "median": percentile(ref_jobs, 50),
-                                                            "max": max(ref_jobs) if ref_jobs else None}
+                figures["plain"].update(_spark_work(plain.events, ref_from))
         if events_env is None:
             os.environ.pop(KAPPA_SPARK_EVENT_LOG_DIR, None)
         else:

@@ -10,7 +10,6 @@ waits for its first batch (the log so far, appended) to make the table, and `sto
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -41,17 +40,14 @@ class PlainLive:
         return None if self.proc is None else self.proc.pid
 
     def start(self) -> "PlainLive":
-        from jobs.lib.runtime.session import spark_env
         from orchestrator.core.envvars import KAPPA_SPARK_EVENT_LOG_DIR
-        from orchestrator.dev.benchjob import project_root
+        from orchestrator.dev.benchjob import child_env
 
         self.work.mkdir(parents=True, exist_ok=True)
         self.events.mkdir(exist_ok=True)
         pfile = self.work / "plain-live.params.json"
         pfile.write_text(json.dumps(self.params), encoding="utf-8")
-        root = str(project_root())
-        env = {**os.environ, **spark_env(), "PYTHONUNBUFFERED": "1", KAPPA_SPARK_EVENT_LOG_DIR: str(self.events),
-               "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env, root = child_env(**{KAPPA_SPARK_EVENT_LOG_DIR: str(self.events)})
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.dev.plainlive", str(pfile)],
                                          stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
