@@ -12,8 +12,6 @@ Every check raises `ConfigError` naming the field, the value and the rule, and r
 value unchanged when it is valid, so it can be used inline:
 `validate_pipeline_name(name)`.
 
-`app_id` is the one definition of a version's Delta application id, `kappa.<pipeline>.v<N>`:
-the sink records each committed batch under it, so a restarted job skips what is already in.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ import re
 
 from orchestrator.core.exceptions import ConfigError
 
-__all__ = ["NAME_PATTERN", "NAME_RULE", "TOPIC_PATTERN", "TOPIC_RULE", "app_id", "validate_alias_name",
+__all__ = ["NAME_PATTERN", "NAME_RULE", "TOPIC_PATTERN", "TOPIC_RULE", "validate_alias_name",
            "validate_job_name", "validate_name", "validate_pipeline_name", "validate_topic_name",
            "validate_version_number"]
 
@@ -87,8 +85,3 @@ def validate_version_number(value: object, field: str = "version") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"invalid {field} {value!r}: must be a positive integer (1, 2, ...)")
     return value
-
-
-def app_id(pipeline: str, version: int | str) -> str:
-    """The Delta application id of a pipeline version (contract: `kappa.<pipeline>.v<N>`)."""
-    return f"kappa.{pipeline}.v{version}"

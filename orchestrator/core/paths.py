@@ -19,10 +19,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.core import uris
-from orchestrator.core.names import app_id, validate_alias_name, validate_pipeline_name, validate_version_number
+from orchestrator.core.names import validate_alias_name, validate_pipeline_name, validate_version_number
 from orchestrator.core.settings import Settings
 
-__all__ = ["ALIASES_DIR", "VersionPaths", "alias_pointer_path", "checkpoint_root", "version_paths"]
+__all__ = ["ALIASES_DIR", "VersionPaths", "alias_pointer_path", "app_id", "checkpoint_root", "version_paths"]
 
 #: The folder of the warehouse that holds the alias pointer files.
 ALIASES_DIR = "_aliases"
@@ -71,6 +71,12 @@ def checkpoint_root(settings: Settings) -> str:
     cluster, whose executors read the checkpoint's offset log), else the state dir."""
     root = getattr(settings, "checkpoints", None)
     return uris.normalize(root if root else settings.state_dir)
+
+
+def app_id(pipeline: str, version: int | str) -> str:
+    """The Delta application id of a pipeline version, `kappa.<pipeline>.v<N>`: the sink records each committed
+    batch under it, so a restarted job skips what is already in. The one definition (the jobs import it)."""
+    return f"kappa.{pipeline}.v{version}"
 
 
 def version_paths(settings: Settings, pipeline: str, n: int) -> VersionPaths:

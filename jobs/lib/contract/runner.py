@@ -37,7 +37,7 @@ from jobs.lib.sink.tables import KEY_ORDERS, MAX_CONFLICTS, DeltaTables, key_ord
 from jobs.lib.sink.upkeep import Upkeep
 from orchestrator.core.exceptions import ConfigError, ContractError, KappaError
 from orchestrator.core.jobref import KAPPA_OPTIONS
-from orchestrator.core.names import app_id
+from orchestrator.core.paths import app_id
 
 __all__ = ["REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
            "batch_rejects", "batch_latest", "split_batch", "reads_twice", "UpsertBatches",

@@ -30,7 +30,7 @@ from jobs.lib.sink.batches import MicroBatches, Prepared
 from jobs.lib.sink.tables import DeltaTables
 from jobs.lib.source.profiles import DELETED
 from orchestrator.core.exceptions import ConfigError
-from orchestrator.core.names import app_id
+from orchestrator.core.paths import app_id
 
 __all__ = [
     "REJECT_COLUMNS", "TAIL_DDL", "TAIL_COLUMNS", "null_columns", "rejects_and_counts", "reject_row",

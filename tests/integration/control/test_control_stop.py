@@ -17,7 +17,7 @@ import pytest
 from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec
 from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
 from orchestrator.context import Kappa
-from orchestrator.core.names import app_id
+from orchestrator.core.paths import app_id
 from orchestrator.core.settings import Settings
 from orchestrator.dev import datagen
 from orchestrator.jobctl import inspect_version, stop_version
