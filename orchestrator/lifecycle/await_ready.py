@@ -32,7 +32,7 @@ never exceeds the rule's N. The decision carries the rule, its numbers and the s
 from (`Readiness.decision`); the first "ready" of a version moves it to `caught_up` in the registry
 with those in the audit log, and promote and rollback record them with their flip. The first recorded sample
 after the job wrote its backfill batch keeps the measured backfill in the version's details
-(`orchestrator.observe.estimate.record_backfill`, once), beside the estimate its deploy stored.
+(`record_backfill`, once), beside the estimate its deploy stored.
 
 A reading taken from the read progress of a first batch not yet committed (`LagReading.floored`)
 is a floor, shown as one (`observe.lag.fmt_lag`), with no ETA.
@@ -52,19 +52,19 @@ from pydantic import BaseModel, Field, computed_field
 
 from jobs.lib.runtime.args import TRIGGER_SECONDS
 from orchestrator.context import VersionRef
-from orchestrator.core.exceptions import ConflictError, NotReadyError
+from orchestrator.core.exceptions import ConflictError, KappaError, NotReadyError
 from orchestrator.core.states import LIVE, VersionState
 from orchestrator.core.times import utc_clock
 from orchestrator.core.files import tail as log_tail
 from orchestrator.core.secrets import mask_secrets
 from orchestrator.jobctl import JobStatus, inspect_version
-from orchestrator.observe.estimate import record_backfill
+from orchestrator.observe.estimate import backfill_actual, cores_of
 from orchestrator.observe.lag import (LagReading, eta_seconds, fmt_lag, fmt_seconds, format_partitions, measure_lag,
                                       sample_lag, sample_seconds, sample_time, version_threshold)
 
 __all__ = ["Readiness", "ReadinessState", "CATCHUP_DEADLINE_SECONDS", "POLL_SECONDS", "readiness", "wait_ready",
            "failing_error", "sample_ok", "within_limits", "counted_samples", "growing",
-           "catchup_limits", "catchup_rule_text", "ENDED"]
+           "catchup_limits", "catchup_rule_text", "record_backfill", "ENDED"]
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +265,21 @@ def readiness(v: VersionRef, record: bool = True, *, threshold: int | None = Non
         record_backfill(v, job.backfill, job.started_at)   # once: the first sample after the backfill batch
         _advance_state(v, r, job, actor)
     return r
+
+
+def record_backfill(v: VersionRef, measure: dict[str, Any] | None, started_at: float | None) -> bool:
+    """Keep the version's measured backfill in its details, once (a compare-and-set: the first process to see it
+    writes it); True when written now. Nothing when the job has not reported it or it is recorded already."""
+    details = v.record.details or {}
+    if not isinstance(measure, dict) or details.get("backfill") is not None:
+        return False
+    cores, _ = cores_of(v.settings)
+    actual = backfill_actual(measure, started_at=started_at, cores=cores, estimate=details.get("estimate"))
+    try:
+        return v.registry.set_detail_once(v.pipeline, v.version, "backfill", actual)
+    except KappaError as e:   # advisory: a readiness sample never fails for it
+        log.warning("the backfill of %s was not recorded: %s", v, e)
+        return False
 
 
 def _why_not(job: JobStatus, reading: LagReading, threshold: int, max_seconds: float, batches: int | None,

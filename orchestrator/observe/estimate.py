@@ -21,8 +21,8 @@ trigger form show:
 The estimate is start-up + records / rate. It never raises for a broker it cannot reach: it is then
 `known=False` with the reason, and a deploy goes on as before.
 
-After the backfill, the measured actual is recorded once (`record_backfill`, called by readiness when
-the job's status first shows its backfill batch written): records, offsets, the batch's seconds, the
+After the backfill, readiness records the measured actual once (`backfill_actual`, when the job's status
+first shows its backfill batch written): records, offsets, the batch's seconds, the
 seconds from the job's start to the batch written, the end offsets and the bytes the estimate saw. That
 actual is what the next version's rate comes from, and `compare` puts it beside the estimate (the goal:
 within 25 % once one earlier version was measured).
@@ -46,14 +46,14 @@ from orchestrator.observe import lag
 from orchestrator.observe.lag import KAFKA_TIMEOUT, fmt_seconds, kafka_error
 
 if TYPE_CHECKING:
-    from orchestrator.context import Kappa, VersionRef
+    from orchestrator.context import Kappa
     from orchestrator.core.pipelines import PipelineSpec
     from orchestrator.core.settings import Settings
 
 __all__ = ["BackfillEstimate", "TopicSize", "BytesMode", "DEFAULT_RATES", "DEFAULT_STARTUP_SECONDS", "GOAL_RATIO",
            "ESTIMATE_TIMEOUT",
            "estimate_backfill", "cores_of", "default_rate", "measured_rate", "log_dir_bytes", "sampled_bytes",
-           "backfill_actual", "record_backfill", "compare", "compare_text", "fmt_bytes"]
+           "backfill_actual", "compare", "compare_text", "fmt_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -461,21 +461,6 @@ def backfill_actual(measure: dict[str, Any], *, started_at: float | None, cores:
             "seconds": None if total is None else round(max(total, batch), 3), "committed_at": committed,
             "end_offsets": measure.get("end_offsets"), "cores": cores,
             "busy_cores": (estimate or {}).get("busy_cores")}
-
-
-def record_backfill(v: VersionRef, measure: dict[str, Any] | None, started_at: float | None) -> bool:
-    """Keep the version's measured backfill in its details, once (a compare-and-set: the first process to see it
-    writes it); True when written now. Nothing when the job has not reported it or it is recorded already."""
-    details = v.record.details or {}
-    if not isinstance(measure, dict) or details.get("backfill") is not None:
-        return False
-    cores, _ = cores_of(v.settings)
-    actual = backfill_actual(measure, started_at=started_at, cores=cores, estimate=details.get("estimate"))
-    try:
-        return v.registry.set_detail_once(v.pipeline, v.version, "backfill", actual)
-    except KappaError as e:   # advisory: a readiness sample never fails for it
-        log.warning("the backfill of %s was not recorded: %s", v, e)
-        return False
 
 
 def compare(estimate: dict[str, Any] | None, actual: dict[str, Any] | None) -> dict[str, Any] | None:
