@@ -111,7 +111,7 @@ def flip(v: VersionRef, *, expected_version: int | None, actor: str,
          forced: bool = False) -> dict[str, Any]:
     """Compare-and-swap the alias to `v`, publish the pointer, set serving/standby, audit. Returns the pointer.
 
-    `watch` is stored with the flip, in its transaction (`orchestrator.registry.watches`), and so is
+    `watch` is stored with the flip, in its transaction (`Registry.flip_alias`), and so is
     the end of the replaced version's standby: after `grace_seconds` (None: the pipeline's grace period).
     `forced`: a rollback forced at its deadline, whose target's running job has not caught up."""
     k, spec, reg, pipeline, new_version = v.k, v.spec, v.registry, v.pipeline, v.version

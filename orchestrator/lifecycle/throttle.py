@@ -8,7 +8,7 @@ zero to the deploy's end offsets in one Spark micro-batch, so a lever between mi
 (`maxOffsetsPerTrigger`, a pause) would not act on it; process priority acts at once.
 
 Two modes, stored with the share in the version's details (`details["throttle"]`,
-`orchestrator.registry.throttles`):
+`Registry.update_throttle`):
 - ``adaptive`` (the default, `PipelineSpec.backfill_adaptive`): every supervision pass
   (`throttle_pass`, from `orchestrator.lifecycle.monitor.monitor`: `kappa supervise`, `kappa
   metrics serve`, Airflow's kappa_monitor) runs one step of `orchestrator.observe.throttle.ShareController`
@@ -35,7 +35,7 @@ from orchestrator.core.shares import check_share, share_to_nice
 from orchestrator.core.states import VersionState
 from orchestrator.jobctl.priority import ReniceResult, apply_share
 from orchestrator.observe.throttle import ShareController
-from orchestrator.registry.throttles import ACTION
+from orchestrator.registry.store import THROTTLE_ACTION as ACTION
 
 if TYPE_CHECKING:
     from orchestrator.context import Kappa, VersionRef

@@ -1,7 +1,7 @@
 """The watch: a promoted version that degrades in its grace period is rolled back by itself.
 
 A promote of a pipeline with `auto_rollback` stores a watch with its flip (in the registry,
-`orchestrator.registry.watches`), so it outlives the process that promoted. Every monitor pass
+`Registry.update_watch`, `end_watch_in_flip`), so it outlives the process that promoted. Every monitor pass
 (`kappa supervise` on the embedded stack, Airflow's `kappa_monitor`) runs `watch_pass` first. While
 the previous version is standby and the grace period lasts, a pass samples the promoted version:
 

@@ -384,12 +384,10 @@ def sample_lag(v: VersionRef, *, timeout: float = KAFKA_TIMEOUT,
     `lag_sample_retention_seconds` are deleted here (see `PRUNE_EVERY_SECONDS`), for every
     version, stopped and retired ones included. A failed prune is logged, never raised.
     """
-    from orchestrator.registry.lagsamples import add_lag_sample
-
     k = v.k
     reading = measure_lag(v, timeout=timeout)
-    rec = add_lag_sample(k.registry, v.pipeline, v.version, reading.total, dict(reading.partitions), at=reading.at,
-                         lag_seconds=reading.lag_seconds, batches=batches)
+    rec = k.registry.add_lag_sample(v.pipeline, v.version, reading.total, dict(reading.partitions), at=reading.at,
+                                    lag_seconds=reading.lag_seconds, batches=batches)
     reg_key = str(k.registry.url)
     if time.monotonic() - _last_prune.get(reg_key, -PRUNE_EVERY_SECONDS) >= PRUNE_EVERY_SECONDS:
         _last_prune[reg_key] = time.monotonic()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from orchestrator.core.exceptions import ConfigError, NotFoundError
 from orchestrator.core.times import to_seconds
-from orchestrator.registry.throttles import ACTION as THROTTLE
+from orchestrator.registry.store import THROTTLE_ACTION as THROTTLE
 
 if TYPE_CHECKING:
     from orchestrator.context import VersionRef

@@ -94,7 +94,7 @@ class PassState:
         self.readiness = {(v["pipeline"], int(v["version"])): v["readiness"] for v in report.versions}
 
 
-#: The states of a watch (`orchestrator.registry.watches`).
+#: The states of a watch (`orchestrator.lifecycle.watch`; stored by `Registry.update_watch`).
 WATCH_STATES = ("watching", "rolling_back", "rolled_back", "passed", "ended")
 
 
@@ -105,13 +105,12 @@ def _m(name: str, value: float | None, **labels: Any) -> Metric:
 def collect(k: Any, passes: PassState | None = None, pipelines: Iterable[str] | None = None) -> list[Metric]:
     """Every figure now, from the registry, the jobs' status files and `passes`."""
     from orchestrator.jobctl.health import rejects_of
-    from orchestrator.registry.lagsamples import audit_counts, latest_lag_samples
 
     specs = k.specs(pipelines)
     names = [spec.name for spec in specs]
     reg = k.registry
     out: list[Metric] = []
-    newest = latest_lag_samples(reg, names)
+    newest = reg.latest_lag_samples(names)
     passes = passes or PassState()
     for spec in specs:
         name = spec.name
@@ -144,7 +143,7 @@ def collect(k: Any, passes: PassState | None = None, pipelines: Iterable[str] | 
                 out.append(_m("kappa_rejects", rejects, pipeline=name, version=n))
     family = {"flip_alias": "kappa_flips_total", "restart": "kappa_job_restarts_total",
               "watch": "kappa_watch_decisions_total"}
-    for (action, outcome, pipeline), count in sorted(audit_counts(reg, family).items(), key=str):
+    for (action, outcome, pipeline), count in sorted(reg.audit_counts(family).items(), key=str):
         if pipeline in names:
             out.append(_m(family[action], count, pipeline=pipeline, outcome=outcome))
     out.append(_m("kappa_monitor_passes_total", passes.passes_ok, outcome="ok"))

@@ -2,7 +2,7 @@
 
 SQLAlchemy Core on SQLite (the embedded default, one file) or PostgreSQL (anything shared).
 `schema` holds the tables and the numbered migrations, `records` what queries return, `engine`
-the connections and transactions, `store` the `Registry` with its queries and changes. Times are
+the connections and transactions, `store` the `Registry` with all its queries and changes. Times are
 unix seconds (float, UTC); version states are `orchestrator.core.states.VersionState`.
 """
 

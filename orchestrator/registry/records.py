@@ -7,9 +7,9 @@ Airflow tasks print; a version's dump also says whether it is `in_flight`.
 from __future__ import annotations
 
 import time
-from typing import Any, Self
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import BaseModel, ConfigDict, computed_field, field_validator
 
 from orchestrator.core.states import IN_FLIGHT, VersionState
 
@@ -18,16 +18,15 @@ __all__ = ["AliasHistoryRecord", "AliasRecord", "AuditRecord", "LagSampleRecord"
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    """`Record.model_validate(row)` reads a SQLAlchemy row of the record's table by its column names."""
 
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    @field_validator("details", "partitions", mode="before", check_fields=False)
     @classmethod
-    def from_row(cls, row: Any) -> Self:
-        """The record of a SQLAlchemy row of its table (JSON columns that are NULL read as {})."""
-        m = dict(row._mapping)
-        for name in ("details", "partitions"):
-            if name in cls.model_fields and m.get(name) is None:
-                m[name] = {}
-        return cls.model_validate(m)
+    def _null_json_is_empty(cls, value: Any) -> Any:
+        """A JSON column that is NULL reads as {}."""
+        return {} if value is None else value
 
 
 class PipelineRecord(_Record):

@@ -1,4 +1,8 @@
-"""The Registry: every query and change of the registry database, one transaction each.
+"""The Registry: every query and change of the registry database, one transaction each, in one class.
+
+The class is in one module on purpose: a flip's transaction checks the target's lease, moves both
+versions' states and ends the replaced version's watch, and a reader follows it on one page rather
+than across mixins that reach into each other's private methods.
 
 The writes that decide something are serialized where it matters:
 
@@ -18,12 +22,28 @@ flip to a retired version is refused (both ConflictError). `allocate_version` an
 write their own audit entries (actions "allocate_version", "flip_alias"; outcome
 ok/conflict/noop/not_found) unless `audit=False`.
 
+A job start (or a stop that must not race a start) first takes the version's lease (`take_lease`), a
+compare-and-swap on its row: the state must be the one expected and nobody else may hold a fresh
+lease. The lease names its owner, counts an epoch and expires, so a lease whose owner died is taken
+over after its time-to-live. `begin_retire` moves a version to `retiring` before anything of it is
+deleted.
+
+Keys of a version's `details` written after its allocation are each one compare-and-swap on the row
+(`_change_details`): a fact learned later, once (`set_detail_once`: the measured backfill), the
+backfill's share (`update_throttle`, `details["throttle"]`, audited as `THROTTLE_ACTION`), and the watch
+of a promoted version (`update_watch`; stored by the flip itself, ended by the flip away from it:
+``watching`` -> ``passed``, ``ended``, or ``rolling_back`` -> ``rolled_back``, see `end_watch_in_flip`).
+
+Lag samples carry their lag in seconds and the micro-batches the job had committed since it started
+(`add_lag_sample`); `latest_lag_samples` and `audit_counts` are what the metrics endpoint reads.
+
 Methods that take a time accept unix seconds or an aware or naive-UTC `datetime`. A Registry
 survives `fork()`: the child opens its own connections.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import weakref
@@ -36,29 +56,47 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
+from orchestrator.core.crashpoints import faultpoint
 from orchestrator.core.exceptions import ConflictError, KappaError, NotFoundError, NotReadyError, RegistryError
 from orchestrator.core.names import validate_alias_name, validate_pipeline_name, validate_version_number
 from orchestrator.core.paths import VersionPaths
 from orchestrator.core.states import FLIP_TARGETS, FORCED_FLIP_TARGETS, IN_FLIGHT, VersionState
+from orchestrator.core.times import utc_clock
 from orchestrator.registry.engine import create_engine, transaction
-from orchestrator.registry.details import DetailOps
-from orchestrator.registry.lagsamples import LagSampleOps
-from orchestrator.registry.leases import LeaseOps
-from orchestrator.registry.throttles import ThrottleOps
-from orchestrator.registry.watches import WatchOps, end_watch_in_flip
-from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord,
+from orchestrator.registry.records import (AliasHistoryRecord, AliasRecord, AuditRecord, LagSampleRecord,
                                            PipelineRecord, VersionRecord)
 from orchestrator.registry.values import (SET_STATE_FIELDS, STANDBY_KEYS, changed_by, check_actor, check_state,
-                                          field_values, plain_json, render_for_version)
+                                          field_values, plain_json, render_for_version, unix_seconds)
 from orchestrator.registry.schema import (HEAD, alias_history, aliases, apply_migrations, audit_log,
-                                          pipelines, schema_version, versions)
+                                          lag_samples_table, pipelines, schema_version, versions)
 
-__all__ = ["Registry", "SET_STATE_FIELDS"]
+__all__ = ["Registry", "SET_STATE_FIELDS", "THROTTLE_ACTION", "WATCH_ACTIVE", "end_watch_in_flip"]
 
 S = VersionState
+#: The audit action of every change of a backfill's share (from, to, why in its details).
+THROTTLE_ACTION = "throttle"
+#: The states of a watch that still have work to do.
+WATCH_ACTIVE = ("watching", "rolling_back")
 
 
-class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
+def end_watch_in_flip(details: dict[str, Any], *, action: str | None, to_version: int,
+                      now: float) -> dict[str, Any]:
+    """A version flipped away from inside its watch: ``rolling_back`` becomes ``rolled_back`` when the
+    flip is the decided rollback (a rollback to the watch's standby); otherwise the watch ``ended``
+    (someone moved the alias elsewhere)."""
+    watch = details.get("watch")
+    if not isinstance(watch, dict) or watch.get("state") not in WATCH_ACTIVE:
+        return details
+    decided = watch["state"] == "rolling_back" and action == "rollback" and watch.get("standby") == to_version
+    done = "rolled_back" if decided else "ended"
+    ended = {**watch, "state": done, "ended_at": now}
+    if done == "ended":
+        ended["ended_by"] = f"a {action or 'flip'} of the alias during the watch"
+    return {**details, "watch": ended}
+
+
+
+class Registry:
     """One registry database. Thread-safe: each call takes its own pooled connection.
 
     `Registry(url)` brings the schema to head (`migrate()`, idempotent) unless `auto_migrate=False`.
@@ -143,7 +181,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
                                           version=version, reason=reason, outcome=outcome[:32],
                                           details=details)
             row = conn.execute(sa.select(audit_log).where(audit_log.c.id == entry_id)).one()
-        return AuditRecord.from_row(row)
+        return AuditRecord.model_validate(row)
 
     def _audit_quietly(self, action: str, **kwargs: Any) -> None:
         """Record a refusal after its transaction rolled back; never hides the refusal itself."""
@@ -167,14 +205,14 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
             q = q.limit(limit)
         with self._tx("reading the audit log", write=False) as conn:
             rows = conn.execute(q).all()
-        return [AuditRecord.from_row(r) for r in reversed(rows)]
+        return [AuditRecord.model_validate(r) for r in reversed(rows)]
 
     # -- pipelines and versions -----------------------------------------------------------------
 
     def list_pipelines(self) -> list[PipelineRecord]:
         with self._tx("listing pipelines", write=False) as conn:
             rows = conn.execute(sa.select(pipelines).order_by(pipelines.c.name)).all()
-        return [PipelineRecord.from_row(r) for r in rows]
+        return [PipelineRecord.model_validate(r) for r in rows]
 
     def _ensure_pipeline(self, conn: Connection, pipeline: str) -> None:
         insert = (pg_dialect.insert if self.dialect == "postgresql" else sqlite_dialect.insert)(pipelines)
@@ -251,7 +289,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
                 self._audit_quietly("allocate_version", actor=actor, pipeline=pipeline, reason=reason,
                                     outcome="conflict", details={**audit_details, "error": str(e)})
             raise
-        return VersionRecord.from_row(row)
+        return VersionRecord.model_validate(row)
 
     def _missing_version(self, conn: Connection, pipeline: str, n: int) -> NotFoundError:
         known = conn.execute(sa.select(versions.c.version).where(versions.c.pipeline == pipeline)
@@ -268,7 +306,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
                                                          versions.c.version == n)).first()
             if row is None:
                 raise self._missing_version(conn, pipeline, n)
-        return VersionRecord.from_row(row)
+        return VersionRecord.model_validate(row)
 
     def list_versions(self, pipeline: str, states: Iterable[str] | None = None) -> list[VersionRecord]:
         """Versions of `pipeline` (only those in `states` if given), ascending."""
@@ -278,13 +316,13 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
             q = q.where(versions.c.state.in_(wanted))
         with self._tx(f"listing versions of {pipeline}", write=False) as conn:
             rows = conn.execute(q.order_by(versions.c.version)).all()
-        return [VersionRecord.from_row(r) for r in rows]
+        return [VersionRecord.model_validate(r) for r in rows]
 
     def in_flight(self, pipeline: str) -> VersionRecord | None:
         """The (oldest) version of `pipeline` in flight, which would make a deploy refuse."""
         with self._tx(f"reading versions of {pipeline}", write=False) as conn:
             row = self._in_flight(conn, pipeline)
-        return None if row is None else VersionRecord.from_row(row)
+        return None if row is None else VersionRecord.model_validate(row)
 
     def set_state(self, pipeline: str, n: int, state: str, *, expected: str | Iterable[str] | None = None,
                   audit: dict[str, Any] | None = None, served_by: tuple[str, bool] | None = None,
@@ -350,19 +388,19 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
                     f"and retry if the move still makes sense")
             if audit is not None:
                 self._insert_audit_of(conn, pipeline, n, audit)
-        return VersionRecord.from_row(row)
+        return VersionRecord.model_validate(row)
 
     # -- aliases --------------------------------------------------------------------------------
 
     def get_alias(self, alias: str) -> AliasRecord | None:
         with self._tx(f"reading alias {alias!r}", write=False) as conn:
             row = conn.execute(sa.select(aliases).where(aliases.c.alias == alias)).first()
-        return None if row is None else AliasRecord.from_row(row)
+        return None if row is None else AliasRecord.model_validate(row)
 
     def list_aliases(self) -> list[AliasRecord]:
         with self._tx("listing aliases", write=False) as conn:
             rows = conn.execute(sa.select(aliases).order_by(aliases.c.alias)).all()
-        return [AliasRecord.from_row(r) for r in rows]
+        return [AliasRecord.model_validate(r) for r in rows]
 
     def _alias_moved(self, alias: str, pipeline: str, expected: int | None, row: Any) -> ConflictError:
         if row is None:
@@ -403,7 +441,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
         `standby_grace_seconds`, if given). So the alias and the states never disagree,
         whatever happens to the process after the commit. `action` (promote/rollback) is recorded
         in the audit entry, so that a later verb knows which verb made an unpublished flip. `watch`
-        is stored as the target's watch (`orchestrator.registry.watches`); the watch of the version
+        is stored as the target's watch (`end_watch_in_flip`); the watch of the version
         flipped away from ends here. `forced` (a rollback forced at its deadline) also takes a target
         whose restarted job runs but has not caught up (`FORCED_FLIP_TARGETS`).
         """
@@ -473,7 +511,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
                 self._audit_quietly("flip_alias", actor=actor, pipeline=pipeline, version=new_version,
                                     reason=reason, outcome=outcome, details={**details, "error": str(e)})
             raise
-        return AliasRecord.from_row(row)
+        return AliasRecord.model_validate(row)
 
     def _check_flip_target(self, conn: Connection, alias: str, pipeline: str, n: int, now: float, *,
                            forced: bool = False) -> None:
@@ -535,7 +573,7 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
                                .returning(*aliases.c)).first()
             if row is None:
                 raise NotFoundError(f"no alias {alias!r} in the registry {self.url}; promote a version first")
-        return AliasRecord.from_row(row)
+        return AliasRecord.model_validate(row)
 
     def alias_history(self, alias: str, limit: int | None = None) -> list[AliasHistoryRecord]:
         """Every move of `alias` (the most recent `limit`), oldest first."""
@@ -544,4 +582,258 @@ class Registry(LeaseOps, LagSampleOps, WatchOps, ThrottleOps, DetailOps):
             q = q.limit(limit)
         with self._tx(f"reading the history of alias {alias!r}", write=False) as conn:
             rows = conn.execute(q).all()
-        return [AliasHistoryRecord.from_row(r) for r in reversed(rows)]
+        return [AliasHistoryRecord.model_validate(r) for r in reversed(rows)]
+
+    # -- leases and retire --------------------------------------------------------------------------
+
+
+    def take_lease(self, pipeline: str, n: int, *, owner: str, expected: Iterable[str], ttl: float,
+                   to_state: str | None = None, audit: dict[str, Any] | None = None, **fields: Any
+                   ) -> VersionRecord:
+        """Take the lease on a version's job: only one owner starts (or stops) it at a time.
+
+        One compare-and-swap: the version must be in one of the `expected` states and nobody else
+        may hold a fresh lease (an expired one is taken over: its owner died). The epoch goes up
+        by one; with `to_state` the state moves in the same update, and `audit` (as `set_state`
+        takes it) is recorded in the same transaction. ConflictError otherwise, naming the holder.
+        The returned record carries the new `lease_epoch`.
+        """
+        expected_states = tuple(check_state(st, "expected state") for st in expected)
+        now = time.time()
+        values: dict[str, Any] = {"lease_owner": check_actor(owner), "lease_expires": now + ttl, "updated_at": now,
+                                  "lease_epoch": sa.func.coalesce(versions.c.lease_epoch, 0) + 1}
+        if to_state is not None:
+            values["state"] = check_state(to_state)
+            if to_state == S.STARTING:
+                values["started_at"] = now
+        values.update(field_values(fields))
+        free = sa.or_(versions.c.lease_owner.is_(None), versions.c.lease_expires.is_(None),
+                      versions.c.lease_expires <= now, versions.c.lease_owner == owner)
+        with self._tx(f"taking the lease of {pipeline} v{n}", write=True) as conn:
+            count = conn.execute(versions.update().where(
+                versions.c.pipeline == pipeline, versions.c.version == n,
+                versions.c.state.in_(expected_states), free).values(**values)).rowcount
+            row = conn.execute(sa.select(versions).where(versions.c.pipeline == pipeline,
+                                                         versions.c.version == n)).first()
+            if row is None:
+                raise self._missing_version(conn, pipeline, n)
+            if count == 1 and audit is not None:
+                self._insert_audit_of(conn, pipeline, n, audit)
+        rec = VersionRecord.model_validate(row)
+        if count != 1:
+            if rec.lease_held(now) and rec.lease_owner != owner:
+                raise ConflictError(
+                    f"{pipeline} v{n}'s job is being started or stopped by {rec.lease_owner} (lease until "
+                    f"{utc_clock(rec.lease_expires)}); nothing was done. Retry after that, or check kappa status "
+                    f"{pipeline}")
+            raise ConflictError(
+                f"{pipeline} v{n} is {rec.state}, not {' or '.join(expected_states)} as expected: another operation "
+                f"changed it since it was read; nothing was changed. Re-read it (kappa status {pipeline}) and retry "
+                f"if the move still makes sense")
+        return rec
+
+    def release_lease(self, pipeline: str, n: int, *, owner: str, epoch: int, to_state: str | None = None,
+                      expected: Iterable[str] | None = None, **fields: Any) -> VersionRecord | None:
+        """Release a lease taken with `take_lease` (only by its owner and epoch), optionally moving the state.
+
+        Returns None, changing nothing, when the lease was lost meanwhile (it expired and another
+        owner took it) or the state is no longer one of `expected`.
+        """
+        now = time.time()
+        values: dict[str, Any] = {"lease_owner": None, "lease_expires": None, "updated_at": now}
+        if to_state is not None:
+            values["state"] = check_state(to_state)
+        values.update(field_values(fields))
+        where = [versions.c.pipeline == pipeline, versions.c.version == n, versions.c.lease_owner == owner,
+                 versions.c.lease_epoch == epoch]
+        if expected is not None:
+            where.append(versions.c.state.in_(tuple(check_state(st, "expected state") for st in expected)))
+        with self._tx(f"releasing the lease of {pipeline} v{n}", write=True) as conn:
+            count = conn.execute(versions.update().where(*where).values(**values)).rowcount
+            row = conn.execute(sa.select(versions).where(versions.c.pipeline == pipeline,
+                                                         versions.c.version == n)).first()
+        return VersionRecord.model_validate(row) if count == 1 and row is not None else None
+
+    def _locked_version(self, conn: Any, pipeline: str, n: int) -> VersionRecord:
+        """The version's row, locked for the rest of the transaction on PostgreSQL (SQLite's write
+        transaction holds the whole database already); NotFoundError naming the versions there are."""
+        q = sa.select(versions).where(versions.c.pipeline == pipeline, versions.c.version == n)
+        if self.dialect == "postgresql":
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            raise self._missing_version(conn, pipeline, n)
+        return VersionRecord.model_validate(row)
+
+    def begin_retire(self, pipeline: str, n: int, *, actor: str, reason: str | None) -> VersionRecord:
+        """Move a version to `retiring` before anything of it is deleted (resumes a retiring one).
+
+        In one transaction: the version must be stopped, failed or created (its job not running
+        as far as the registry knows) or already retiring, nobody may hold its lease, and no alias
+        may serve it, keep it as the rollback target, or have it published to readers. A flip to
+        a retiring version is refused, so no alias can point at a table being deleted.
+        """
+        allowed = (S.STOPPED.value, S.FAILED.value, S.CREATED.value, S.RETIRING.value)
+        now = time.time()
+        with self._tx(f"retiring {pipeline} v{n}", write=True) as conn:
+            rec = self._locked_version(conn, pipeline, n)
+            for a in conn.execute(sa.select(aliases).where(aliases.c.pipeline == pipeline)).all():
+                m = a._mapping
+                why = ("serves" if m["version"] == n else "keeps as its rollback target"
+                       if m["previous_version"] == n else "has published to readers"
+                       if m["published_version"] == n else None)
+                if why:
+                    raise ConflictError(f"alias {m['alias']!r} {why} {pipeline} v{n}; it cannot be retired. "
+                                        f"Promote or roll back to another version first")
+            if rec.lease_held(now):
+                raise ConflictError(f"{pipeline} v{n}'s job is being started or stopped by {rec.lease_owner}; "
+                                    f"it cannot be retired now. Retry after that")
+            if rec.state not in allowed:
+                raise ConflictError(f"{pipeline} v{n} is {rec.state}: stop it first (kappa stop {pipeline} {n}), "
+                                    f"then retire it")
+            conn.execute(versions.update().where(versions.c.pipeline == pipeline, versions.c.version == n)
+                         .values(state=S.RETIRING.value, updated_at=now))
+            self._insert_audit(conn, "begin_retire", actor=check_actor(actor), pipeline=pipeline, version=n,
+                               reason=reason, outcome="ok", details={"state_before": rec.state}, at=now)
+            rec = self._locked_version(conn, pipeline, n)
+        return rec
+
+    # -- details written after the allocation, each a compare-and-swap ------------------------------
+
+    def _change_details(self, pipeline: str, n: int, what: str, change: Callable[[dict[str, Any]], Any],
+                        audit: dict[str, Any] | None) -> Any:
+        """One compare-and-swap on the version's details, in one transaction that reads its row for update:
+        `change(details)` checks what it expects (raising ConflictError otherwise) and changes `details` in
+        place; the row is written only when it returns something other than None (its return value), with
+        `audit` in the same transaction."""
+        with self._tx(f"{what} of {pipeline} v{n}", write=True) as conn:
+            row = conn.execute(sa.select(versions.c.details).where(
+                versions.c.pipeline == pipeline, versions.c.version == n).with_for_update()).first()
+            if row is None:
+                raise self._missing_version(conn, pipeline, n)
+            details = dict(row.details or {})
+            out = change(details)
+            if out is None:
+                return None
+            conn.execute(versions.update().where(versions.c.pipeline == pipeline, versions.c.version == n)
+                         .values(details=details))
+            if audit is not None:
+                self._insert_audit_of(conn, pipeline, n, audit)
+        return out
+
+    def set_detail_once(self, pipeline: str, n: int, key: str, value: Any, *,
+                        audit: dict[str, Any] | None = None) -> bool:
+        """Store `value` as `details[key]` of `pipeline` v`n` unless the key is there already: a fact learned
+        after the allocation (the measured backfill), written by whichever process sees it first. True when it
+        was written now (with `audit` in the same transaction), False when another write came first."""
+        def once(details: dict[str, Any]) -> bool | None:
+            if details.get(key) is not None:
+                return None
+            details[key] = plain_json(value, f"details[{key!r}]")
+            return True
+
+        return bool(self._change_details(pipeline, n, f"recording {key}", once, audit))
+
+    def update_throttle(self, pipeline: str, n: int, *, expected_changed_at: float | None,
+                        throttle: dict[str, Any], audit: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Replace `details["throttle"]` of `pipeline` v`n` (the share its job gets, `orchestrator.core.shares`)
+        if its ``changed_at`` is still `expected_changed_at` (None: no throttle recorded yet); ConflictError
+        otherwise (another pass or an operator changed it meanwhile). `audit` (action `THROTTLE_ACTION`) in
+        the same transaction; every other key of the details is left alone."""
+        def swap(details: dict[str, Any]) -> dict[str, Any]:
+            now_at = (details.get("throttle") or {}).get("changed_at")
+            if now_at != expected_changed_at:
+                raise ConflictError(f"the share of {pipeline} v{n} was changed meanwhile (at {now_at}); "
+                                    f"this change is not made, the other stands")
+            details["throttle"] = plain_json({**throttle, "changed_at": throttle.get("changed_at") or time.time()},
+                                             "throttle")
+            return details["throttle"]
+
+        return self._change_details(pipeline, n, "updating the share", swap, audit)
+
+    def update_watch(self, pipeline: str, n: int, *, expected_state: str, expected_samples: int,
+                     watch: dict[str, Any], audit: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Replace the watch of `pipeline` v`n` if it is still in `expected_state` with `expected_samples`
+        samples (ConflictError otherwise: another pass or a flip moved it); `audit` in the same transaction."""
+        def swap(details: dict[str, Any]) -> dict[str, Any]:
+            now_w = details.get("watch") or {}
+            if now_w.get("state") != expected_state or int(now_w.get("samples", 0)) != expected_samples:
+                raise ConflictError(f"the watch of {pipeline} v{n} moved meanwhile (now {now_w.get('state')!r}, "
+                                    f"{now_w.get('samples', 0)} samples); this pass leaves it alone")
+            details["watch"] = plain_json({**watch, "updated_at": time.time()}, "watch")
+            return details["watch"]
+
+        return self._change_details(pipeline, n, "updating the watch", swap, audit)
+
+    # -- lag samples, and the figures the metrics endpoint reads ------------------------------------
+
+    def add_lag_sample(self, pipeline: str, n: int, total: int | None, partitions: dict[str, Any], *,
+                       at: Any = None, lag_seconds: float | None = None, batches: int | None = None) -> LagSampleRecord:
+        """Store one lag reading; `total`, `lag_seconds` and `batches` None mean unknown (never zero).
+
+        `batches`: the micro-batches the version's job had committed since it started when the reading
+        was taken (its status's count)."""
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
+            raise RegistryError(f"lag total must be an integer or None (unknown), got {total!r}")
+        if lag_seconds is not None:
+            if isinstance(lag_seconds, bool) or not isinstance(lag_seconds, (int, float)) \
+                    or not math.isfinite(lag_seconds) or lag_seconds < 0:
+                raise RegistryError(f"lag in seconds must be a finite number >= 0 or None (unknown), "
+                                    f"got {lag_seconds!r}")
+            lag_seconds = float(lag_seconds)
+        if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int) or batches < 0):
+            raise RegistryError(f"batches of a lag sample must be an integer >= 0 or None (unknown), got {batches!r}")
+        at_ts = time.time() if at is None else unix_seconds(at, "at")
+        parts = plain_json(partitions or {}, "lag partitions")
+        with self._tx(f"recording a lag sample of {pipeline} v{n}", write=True) as conn:
+            exists = conn.execute(sa.select(versions.c.version).where(
+                versions.c.pipeline == pipeline, versions.c.version == n)).first()
+            if exists is None:
+                raise self._missing_version(conn, pipeline, n)
+            # each only when known: a registry not yet at step 4 or 5 (auto_migrate=False) takes the rest
+            known = {name: value for name, value in (("lag_seconds", lag_seconds), ("batches", batches))
+                     if value is not None}
+            sample_id = conn.execute(lag_samples_table.insert().values(
+                pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts, **known)).inserted_primary_key[0]
+            faultpoint("lag_sample.inserted")   # a fault test loses the database here: before the commit
+        return LagSampleRecord(id=sample_id, pipeline=pipeline, version=n, at=at_ts, total=total, partitions=parts,
+                               lag_seconds=lag_seconds, batches=batches)
+
+    def lag_samples(self, pipeline: str, n: int, limit: int | None = None, since: Any = None
+                    ) -> list[LagSampleRecord]:
+        """The most recent `limit` samples (all if None) at or after `since`, oldest first."""
+        t = lag_samples_table
+        q = sa.select(t).where(t.c.pipeline == pipeline, t.c.version == n)
+        if since is not None:
+            q = q.where(t.c.at >= unix_seconds(since, "since"))
+        q = q.order_by(t.c.at.desc(), t.c.id.desc())
+        if limit is not None:
+            q = q.limit(limit)
+        with self._tx(f"reading lag samples of {pipeline} v{n}", write=False) as conn:
+            rows = conn.execute(q).all()
+        return [LagSampleRecord.model_validate(r) for r in reversed(rows)]
+
+    def prune_lag_samples(self, older_than: Any) -> int:
+        """Delete every lag sample taken before `older_than` (all pipelines); the number deleted."""
+        cutoff = unix_seconds(older_than, "older_than")
+        with self._tx("pruning old lag samples", write=True) as conn:
+            return conn.execute(lag_samples_table.delete().where(lag_samples_table.c.at < cutoff)).rowcount or 0
+
+    def latest_lag_samples(self, pipelines: Iterable[str] | None = None) -> dict[tuple[str, int], LagSampleRecord]:
+        """{(pipeline, version): its newest lag sample} (newest by registry id, as readiness orders them)."""
+        t = lag_samples_table
+        newest = sa.select(sa.func.max(t.c.id).label("id")).group_by(t.c.pipeline, t.c.version)
+        if pipelines is not None:
+            newest = newest.where(t.c.pipeline.in_(list(pipelines)))
+        q = sa.select(t).where(t.c.id.in_(newest.scalar_subquery())).order_by(t.c.pipeline, t.c.version)
+        with self._tx("reading the newest lag samples", write=False) as conn:
+            rows = conn.execute(q).all()
+        return {(r.pipeline, r.version): LagSampleRecord.model_validate(r) for r in rows}
+
+    def audit_counts(self, actions: Iterable[str]) -> dict[tuple[str, str, str | None], int]:
+        """{(action, outcome, pipeline): number of audit entries} for the given actions."""
+        a = audit_log
+        q = (sa.select(a.c.action, a.c.outcome, a.c.pipeline, sa.func.count().label("n"))
+             .where(a.c.action.in_(list(actions))).group_by(a.c.action, a.c.outcome, a.c.pipeline))
+        with self._tx("counting audit entries", write=False) as conn:
+            return {(r.action, r.outcome, r.pipeline): int(r.n) for r in conn.execute(q).all()}

@@ -11,7 +11,6 @@ from registry_helpers import allocate
 
 from orchestrator.core.exceptions import RegistryError
 from orchestrator.registry import HEAD, Registry
-from orchestrator.registry.lagsamples import add_lag_sample, audit_counts, latest_lag_samples
 
 pytestmark = pytest.mark.integration
 
@@ -30,18 +29,18 @@ def test_step_3_registry_gains_lag_seconds_and_keeps_its_samples(registry_url):
         assert (reg.schema_version(), HEAD) == (5, 5)
         (before,) = reg.lag_samples("standardize", 1)
         assert (before.total, before.lag_seconds) == (5, None)      # unknown: never measured
-        add_lag_sample(reg, "standardize", 1, 0, {}, at=101.0, lag_seconds=2.5)
-        reg.add_lag_sample("standardize", 1, 3, {}, at=99.0)         # the plain insert still works
+        reg.add_lag_sample("standardize", 1, 0, {}, at=101.0, lag_seconds=2.5)
+        reg.add_lag_sample("standardize", 1, 3, {}, at=99.0)         # without lag_seconds: unknown
         assert [(s.total, s.lag_seconds) for s in reg.lag_samples("standardize", 1)] == \
             [(3, None), (5, None), (0, 2.5)]
-        newest = latest_lag_samples(reg)
+        newest = reg.latest_lag_samples()
         assert list(newest) == [("standardize", 1)] and newest[("standardize", 1)].total == 3  # newest by id
-        assert latest_lag_samples(reg, ["other"]) == {}
+        assert reg.latest_lag_samples(["other"]) == {}
         reg.audit("restart", actor="sup", pipeline="standardize", version=1, outcome="ok")
-        assert audit_counts(reg, ["restart"]) == {("restart", "ok", "standardize"): 1}
+        assert reg.audit_counts(["restart"]) == {("restart", "ok", "standardize"): 1}
         for bad in (-1.0, math.inf, "3"):
             with pytest.raises(RegistryError, match="lag in seconds must be a finite number >= 0 or None"):
-                add_lag_sample(reg, "standardize", 1, 0, {}, lag_seconds=bad)
+                reg.add_lag_sample("standardize", 1, 0, {}, lag_seconds=bad)
         assert len(reg.lag_samples("standardize", 1)) == 3
         assert reg.migrate() == []
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import struct
 
-from orchestrator.registry.lagsamples import add_lag_sample
 
 
 def _png_size(path) -> tuple[int, int]:
@@ -15,7 +14,7 @@ def test_second_panel_only_with_lag_seconds(run, seeded, tmp_path):
     reg = seeded.registry
     for i in range(10):
         reg.add_lag_sample("standardize", 1, 1000 - 100 * i, {}, at=1_700_000_000.0 + i)
-        add_lag_sample(reg, "standardize", 2, 1000 - 100 * i, {}, at=1_700_000_100.0 + i,
+        reg.add_lag_sample("standardize", 2, 1000 - 100 * i, {}, at=1_700_000_100.0 + i,
                        lag_seconds=None if i == 3 else 90.0 - 10 * i)
     one, both = tmp_path / "v1.png", tmp_path / "both.png"
     assert run("lag-plot", "standardize", "--version", "1", "--out", str(one)).exit_code == 0

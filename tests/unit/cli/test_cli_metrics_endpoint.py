@@ -15,7 +15,6 @@ from deltalake import write_deltalake
 from orchestrator.core.exceptions import ConflictError
 from orchestrator.lifecycle.monitor import MonitorReport
 from orchestrator.observe.metrics import CONTENT_TYPE, MetricsHub, MetricsServer, parse_text, render_text, Metric
-from orchestrator.registry.lagsamples import add_lag_sample
 
 P = "standardize"
 
@@ -31,9 +30,9 @@ def figures(seeded):
     reg.flip_alias(alias, P, expected_version=1, new_version=2, actor="alice", reason="v2", serve=True)
     with pytest.raises(ConflictError):
         reg.flip_alias(alias, P, expected_version=1, new_version=2, actor="bob", reason="late", serve=True)
-    add_lag_sample(reg, P, 1, 7, {}, at=1000.0, lag_seconds=3.0)
-    add_lag_sample(reg, P, 1, None, {}, at=1001.0)                      # newest: unknown
-    add_lag_sample(reg, P, 2, 1500, {"member_profiles:0": 1500}, at=1002.0, lag_seconds=30.25)
+    reg.add_lag_sample(P, 1, 7, {}, at=1000.0, lag_seconds=3.0)
+    reg.add_lag_sample(P, 1, None, {}, at=1001.0)                      # newest: unknown
+    reg.add_lag_sample(P, 2, 1500, {"member_profiles:0": 1500}, at=1002.0, lag_seconds=30.25)
     for outcome in ("ok", "ok", "gave_up"):
         reg.audit("restart", actor="supervisor", pipeline=P, version=2, outcome=outcome)
     return seeded

@@ -103,7 +103,7 @@ class WatchUnfinished(Violation): pass                  # noqa: E701
 
 #: The actor of every automatic rollback (orchestrator.lifecycle.watch.ACTOR).
 WATCH_ACTOR = "kappa-watch"
-#: The states of a watch that still has work to do (orchestrator.registry.watches.ACTIVE).
+#: The states of a watch that still has work to do (orchestrator.registry.store.WATCH_ACTIVE).
 ACTIVE_WATCH = frozenset({"watching", "rolling_back"})
 
 

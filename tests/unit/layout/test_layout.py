@@ -11,7 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("orchestrator", "jobs")
 #: Modules allowed over MAX_LINES, each with the reason splitting it would hurt the reader.
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "orchestrator.registry.store": "the Registry class: one flip's transaction (lease check, both versions' states, "
+                                   "the watch's end, audit) reads on one page; its mixins reached into each "
+                                   "other's private methods (issue 31)",
+}
 MAX_LINES = 550
 
 #: The layers of kappa, bottom to top; the packages of one layer side by side. A module's layer is its
