@@ -53,11 +53,11 @@ def _verdict(ok: Any) -> str:
 
 def _keys(d: Mapping[str, Any]) -> str:
     """The key count with what it compared and what it left out: the figures agree with the percentage."""
-    from orchestrator.observe.render import key_counts
+    from orchestrator.observe.render import keys_compared
 
     if d.get("serving_version") is None:
         return f"{d.get('keys_new', 0):,} keys (nothing served yet)"
-    return f"{key_counts(d)}: {_pct(d.get('key_delta_ratio'))} off, {_verdict(d.get('key_count_ok'))}"
+    return f"{keys_compared(d)}: {_pct(d.get('key_delta_ratio'))} off, {_verdict(d.get('key_count_ok'))}"
 
 
 def report_summary(d: Mapping[str, Any]) -> str:

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from orchestrator.observe.progress import fmt_count
 
-__all__ = ["fmt_time", "render_report", "render_preview", "key_counts"]
+__all__ = ["fmt_time", "render_report", "render_preview"]
 
 
 def fmt_time(value: datetime | float | int | str | None) -> str:
@@ -32,25 +32,11 @@ def fmt_time(value: datetime | float | int | str | None) -> str:
     return str(value)
 
 
-def key_counts(report: BaseModel | Mapping[str, Any]) -> str:
-    """The key counts as compared, with what was left out, in one phrase: '4,846 keys in v2, 4,875 in v1;
-    compared 4,846 with 4,846, leaving out 29 only in v1 on partitions read to different offsets (input skew)'."""
-    d = report.model_dump() if isinstance(report, BaseModel) else report
-    n, old = d.get("version"), d.get("serving_version")
-    new_keys, old_keys = d.get("keys_new") or 0, d.get("keys_serving") or 0
-    text = f"{new_keys:,} keys in v{n}, {old_keys:,} in v{old}"
-    skew_new, skew_old = d.get("keys_only_new_skewed") or 0, d.get("keys_only_serving_skewed") or 0
-    lost = d.get("keys_lost_to_compaction") or 0
-    left_out = [f"{c:,} only in v{v}" for c, v in ((skew_new, n), (skew_old, old)) if c]
-    why = [f"{' and '.join(left_out)} on partitions read to different offsets (input skew)"] if left_out else []
-    if lost:
-        why.append(f"{lost:,} lost to compaction")
-    compared_new = d.get("keys_new_compared", new_keys)
-    compared_old = d.get("keys_serving_compared", old_keys)
-    if not why:
-        return text + "; all compared"
-    return (f"{text}; compared {compared_new if compared_new is not None else new_keys:,} with "
-            f"{compared_old if compared_old is not None else old_keys:,}, leaving out {', '.join(why)}")
+def keys_compared(report: Mapping[str, Any]) -> str:
+    """The report's phrase of the key counts (`Report.keys_compared`); of a report saved before it had one,
+    the counts."""
+    return report.get("keys_compared") or (f"{fmt_count(report.get('keys_new'))} keys in v{report.get('version')}, "
+                                           f"{fmt_count(report.get('keys_serving'))} in v{report.get('serving_version')}")
 
 
 def _verdict(ok: Any) -> str:
@@ -76,7 +62,7 @@ def render_report(console: Console, report: BaseModel | Mapping[str, Any] | None
     else:
         ratio = report.get("key_delta_ratio")
         ratio_s = f"{ratio:.2%}" if isinstance(ratio, (int, float)) else str(ratio)
-        console.print(f"  keys: {escape(key_counts(report))}: difference {ratio_s}, tolerance "
+        console.print(f"  keys: {escape(keys_compared(report))}: difference {ratio_s}, tolerance "
                       f"{report.get('key_count_tolerance', 0):.2%} {_verdict(report.get('key_count_ok'))}",
                       highlight=False)
     console.print(f"  rejects: {fmt_count(report.get('rejects'))} of {fmt_count(report.get('offsets_read'))} records "
