@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.core.exceptions import ConfigError, ConflictError, RefusedError
 from orchestrator.core.shares import check_share, share_to_nice
 from orchestrator.core.states import VersionState
+from orchestrator.core.times import utc_clock
 from orchestrator.jobctl.priority import ReniceResult, apply_share
 from orchestrator.observe.throttle import ShareController
 from orchestrator.registry.store import THROTTLE_ACTION as ACTION
@@ -210,10 +211,8 @@ def throttle_lines(version: int, throttle: dict[str, Any] | None, changes: list[
     """`kappa status`'s lines about a version's share: the share in force and its last changes."""
     if not throttle:
         return []
-    from datetime import datetime, timezone
-
     def when(at: float | None) -> str:
-        return "-" if at is None else datetime.fromtimestamp(at, timezone.utc).strftime("%H:%M:%SZ")
+        return "-" if at is None else utc_clock(at, date="never")
 
     head = (f"v{version} share {float(throttle['share']):g} (nice {throttle.get('nice')}), {throttle.get('mode')}"
             + ("" if throttle.get("changed_at") is None else f", since {when(throttle['changed_at'])} by {throttle.get('by')}")

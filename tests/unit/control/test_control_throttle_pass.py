@@ -142,7 +142,7 @@ def test_status_lines_show_the_share_in_force_and_the_last_changes(k):
     set_throttle(k.version(PIPELINE, v2), actor="ops", share=0.25, reason="window", now=T0)
     v = k.version(PIPELINE, v2)
     lines = throttle_lines(v2, current_throttle(v), throttle_changes(v))
-    assert lines[0] == f"v{v2} share 0.25 (nice 6), fixed, since 22:13:20Z by ops: operator: window"
+    assert lines[0] == f"v{v2} share 0.25 (nice 6), fixed, since 22:13:20 UTC by ops: operator: window"
     assert lines[1].endswith(" 1 -> 0.25 (fixed, ops): operator: window")
     fresh = throttle_lines(v1, current_throttle(k.version(PIPELINE, v1)), [])
     assert fresh == [f"v{v1} share 1 (nice 0), adaptive: the pipeline's backfill_share"]
