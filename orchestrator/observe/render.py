@@ -6,7 +6,7 @@ CLI imports the dev tooling, never the other way round.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Mapping
 
 from pydantic import BaseModel
@@ -14,22 +14,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.core.times import to_seconds, utc_clock
 from orchestrator.observe.progress import fmt_count
 
 __all__ = ["fmt_time", "render_report", "render_preview"]
 
 
 def fmt_time(value: datetime | float | int | str | None) -> str:
-    """A timestamp (datetime, epoch seconds or text) as `YYYY-MM-DD HH:MM:SS` in UTC; '-' for None."""
+    """A timestamp (datetime, naive meaning UTC; epoch seconds; ISO text) as kappa's one clock
+    (`core.times.utc_clock`: '2025-05-01 12:05:01 UTC'); '-' for None, other text as it is."""
     if value is None:
         return "-"
-    if isinstance(value, (int, float)):
-        value = datetime.fromtimestamp(value, timezone.utc)
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    return str(value)
+    at = to_seconds(value)
+    return str(value) if at is None else utc_clock(at)
 
 
 def keys_compared(report: Mapping[str, Any]) -> str:

@@ -119,3 +119,17 @@ def test_status_shows_read_progress_of_a_running_backfill():
     console, out = _console()
     console.print(status_table([{"pipeline": "standardize", "versions": [version]}]))
     assert "running (pid 4242), reading micro-batch 0: 750,000 of 2,000,000 records" in out.getvalue()
+
+
+def test_a_time_cell_is_kappa_s_one_utc_clock_whatever_form_the_time_comes_in():
+    from datetime import datetime, timedelta, timezone
+
+    from orchestrator.core.times import utc_clock
+    from orchestrator.observe.render import fmt_time
+
+    at = 1_746_101_101.0                                  # 2025-05-01 12:05:01 UTC
+    assert fmt_time(at) == utc_clock(at) == "2025-05-01 12:05:01 UTC"
+    assert fmt_time(datetime(2025, 5, 1, 12, 5, 1)) == "2025-05-01 12:05:01 UTC"            # naive: UTC
+    assert fmt_time(datetime(2025, 5, 1, 14, 5, 1, tzinfo=timezone(timedelta(hours=2)))) == "2025-05-01 12:05:01 UTC"
+    assert fmt_time("2025-05-01T12:05:01+00:00") == "2025-05-01 12:05:01 UTC"
+    assert (fmt_time(None), fmt_time("not a time")) == ("-", "not a time")
