@@ -253,14 +253,27 @@ class ChainedQuery:
         self._current = first
         self._then: Callable[[], Any] | None = then
         self._stopped = False
+        self._start_error: BaseException | None = None
 
     def _advance(self) -> Any:
+        """The query running now: the live one once the backfill query has ended without an error.
+
+        Spark marks an available-now query inactive as soon as its last batch is done, but unregisters it
+        from the session only after closing its Kafka clients (about a second), and refuses a query of
+        the same name until then: the live query starts after `awaitTermination()` without a timeout,
+        which returns only once the backfill's run is gone. A live query that cannot start is the chain's
+        error (`exception()`), never a clean stop."""
         with self._lock:
             q = self._current
             if self._then is not None and not self._stopped and not q.isActive and q.exception() is None:
+                q.awaitTermination()
                 log.info("backfill committed: the query goes on with the live trigger")
                 then, self._then = self._then, None
-                self._current = then()
+                try:
+                    self._current = then()
+                except Exception as e:
+                    self._start_error = e
+                    raise
             return self._current
 
     @property
@@ -302,7 +315,7 @@ class ChainedQuery:
         return out
 
     def exception(self) -> Any:
-        return self._current.exception()
+        return self._start_error if self._start_error is not None else self._current.exception()
 
     def stop(self) -> None:
         with self._lock:
