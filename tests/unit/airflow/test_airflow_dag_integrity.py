@@ -60,8 +60,6 @@ def no_side_effects(monkeypatch):
     Airflow's own imports run `file` once (croniter asks platform.architecture()): they are
     made first. kappa's modules that the DAG files import are imported afresh, under the patches.
     """
-    import sys
-
     import confluent_kafka
     import confluent_kafka.admin
     import croniter  # noqa: F401
@@ -70,9 +68,8 @@ def no_side_effects(monkeypatch):
 
     import orchestrator.registry.store
 
-    for name in ("orchestrator.airflow.tasks", "orchestrator.airflow.params", "orchestrator.core.pipelines",
-                 "orchestrator.core.settings", "jobs.lib.rules.files"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    import_afresh(monkeypatch, ("orchestrator.airflow.tasks", "orchestrator.airflow.params", "orchestrator.core.pipelines",
+                                "orchestrator.core.settings", "jobs.lib.rules.files"))
 
     for name in ("Producer", "Consumer"):
         monkeypatch.setattr(confluent_kafka, name, forbid(f"confluent_kafka.{name}"))
@@ -80,6 +77,36 @@ def no_side_effects(monkeypatch):
     monkeypatch.setattr(SparkSession.Builder, "getOrCreate", forbid("SparkSession.builder.getOrCreate"))
     monkeypatch.setattr(orchestrator.registry.store.Registry, "__init__", forbid("Registry()"))
     monkeypatch.setattr(subprocess, "Popen", forbid("subprocess.Popen"))
+
+
+def import_afresh(monkeypatch, names) -> None:
+    """The next import of each module in `names` runs its code again. Afterwards the module from before is back,
+    in `sys.modules` and as its package's attribute too: a fresh import sets that attribute, and a module
+    imported before (`orchestrator.airflow.monitor_tasks` holds `tasks`) must see the module a later test patches."""
+    import importlib
+    import sys
+
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        if name in sys.modules:
+            monkeypatch.setattr(importlib.import_module(parent), child, sys.modules[name])
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_a_module_imported_afresh_is_the_one_from_before_again_afterwards():
+    """Found when a later test patched `tasks.task_kappa` and `monitor_tasks` called the fresh module's: the watch
+    task then opened the default kappa home in the working directory."""
+    import importlib
+    import sys
+
+    import orchestrator.airflow.tasks as before
+
+    with pytest.MonkeyPatch.context() as mp:
+        import_afresh(mp, ["orchestrator.airflow.tasks"])
+        assert importlib.import_module("orchestrator.airflow.tasks") is not before
+    from orchestrator.airflow import tasks
+
+    assert tasks is before and sys.modules["orchestrator.airflow.tasks"] is before
 
 
 def test_every_dag_imports_without_touching_broker_spark_or_registry(clean_kappa_env, no_side_effects):
