@@ -2,7 +2,8 @@
 
 A job reads ``spark.readStream.format("kafka")`` with the version's options (`kafka_options`):
 ``subscribe``, ``startingOffsets=earliest``, ``kafka.isolation.level=read_committed``,
-``minPartitions`` (the cores, so a large batch is split into that many tasks at least),
+``minPartitions`` (the cores, so a large batch is split into that many tasks at least; not for a
+version with ``failOnDataLoss = false``, see `SPLIT_OPTIONS`),
 ``maxOffsetsPerTrigger`` (the live tail's cap) and the ``kafka.*`` client settings. Settings given
 in librdkafka's names (kappa.toml's ``[kafka]``, the 0600 file of the version) are translated to the
 Java client's: ``sasl.username``/``sasl.password`` become a ``sasl.jaas.config`` for the mechanism,
@@ -38,7 +39,7 @@ from typing import Any, Callable
 from jobs.lib.runtime.stopping import GATE
 from orchestrator.core.exceptions import ConfigError
 
-__all__ = ["BACKFILL_MODES", "SPARK_OPTIONS", "OUTAGE_OPTION", "check_source_options", "outage_seconds",
+__all__ = ["BACKFILL_MODES", "SPARK_OPTIONS", "SPLIT_OPTIONS", "OUTAGE_OPTION", "check_source_options", "outage_seconds",
            "broker_unavailable", "fail_on_data_loss", "lost_offsets", "java_kafka_config", "kafka_options", "needs_backfill", "kafka_reader",
            "start_stream", "ChainedQuery"]
 
@@ -56,6 +57,14 @@ _LOGIN_MODULES = {
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
+#: Options that split one partition's offsets of a batch over several tasks. With lost records Spark's
+#: source must skip (it always reads with failOnDataLoss=false, see the module), `KafkaDataConsumer.get`
+#: returns its pooled consumer on the out-of-range offset and goes on polling it, while another task of
+#: the same partition (same pool key) may borrow it: "KafkaConsumer is not safe for multi-threaded access"
+#: (Spark 4.2, connector/kafka-0-10-sql .../consumer/KafkaDataConsumer.scala). A version that goes on
+#: past lost records therefore reads each partition in one task: kappa adds no ``minPartitions`` to it,
+#: and `check_source_options` refuses these with ``failOnDataLoss = false``.
+SPLIT_OPTIONS = ("minpartitions", "maxrecordsperpartition")
 #: librdkafka names that the Java client spells otherwise.
 _RENAMED = {"sasl.mechanisms": "sasl.mechanism"}
 #: Settings the source owns (Spark refuses them as options).
@@ -170,7 +179,7 @@ def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | N
             **_outage_settings(outage_seconds(overrides))}
     if max_offsets_per_trigger:
         opts["maxOffsetsPerTrigger"] = str(int(max_offsets_per_trigger))
-    if min_partitions:
+    if min_partitions and fail_on_data_loss(overrides):   # see `SPLIT_OPTIONS`
         opts["minPartitions"] = str(int(min_partitions))
     for k, v in java_kafka_config(kafka_config).items():
         opts[f"kafka.{k}"] = v
@@ -193,6 +202,13 @@ def check_source_options(options: dict) -> None:
             raise ConfigError(f"source_options: unknown option {k!r} of Spark's Kafka source; known: "
                               f"{', '.join(SPARK_OPTIONS)}, {OUTAGE_OPTION} (kappa's) and kafka.* client settings")
     outage_seconds(options)
+    split = sorted(k for k in options if str(k).lower() in SPLIT_OPTIONS)
+    if split and not fail_on_data_loss(options):
+        raise ConfigError(f"source_options: {', '.join(map(str, split))} with failOnDataLoss = false: Spark's Kafka "
+                          f"source splits a partition's offsets over several tasks, and when records are lost it "
+                          f"reuses a consumer it gave back, which another of those tasks may hold (the batch then "
+                          f"fails with ConcurrentModificationException); drop {', '.join(map(str, split))}, or "
+                          f"keep failOnDataLoss = true")
 
 
 def needs_backfill(checkpoint: str | Path) -> bool:

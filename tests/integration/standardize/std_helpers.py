@@ -116,13 +116,18 @@ def run_job_process(argv: list[str], log_path: Path, env: dict | None = None, ti
 
 
 def run_in_process(spark, bootstrap: str, topic: str, args: Namespace, rules, *, max_records: int = 1500,
-                   source: dict | None = None, **kw):
+                   source: dict | None = None, min_partitions: int = 2, **kw):
     """The standardize query (the job's own `start_query`) on the shared session, available-now,
-    driven to its end; returns its foreachBatch function (timings, skipped batches)."""
+    driven to its end; returns its foreachBatch function (timings, skipped batches). The source's
+    options are the job's (`kafka_options`, with `min_partitions` for the cores): `source`, else the
+    ``source_options`` of ``args.extra``."""
     from jobs.lib.runtime.stream import kafka_options
     from jobs.standardize import start_query
 
-    options = kafka_options(bootstrap, topic, max_offsets_per_trigger=max_records, min_partitions=2, overrides=source)
+    if source is None:
+        source = (getattr(args, "extra", None) or {}).get("source_options")
+    options = kafka_options(bootstrap, topic, max_offsets_per_trigger=max_records, min_partitions=min_partitions,
+                            overrides=source)
     query, writer = start_query(spark, args, rules, options, {"availableNow": True}, **kw)
     try:
         query.awaitTermination()

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from jobs.lib.contract.runner import kappa_options
 from jobs.lib.runtime.backfill import BackfillProgress, clear_when_committed, initial_offsets
 from jobs.lib.runtime.stream import java_kafka_config, kafka_options, needs_backfill
 from jobs.lib.source.read_progress import progress_positions, read_progress
@@ -47,6 +48,22 @@ def test_kafka_options_for_a_version_and_overrides_by_either_case():
     with pytest.raises(ConfigError, match=r"^source_options: unknown option 'readTimeoutSeconds' of Spark's Kafka "
                                           r"source; known: subscribe, .*, brokerOutageSeconds \(kappa's\) and kafka\.\* client settings$"):
         kafka_options("127.0.0.1:9092", "a", overrides={"readTimeoutSeconds": 5})
+
+
+def test_a_version_that_goes_on_past_lost_records_reads_each_partition_in_one_task():
+    # Spark's source reuses a consumer it gave back when it skips lost offsets; two tasks of one partition
+    # may then poll it at once (tests/integration/standardize/test_standardize_kafka.py shows it fail)
+    assert kafka_options("b:1", "a", min_partitions=8)["minPartitions"] == "8"
+    assert kafka_options("b:1", "a", min_partitions=8, overrides={"failOnDataLoss": "true"})["minPartitions"] == "8"
+    assert "minPartitions" not in kafka_options("b:1", "a", min_partitions=8, overrides={"failOnDataLoss": "false"})
+    for option in ("minPartitions", "MAXRECORDSPERPARTITION"):
+        with pytest.raises(ConfigError, match=rf"^source_options: {option} with failOnDataLoss = false: Spark's Kafka "
+                                              rf"source splits .* ConcurrentModificationException\); drop {option}, "
+                                              rf"or keep failOnDataLoss = true$"):
+            kafka_options("b:1", "a", overrides={"failOnDataLoss": "false", option: 4})
+        assert kafka_options("b:1", "a", overrides={option: 4})[option] == "4"
+    with pytest.raises(ConfigError, match=r"^source_options: minPartitions with failOnDataLoss = false"):
+        kappa_options({"source_options": {"failOnDataLoss": "false", "minPartitions": 4}})
 
 
 def test_a_backfill_is_due_until_the_checkpoint_has_a_commit(tmp_path):
