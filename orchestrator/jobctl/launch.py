@@ -216,7 +216,8 @@ def start_version(v: VersionRef, *, actor: str, reason: str | None = None,
     lease is released, with the job's PID, only once launch.json is written; if the state was
     changed meanwhile (a stop, a retire), the job just spawned is stopped again. With `restart`,
     a running job is stopped first, under the same lease. The start decides on the registry as it
-    is now (`v.reread()`), not as the verb that called it found it.
+    is now (`v.reread()`), not as the verb that called it found it, and looks for a running job again
+    once it holds the lease (a start that finished in between is not doubled).
     """
     v = v.reread()
     reg, rec, pipeline, version = v.registry, v.record, v.pipeline, v.version
@@ -249,8 +250,17 @@ def start_version(v: VersionRef, *, actor: str, reason: str | None = None,
         raise LifecycleError(f"cannot start {pipeline} v{version}: {e}") from None
     crashpoint("start.leased")
     try:
+        # Under the lease nobody else starts it: a start that landed between the check above and the
+        # lease (it spawned its job and released the lease, leaving a state a start keeps, so this
+        # lease's compare-and-swap passed) is seen here, and its job is not doubled.
+        now = inspect_version(v)
+        if now.alive and now.pid != current.pid:
+            reg.release_lease(pipeline, version, owner=owner, epoch=leased.lease_epoch)
+            return _noop(v, actor=actor, reason=reason, pid=now.pid, mode=now.mode,
+                         msg=f"{pipeline} v{version} was started by another operation meanwhile (pid {now.pid}); "
+                             f"not starting a second job")
         return _spawn(v, leased, owner=owner, actor=actor, reason=reason, trigger=trigger,
-                      master=master, check_exit_seconds=check_exit_seconds, stop_first=current.alive)
+                      master=master, check_exit_seconds=check_exit_seconds, stop_first=now.alive)
     except Exception:
         reg.release_lease(pipeline, version, owner=owner, epoch=leased.lease_epoch)
         raise

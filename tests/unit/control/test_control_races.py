@@ -99,6 +99,40 @@ def test_case1_two_starts_of_one_version_start_one_job(k, fake_jobs, monkeypatch
     assert k.registry.get_version(PIPELINE, v).lease_owner is None  # released by the winner
 
 
+def test_a_start_that_lands_between_another_start_s_check_and_its_lease_is_not_doubled(k, fake_log, fake_jobs,
+                                                                                      monkeypatch):
+    """The stress test's StrayJob (2 jobs for v2): two supervisors restart a dead job of a version whose
+    state a start keeps (starting, here). The second checked "is it running?" before the first took the
+    lease, and took the lease after the first had spawned its job and released it: the state was the
+    one it expected, so its compare-and-swap passed and it spawned a second job. The check is made again
+    under the lease now."""
+    v = running(k, fake_log, state="starting")
+    ref = k.version(PIPELINE, v)
+    dead = inspect_version(ref).pid
+    CHILDREN[dead].kill()
+    CHILDREN[dead].wait(10)
+    assert not inspect_version(ref).alive
+    real = launch.inspect_version
+    other: list = []
+
+    def the_other_start_lands_meanwhile(*a, **kw):
+        st = real(*a, **kw)
+        if not other:                          # the first check of the first start: the job is dead
+            monkeypatch.setattr(launch, "inspect_version", real)
+            other.append(start_version(ref, actor="monitor", check_exit_seconds=0))
+        return st
+
+    monkeypatch.setattr(launch, "inspect_version", the_other_start_lands_meanwhile)
+    res = start_version(ref, actor="reconcile", check_exit_seconds=0)
+    assert other[0].started and not res.started
+    assert res.message == (f"{PIPELINE} v{v} was started by another operation meanwhile (pid {other[0].pid}); "
+                           f"not starting a second job")
+    assert alive_jobs() == [other[0].pid]
+    rec = k.registry.get_version(PIPELINE, v)
+    assert (rec.state, rec.pid, rec.lease_owner) == ("starting", other[0].pid, None)
+    end_children()
+
+
 def test_case2_no_flip_lands_on_a_version_being_retired(k, fake_log, fake_jobs, monkeypatch):
     monkeypatch.setattr("orchestrator.lifecycle.retire._delete_group", lambda k, g: "deleted")
     v1, v2 = serving_pair(k, fake_log)
