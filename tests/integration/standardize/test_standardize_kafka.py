@@ -29,6 +29,29 @@ def members(uri) -> dict[str, str]:
     return {r["member_id"]: r["name"] for r in read_table(uri).to_pylist()}
 
 
+def _produce(bootstrap: str, topic: str, names: list[str]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for name in names:
+        p.produce(topic, key=name.encode(), value=profile(name), partition=0)
+    p.flush(30)
+
+
+def retained_topic(bootstrap: str, topic: str, names: list[str]) -> str:
+    """A one-partition topic with delete retention (DeleteRecords needs that, not compaction),
+    holding a profile per name (its key)."""
+    ensure_topic(bootstrap, topic, partitions=1, compact=False, topic_config={"retention.ms": "-1"})
+    _produce(bootstrap, topic, names)
+    return topic
+
+
+def delete_after_producing(bootstrap: str, topic: str, names: list[str], *, log_start: int) -> None:
+    """Profiles for `names`, then DeleteRecords moves the log start to `log_start`."""
+    _produce(bootstrap, topic, names)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.delete_records([TopicPartition(topic, 0, log_start)]).values():
+        f.result(timeout=30)
+
+
 def test_aborted_transactions_never_reach_the_table(spark, bootstrap, unique, paths):
     topic = f"abort_{unique}"
     ensure_topic(bootstrap, topic, partitions=2)
@@ -51,20 +74,10 @@ def test_aborted_transactions_never_reach_the_table(spark, bootstrap, unique, pa
 
 def test_records_deleted_before_the_version_read_them_are_refused_then_skipped_when_asked(
         spark, bootstrap, unique, paths):
-    topic = f"retained_{unique}"           # DeleteRecords needs a topic with delete retention, not compaction
-    ensure_topic(bootstrap, topic, partitions=1, compact=False, topic_config={"retention.ms": "-1"})
-    p = Producer({"bootstrap.servers": bootstrap})
-    for i in range(5):
-        p.produce(topic, key=f"a{i}".encode(), value=profile(f"a{i}"), partition=0)
-    p.flush(30)
+    topic = retained_topic(bootstrap, f"retained_{unique}", [f"a{i}" for i in range(5)])
     args = paths.args(bootstrap, topic, V2.path)
     run_in_process(spark, bootstrap, topic, args, V2)
-    for i in range(10):
-        p.produce(topic, key=f"b{i}".encode(), value=profile(f"b{i}"), partition=0)
-    p.flush(30)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.delete_records([TopicPartition(topic, 0, 12)]).values():
-        f.result(timeout=30)
+    delete_after_producing(bootstrap, topic, [f"b{i}" for i in range(10)], log_start=12)
     with pytest.raises(Exception) as failed:
         run_in_process(spark, bootstrap, topic, args, V2)
     message = str(failed.value)
@@ -84,20 +97,11 @@ def test_a_version_that_goes_on_past_lost_records_reads_them_in_one_task_per_par
     the cores' minPartitions (96 here, for tasks that start often) the batch over the lost range failed with
     "KafkaConsumer is not safe for multi-threaded access" in 4 runs of 4 before kappa stopped splitting
     such a version's partitions."""
-    topic = f"lostsplit_{unique}"
-    ensure_topic(bootstrap, topic, partitions=1, compact=False, topic_config={"retention.ms": "-1"})
-    p = Producer({"bootstrap.servers": bootstrap})
-    p.produce(topic, key=b"a0", value=profile("a0"), partition=0)
-    p.flush(30)
+    topic = retained_topic(bootstrap, f"lostsplit_{unique}", ["a0"])
     args = paths.args(bootstrap, topic, V2.path)
     args.extra = {"source_options": {"failOnDataLoss": "false"}}
     run_in_process(spark, bootstrap, topic, args, V2, min_partitions=96)
-    for i in range(8000):
-        p.produce(topic, key=f"m{i}".encode(), value=profile(f"m{i}"), partition=0)
-    p.flush(30)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.delete_records([TopicPartition(topic, 0, 7001)]).values():
-        f.result(timeout=30)
+    delete_after_producing(bootstrap, topic, [f"m{i}" for i in range(8000)], log_start=7001)
     run_in_process(spark, bootstrap, topic, args, V2, min_partitions=96, max_records=10_000)
     assert set(members(paths.output)) == {"a0"} | {f"m{i}" for i in range(7000, 8000)}
 
