@@ -174,19 +174,20 @@ def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | N
                   overrides: dict[str, str] | None = None) -> dict[str, str]:
     """The options of Spark's Kafka source for one version (see the module); `overrides` (the
     pipeline's ``source_options``) last."""
+    overrides = overrides or {}
+    check_source_options(overrides)
+    stops_on_loss = fail_on_data_loss(overrides)
     opts = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topics, "startingOffsets": "earliest",
             "kafka.isolation.level": "read_committed", "failOnDataLoss": "false",
             **_outage_settings(outage_seconds(overrides))}
     if max_offsets_per_trigger:
         opts["maxOffsetsPerTrigger"] = str(int(max_offsets_per_trigger))
-    if min_partitions and fail_on_data_loss(overrides):   # see `SPLIT_OPTIONS`
+    if min_partitions and stops_on_loss:   # see `SPLIT_OPTIONS`
         opts["minPartitions"] = str(int(min_partitions))
     for k, v in java_kafka_config(kafka_config).items():
         opts[f"kafka.{k}"] = v
     lower = {k.lower(): k for k in opts}
-    check_source_options(overrides or {})
-    fail_on_data_loss(overrides)
-    for k, v in (overrides or {}).items():
+    for k, v in overrides.items():
         if k.lower() in (OUTAGE_OPTION.lower(), "failondataloss"):   # kappa's own, see above
             continue
         opts.pop(lower.get(k.lower(), k), None)
@@ -195,7 +196,8 @@ def kafka_options(bootstrap_servers: str, topics: str, *, kafka_config: dict | N
 
 
 def check_source_options(options: dict) -> None:
-    """ConfigError, one line, for a ``source_options`` name that Spark's Kafka source does not take."""
+    """ConfigError, one line, for a ``source_options`` name that Spark's Kafka source does not take, a bad
+    ``brokerOutageSeconds``, or a `SPLIT_OPTIONS` option with ``failOnDataLoss = false``."""
     known = {o.lower() for o in SPARK_OPTIONS} | {OUTAGE_OPTION.lower()}
     for k in options:
         if not (str(k).lower().startswith("kafka.") or str(k).lower() in known):

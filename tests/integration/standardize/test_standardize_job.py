@@ -120,6 +120,8 @@ def test_bad_rules_file_fails_before_anything_starts(bootstrap, paths, tmp_path)
     ({"backfill": "all"}, "ConfigError: --extra: backfill must be one of one-batch, capped, got 'all'"),
     ({"source_options": {"readTimeoutSeconds": 5}},
      "ConfigError: source_options: unknown option 'readTimeoutSeconds' of Spark's Kafka source; known: "),
+    ({"source_options": {"failOnDataLoss": "false", "minPartitions": 8}},
+     "ConfigError: source_options: minPartitions with failOnDataLoss = false: Spark's Kafka source splits "),
     ({"upkeep": {"optimize_every": -1}},
      "ConfigError: --extra: upkeep option 'optimize_every' must be a whole number of micro-batches >= 0"),
 ])
