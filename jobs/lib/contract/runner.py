@@ -89,11 +89,22 @@ def group_batch(b: Any, output: list[str], key: str, key_order: str) -> Any:
     The latest row is the last valid one by the key order (within a Kafka partition the higher
     offset; under ``timestamp``, record timestamp, then partition, then offset): its output columns,
     the source position and ``_deleted``. A key with only rejects has none (it stays as it was)."""
+    from jobs.lib.runtime.columns import built_once
+
+    columns = tuple(b.columns)
+    aggregates = built_once(("group_batch", columns, tuple(output), key_order),
+                            lambda: _group_aggregates(columns, output, key_order))
+    return b.groupBy(key).agg(*aggregates)
+
+
+def _group_aggregates(columns: tuple[str, ...], output: list[str], key_order: str) -> list[Any]:
+    """`group_batch`'s aggregates over a batch of `columns` (made once per Spark context: they are the
+    same every micro-batch)."""
     from pyspark.sql import functions as F
 
-    error = F.col(ERROR).cast("string") if ERROR in b.columns else F.lit(None).cast("string")
+    error = F.col(ERROR).cast("string") if ERROR in columns else F.lit(None).cast("string")
     valid = error.isNull()
-    deleted = F.coalesce(F.col(DELETED).cast("boolean"), F.lit(False)) if DELETED in b.columns else F.lit(False)
+    deleted = F.coalesce(F.col(DELETED).cast("boolean"), F.lit(False)) if DELETED in columns else F.lit(False)
     row = F.struct(*[F.col(c) for c in output], F.col("partition").cast("int").alias(POSITION["partition"]),
                    F.col("offset").cast("long").alias(POSITION["offset"]),
                    F.col("timestamp").alias(POSITION["timestamp"]), deleted.alias(DELETED))
@@ -103,20 +114,23 @@ def group_batch(b: Any, output: list[str], key: str, key_order: str) -> Any:
     partition = F.when(valid, F.col("partition"))
     moved = (F.min(partition) != F.max(partition)) if key_order == "partition" else F.lit(False)
     order = F.struct(*key_order_columns("", key_order, SOURCE_ORDER))
-    return b.groupBy(key).agg(F.max_by(F.when(valid, row), F.when(valid, order)).alias(LATEST),
-                              F.coalesce(moved, F.lit(False)).alias(MOVED),
-                              F.collect_list(F.when(~valid, reject)).alias(REJECTS),
-                              F.count(F.lit(1)).alias(RECORDS))
+    return [F.max_by(F.when(valid, row), F.when(valid, order)).alias(LATEST),
+            F.coalesce(moved, F.lit(False)).alias(MOVED),
+            F.collect_list(F.when(~valid, reject)).alias(REJECTS),
+            F.count(F.lit(1)).alias(RECORDS)]
 
 
 def batch_counts(g: Any, key: str) -> tuple[int, int, int, list[str]]:
     """(records, rejects, rows to write, up to `MAX_CONFLICTS` keys seen in two partitions) of a
     `group_batch` result, in one Spark job."""
-    from pyspark.sql import functions as F
+    from jobs.lib.runtime.columns import built_once
 
-    r = g.agg(F.coalesce(F.sum(RECORDS), F.lit(0)), F.coalesce(F.sum(F.size(REJECTS)), F.lit(0)),
-              F.count(LATEST), F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1,
-                                       MAX_CONFLICTS)).first()
+    def counts() -> list[Any]:
+        from pyspark.sql import functions as F
+
+        return [F.coalesce(F.sum(RECORDS), F.lit(0)), F.coalesce(F.sum(F.size(REJECTS)), F.lit(0)), F.count(LATEST),
+                F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1, MAX_CONFLICTS)]
+    r = g.agg(*built_once(("batch_counts", key), counts)).first()
     return int(r[0]), int(r[1]), int(r[2]), list(r[3] or [])
 
 

@@ -266,9 +266,19 @@ class Rules:
         return out
 
     def column(self, section: str, raw: Any) -> Any:
-        """The Spark expression of `standardize` over the column `raw` (`FieldRules.column`)."""
+        """The Spark expression of `standardize` over the column `raw` (`FieldRules.column`), made once per
+        Spark context for each section and input expression (`jobs.lib.runtime.columns`: a section's
+        lookup map alone is a JVM round trip per spelling, and a job asks for it every micro-batch). The
+        input is told apart by its expression as Spark prints it without its call site: a column by name
+        (``UnresolvedAttribute(List(title_raw), ...)``) is the same for every batch, a column of one
+        DataFrame (``ExpressionColumnNode(title_raw#12, ...)``) is not, and gets its own."""
+        from jobs.lib.runtime.columns import built_once
+
         field = self.fields.get(section)
-        return raw if field is None else field.column(raw)
+        if field is None:
+            return raw
+        return built_once(("rules", self.content_hash, section, raw._jc.node().normalized().toString()),
+                          lambda: field.column(raw))
 
     @property
     def columns(self) -> dict[str, str]:

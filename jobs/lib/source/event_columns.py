@@ -91,10 +91,12 @@ def parse_events(records: Any, et: EventType, key_as: str | None = None) -> Any:
 
     from jobs.lib.source.json_values import parse_json_values
 
-    key_ok = F.col("key").isNotNull() & F.expr("is_valid_utf8(key)") & (F.length("key") > 0)
+    def key_ok() -> Any:
+        return F.col("key").isNotNull() & F.expr("is_valid_utf8(key)") & (F.length("key") > 0)
+
     rows = parse_json_values(records.select("key", "value", *_POSITION), keep=["key", "value", *_POSITION],
                              key_ok=key_ok, judge=partial(_judge, et), exact=partial(_exact, et),
-                             exact_ddl=_exact_ddl(et))
+                             exact_ddl=_exact_ddl(et), name=("events", repr(et)))
     failed = F.col("error").isNotNull()
     keyed = [F.when(~failed, F.col("key").cast("string")).alias(key_as)] if key_as else []
     return rows.select(*keyed, *et.fields, *_POSITION, F.when(failed, F.col("key")).alias("key"),

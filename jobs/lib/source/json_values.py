@@ -21,7 +21,7 @@ batches it reads are small and its loop skips the rest. The executed plan calls 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 __all__ = ["parse_json_values", "BRACE_RULE", "PARSE_CALL"]
 
@@ -48,31 +48,50 @@ def _exact_rows(exact: Callable[[bytes | None, bytes | None], dict]) -> Callable
     return rows
 
 
-def parse_json_values(records: Any, *, keep: Sequence[str], key_ok: Any, judge: Callable[[Any], tuple[Any, dict]],
-                      exact: Callable[[bytes | None, bytes | None], dict], exact_ddl: str) -> Any:
+def parse_json_values(records: Any, *, keep: Sequence[str], key_ok: Callable[[], Any],
+                      judge: Callable[[Any], tuple[Any, dict]], exact: Callable[[bytes | None, bytes | None], dict],
+                      exact_ddl: str, name: Hashable) -> Any:
     """Kafka rows -> the `keep` columns, one column per field `judge` names, and ``error`` (the reject
     reason; null for a valid record).
 
     `judge(doc)` gets the parsed value (a variant column, null where the value is null or the JVM
     refuses its text) and returns ``(ok, {field: typed column})``: ``ok`` true where those columns
-    are exactly what `exact` would give. Rows where `key_ok` and ``ok`` hold take them; every other
+    are exactly what `exact` would give. Rows where `key_ok()` and ``ok`` hold take them; every other
     row takes ``exact(key, value)`` (a dict of the fields and ``error``, read with `exact_ddl` and cast to
-    the types of `judge`'s columns)."""
+    the types of `judge`'s columns).
+
+    The expressions are made once per Spark context (`jobs.lib.runtime.columns`) under `name`, which
+    must name what `judge`, `exact` and `key_ok` depend on; the input's columns are part of the key."""
+    from jobs.lib.runtime.columns import built_once
+
+    need = list(dict.fromkeys([*keep, "key", "value"]))
+    steps = built_once(("json_values", name, tuple(keep), tuple(records.columns)),
+                       lambda: _steps(records, need, keep, key_ok, judge, exact, exact_ddl))
+    for columns in steps:
+        records = records.select(*columns)
+    return records
+
+
+def _steps(records: Any, need: list[str], keep: Sequence[str], key_ok: Callable[[], Any],
+           judge: Callable[[Any], tuple[Any, dict]], exact: Callable[[bytes | None, bytes | None], dict],
+           exact_ddl: str) -> list[list[Any]]:
+    """`parse_json_values`' selects, in order: the parse, the verdict, its fields, the answer."""
     from pyspark.sql import functions as F
     from pyspark.sql.functions import arrow_udf
 
     value = F.col("value")
     parse = F.when(value.isNotNull() & F.expr("is_valid_utf8(value)") & value.cast("string").rlike(BRACE_RULE),
                    F.expr("try_parse_json(cast(value AS string))"))
-    need = list(dict.fromkeys([*keep, "key", "value"]))
-    parsed = records.select(*need, parse.alias("__doc"))
+    first = [*need, parse.alias("__doc")]
     ok, typed = judge(F.col("__doc"))
-    verdict = F.struct(F.coalesce(key_ok & ok, F.lit(False)).alias("ok"),
+    verdict = F.struct(F.coalesce(key_ok() & ok, F.lit(False)).alias("ok"),
                        F.struct(*[c.alias(n) for n, c in typed.items()]).alias("v"))
-    judged = parsed.select(*need, verdict.alias("__j")).select(*need, "__j.*")
+    second, third = [*need, verdict.alias("__j")], [*need, "__j.*"]
+    judged = records.select(*first).select(*second).select(*third)
     py = ~F.col("ok")
     exact_udf = arrow_udf(_exact_rows(exact), "string")
     slow = F.from_json(exact_udf(py, F.when(py, F.col("key")), F.when(py, value)), exact_ddl)
     types = {f.name: f.dataType for f in judged.schema["v"].dataType.fields}
-    return judged.select(*keep, *[F.when(py, slow[n].cast(types[n])).otherwise(F.col(f"v.{n}")).alias(n) for n in typed],
-                         F.when(py, slow["error"]).alias("error"))
+    last = [*keep, *[F.when(py, slow[n].cast(types[n])).otherwise(F.col(f"v.{n}")).alias(n) for n in typed],
+            F.when(py, slow["error"]).alias("error")]
+    return [first, second, third, last]

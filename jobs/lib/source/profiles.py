@@ -152,18 +152,26 @@ def _judge(doc: Any) -> tuple[Any, dict]:
     return F.col("value").isNull() | (doc.isNotNull() & ok), {f: strings[f] for f in PROFILE_FIELDS}
 
 
+def _key_ok() -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("key").isNotNull() & F.expr("is_valid_utf8(key)")
+
+
+def _output_columns() -> list[Any]:
+    from pyspark.sql import functions as F
+
+    return [F.when(_key_ok(), F.col("key").cast("string")).alias("member_id"), *PROFILE_FIELDS, "error",
+            (F.col("error").isNull() & F.col("value").isNull()).alias(DELETED), *INPUT_COLUMNS]
+
+
 def parse_records(records: Any) -> Any:
     """Kafka source rows -> one row per record: ``member_id``, the profile fields, ``error`` (the
     reject reason, else null), ``_deleted`` (a tombstone of a usable key), and the source columns.
     Each value is parsed once, in the JVM; `parse_one` decides what the JVM cannot vouch for
-    (`jobs.lib.source.json_values`)."""
-    from pyspark.sql import functions as F
+    (`jobs.lib.source.json_values`). The expressions are made once per Spark context."""
+    from jobs.lib.runtime.columns import built_once
 
-    key_ok = F.col("key").isNotNull() & F.expr("is_valid_utf8(key)")
-    rows = parse_json_values(records.select(*INPUT_COLUMNS), keep=INPUT_COLUMNS, key_ok=key_ok, judge=_judge,
-                             exact=_exact, exact_ddl=_EXACT_DDL)
-    return rows.select(
-        F.when(key_ok, F.col("key").cast("string")).alias("member_id"),
-        *PROFILE_FIELDS, "error",
-        (F.col("error").isNull() & F.col("value").isNull()).alias(DELETED),
-        *INPUT_COLUMNS)
+    rows = parse_json_values(records.select(*INPUT_COLUMNS), keep=INPUT_COLUMNS, key_ok=_key_ok, judge=_judge,
+                             exact=_exact, exact_ddl=_EXACT_DDL, name="profiles")
+    return rows.select(*built_once(("profiles", "output"), _output_columns))
