@@ -43,4 +43,3 @@ def built_once(key: Hashable, build: Callable[[], T]) -> T:
         if _context[0] is sc:
             made = _built.setdefault(key, made)
     return made
-
