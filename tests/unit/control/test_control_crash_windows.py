@@ -18,6 +18,7 @@ The jobs are fake job processes; the interleavings are forced with crash points 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 import psutil
 import pytest
@@ -107,7 +108,8 @@ def test_a_start_cut_off_after_the_spawn_leaves_a_job_that_can_be_seen_and_stopp
     with crashpoints.armed_at("start.spawned"), pytest.raises(crashpoints.KappaCrashed):
         start_version(k.version(PIPELINE, v), actor="deployer")
     (pid,) = set(CHILDREN) - before
-    CHILDREN.pop(pid)                        # what the process that died knew about its child is gone
+    orphan = CHILDREN.pop(pid)               # what the process that died knew about its child is gone,
+    threading.Thread(target=orphan.wait, daemon=True).start()   # and init reaps the orphan when it exits
     seen = inspect_version(k.version(PIPELINE, v))
     assert (seen.alive, seen.pid) == (True, pid)
     # a second start does not run a second job beside it
