@@ -30,7 +30,7 @@ DEADLINE = float(os.environ.get("KAPPA_TEST_READY_DEADLINE", "900"))
 
 def make_spec(topic: str, alias: str, **overrides) -> PipelineSpec:
     fields = dict(name=PIPELINE, job="standardize", topics=(topic,), key="member_id", ruleset="titles",
-                  alias=alias, catchup_threshold=0, catchup_samples=3, grace_period_seconds=3600.0,
+                  alias=alias, catchup_threshold=0, catchup_samples=2, grace_period_seconds=3600.0,
                   keep_versions=2, key_count_tolerance=0.05, max_reject_rate=0.05, max_records_per_batch=5000)
     fields.update(overrides)
     return PipelineSpec(**fields)
