@@ -7,7 +7,9 @@ the test data's share of malformed records allowed. A test passes what it needs 
 
 from __future__ import annotations
 
-__all__ = ["standardize_pipeline"]
+__all__ = ["standardize_pipeline", "patient_pipelines_file"]
+
+from pathlib import Path
 
 
 def _toml(value) -> str:
@@ -32,3 +34,18 @@ def standardize_pipeline(pipeline: str, topic: str, *, alias: str | None = None,
         shown = "[" + ", ".join(_toml(v) for v in value) + "]" if isinstance(value, list) else _toml(value)
         lines.append(f"{name} = {shown}")
     return "\n".join(lines) + "\n"
+
+
+def patient_pipelines_file(path: Path) -> Path:
+    """`deploy/pipelines.toml` with standardize's catchup_seconds at 600, written to `path`: for the walks
+    (`kappa demo`, `kappa up`) that run a live producer beside other jobs and then need "ready". Under the
+    whole suite on 2 cores a live micro-batch has taken 40-60 s, so the oldest unprocessed record was over
+    60 s old and a version never got ready (CI, 2026-11-29). These walks test the screens and the story,
+    not readiness' limits (test_control_promote, test_control_lag_seconds do)."""
+    from orchestrator.core.resources import default_pipelines_file
+
+    text = default_pipelines_file().read_text(encoding="utf-8")
+    line = "catchup_seconds = 60 "
+    assert text.count(line) == 1 and text.index("[pipelines.standardize]") < text.index(line), "standardize's line"
+    path.write_text(text.replace(line, "catchup_seconds = 600"), encoding="utf-8")
+    return path

@@ -21,6 +21,7 @@ import pytest
 
 from orchestrator.core.files import read_json
 from orchestrator.observe.lagplot import is_png
+from tests.pipelines import patient_pipelines_file
 from tests.waiting import wait_until
 
 KAPPA = [sys.executable, "-m", "orchestrator.cli"]
@@ -61,8 +62,9 @@ def _group_gone(pgid: int) -> bool:
 def test_demo_end_to_end(tmp_path, artifacts_dir):
     home = tmp_path / "demo-home"
     t0 = time.monotonic()
-    proc = subprocess.run([*KAPPA, "demo", "--home", str(home), *SMALL], capture_output=True, text=True,
-                          timeout=DEMO_TIMEOUT, env=_env())
+    pipelines = patient_pipelines_file(tmp_path / "pipelines.toml")   # CI saw v2 70 s behind, never ready
+    proc = subprocess.run([*KAPPA, "--pipelines-file", str(pipelines), "demo", "--home", str(home), *SMALL],
+                          capture_output=True, text=True, timeout=DEMO_TIMEOUT, env=_env())
     elapsed = time.monotonic() - t0
     (artifacts_dir / "demo-output.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     print(f"kappa demo took {elapsed:.0f} s; output in {artifacts_dir / 'demo-output.txt'}")
