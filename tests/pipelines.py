@@ -7,9 +7,9 @@ the test data's share of malformed records allowed. A test passes what it needs 
 
 from __future__ import annotations
 
-__all__ = ["standardize_pipeline", "patient_pipelines_file"]
-
 from pathlib import Path
+
+__all__ = ["patient_pipelines_file", "standardize_pipeline"]
 
 
 def _toml(value) -> str:
