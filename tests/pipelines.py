@@ -1,4 +1,5 @@
-"""The `pipelines.toml` block of a test's standardize pipeline, written once for every test that needs one.
+"""The `pipelines.toml` block of a test's standardize pipeline, written once for every test that needs one,
+and the shipped pipelines file made patient for the walks (`patient_pipelines_file`).
 
 Defaults are what the integration tests want: a version is ready after two samples at lag 0, an
 hour of standby grace (so a standby stays for the rollback the test makes), two versions kept, and

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.pipelines import patient_pipelines_file
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.browser]
@@ -110,11 +111,10 @@ def version_record(home: Path, version: int):
 
 
 def walk_pipelines(home: Path) -> Path:
-    """The walk's pipelines file (standardize's catchup_seconds 600, `patient_pipelines_file`): between v2's
-    ready and its promote the walk reads the UI, and CI saw the promote's check refuse v2 as 77 s behind."""
-    from tests.pipelines import patient_pipelines_file
-
-    return patient_pipelines_file(home.parent / "pipelines.walk.toml")
+    """Where the walk's pipelines file is (standardize's catchup_seconds 600, `patient_pipelines_file`):
+    between v2's ready and its promote the walk reads the UI, and CI saw the promote's check refuse v2
+    as 77 s behind."""
+    return home.parent / "pipelines.walk.toml"
 
 
 def kappa_of(home: Path, bootstrap: str):
@@ -123,7 +123,7 @@ def kappa_of(home: Path, bootstrap: str):
     from orchestrator.core.settings import resolve_settings
 
     return Kappa(resolve_settings(None, env={}, home=str(home), bootstrap_servers=bootstrap,
-                                  pipelines_file=str(home.parent / "pipelines.walk.toml")))
+                                  pipelines_file=str(walk_pipelines(home))))
 
 
 def status_of(home: Path, bootstrap: str, version: int) -> dict:
@@ -198,7 +198,8 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
     from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
     holds = Holds(tmp_path / "held")
     env.update({HOLD_HOOK: "0", HOLD_FILE: str(holds.path)})
-    proc = subprocess.Popen([*KAPPA, "--pipelines-file", str(walk_pipelines(home)), "up", "--home", str(home),
+    pipelines = patient_pipelines_file(walk_pipelines(home))
+    proc = subprocess.Popen([*KAPPA, "--pipelines-file", str(pipelines), "up", "--home", str(home),
                              "--records", "3000", "--keys", "500", "--rate", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -280,7 +281,7 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 page.get_by_text(re.compile("standardize v2 is ready and NOT promoted")).first.wait_for(timeout=60_000)
                 page.screenshot(path=str(artifacts_dir / "kappa_up_reprocess_run.png"), full_page=True)
                 link = page.get_by_role("link", name="full report").first
-                assert link.get_attribute("href").endswith(f"/tasks/validation_report"), link.get_attribute("href")
+                assert link.get_attribute("href").endswith("/tasks/validation_report"), link.get_attribute("href")
                 report_page = page                           # from the run page to the whole report
                 if link.get_attribute("target") == "_blank":  # Airflow opens a note's links in a new tab
                     with context.expect_page() as opened:

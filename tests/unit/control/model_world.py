@@ -202,7 +202,9 @@ class World:
         real_spawn = launch._spawn
 
         def spawn(v, rec, **kw):   # only a crashing job is waited on for its exit (0.5 s per start otherwise)
-            return real_spawn(v, rec, **{**kw, **({} if self.next_behaviour == "crash" else {"check_exit_seconds": 0})})
+            if self.next_behaviour != "crash":
+                kw["check_exit_seconds"] = 0
+            return real_spawn(v, rec, **kw)
 
         admin = FakeAdmin(log)
         mp.setattr(launch, "_spawn", spawn)
