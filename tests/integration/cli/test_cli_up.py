@@ -320,10 +320,8 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 assert served_version(home) == 2
                 with kappa_of(home, bootstrap) as k:
                     flipped_at = k.registry.get_alias("member_profiles_std").updated_at
-                ended = run["end_date"]
-                from datetime import datetime
-                assert datetime.fromisoformat(ended.replace("Z", "+00:00")).timestamp() < flipped_at + GRACE, run
-                assert task_states(client, "kappa_promote", run["dag_run_id"])["stop_previous"] == "skipped"
+                # the run did not wait out the grace: stop_previous ended skipped (a clock here would be a timed assert)
+                assert task_states(client, "kappa_promote", run["dag_run_id"])["stop_previous"] == "skipped", run
                 note = note_of(client, "kappa_promote", run["dag_run_id"])
                 assert note.startswith("**kappa:** promoted standardize v2"), note
                 assert "v1 stays a running standby until" in note and "kappa_monitor stops it after" in note
