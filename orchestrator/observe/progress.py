@@ -127,9 +127,10 @@ class LagProgress:
         now = time.monotonic()
         if state == "ready" or now - row.last_line >= self.line_every:
             row.last_line = now
-            pct = 100.0 if state == "ready" else (100.0 * (row.peak - lag) / row.peak if lag is not None and row.peak else 0.0)
-            self.console.print(f"  {pipeline} v{version}: lag {lag_text:>9} ({pct:5.1f}% of peak {row.peak:,}), "
-                               f"ETA {eta}, {state_text}{age}", highlight=False)
+            worked_off = row.peak - lag if lag is not None else 0
+            pct = 100.0 if state == "ready" else (100.0 * worked_off / row.peak if row.peak else 0.0)
+            self.console.print(f"  {pipeline} v{version}: lag {lag_text:>9} ({pct:5.1f}% caught up from a peak of "
+                               f"{row.peak:,}), ETA {eta}, {state_text}{age}", highlight=False)
 
 
 def _limits(r: Any) -> str:

@@ -31,10 +31,10 @@ def test_lag_progress_prints_lines_off_a_terminal():
         bars.update(_sample(50, state="ready", eta=0.0, ok=3))
     lines = buf.getvalue().splitlines()
     assert len(lines) == 4
-    assert "lag     1,000 (  0.0% of peak 1,000)" in lines[0]
+    assert "lag     1,000 (  0.0% caught up from a peak of 1,000)" in lines[0]
     assert "lag   unknown" in lines[1]
-    assert "( 75.0% of peak 1,000), ETA 3 s, hydrating (0/3 samples <= 100, <= 30 s old), 4 s behind" in lines[2]
-    assert "(100.0% of peak 1,000), ETA 0 s, ready (3/3 samples <= 100, <= 30 s old)" in lines[3]
+    assert "( 75.0% caught up from a peak of 1,000), ETA 3 s, hydrating (0/3 samples <= 100, <= 30 s old), 4 s behind" in lines[2]
+    assert "(100.0% caught up from a peak of 1,000), ETA 0 s, ready (3/3 samples <= 100, <= 30 s old)" in lines[3]
 
 
 def test_fmt_eta():
