@@ -1,4 +1,4 @@
-"""`kappa bench reprocess|freshness|contention|cluster|upsert|deploy|flip`: the benchmarks behind the README's figures.
+"""`kappa bench reprocess|parse|freshness|contention|cluster|upsert|deploy|flip`: the benchmarks behind the README's figures.
 
 Each runs the code in `orchestrator.dev` and prints its figures (with `--out`, also into a JSON
 file). `reprocess`, `freshness`, `contention`, `cluster` and `deploy` start their own embedded broker (`reprocess`
@@ -17,7 +17,7 @@ from orchestrator.cli.render import print_json, to_json, write_json
 
 __all__ = ["bench_app"]
 
-bench_app = new_typer(help="Benchmarks: reprocess throughput, freshness, the cost of a reprocess to the serving version, cluster scaling, deploy-to-promote time, flip latency.")
+bench_app = new_typer(help="Benchmarks: reprocess throughput, where the parse spends its CPU, freshness, the cost of a reprocess to the serving version, cluster scaling, deploy-to-promote time, flip latency.")
 app.add_typer(bench_app, name="bench")
 
 
@@ -57,6 +57,34 @@ def bench_reprocess(
                         extra=job_extra, reference_processes=reference_processes, workdir=workdir,
                         console=cli.out)
     if out is not None:
+        cli.out.print(f"wrote {out}")
+
+
+@bench_app.command("parse")
+def bench_parse(
+    ctx: typer.Context,
+    records: Annotated[int, typer.Option("--records", min=1, help="records in the log")] = 2_000_000,
+    keys: Annotated[int, typer.Option("--keys", min=1, help="distinct keys")] = 500_000,
+    value_size: Annotated[int, typer.Option("--value-size", min=50, help="bytes per value, about")] = 200,
+    malformed_share: Annotated[float, typer.Option("--malformed-share", min=0.0, max=1.0, help="share of malformed records")] = 0.0,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="times each step runs (the lowest counts; the first warms the JIT)")] = 2,
+    step: Annotated[Optional[list[str]], typer.Option("--step", help="run only this step (repeatable); from_json, the reference, always runs")] = None,
+    workdir: Annotated[Optional[Path], typer.Option("--workdir", help="work here and keep it (the log in log.parquet)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Where the standardize job's parse spends its CPU, step by step (the variant parse, the fields' types
+    and strings, the exact path, the latest row per key), against Spark's own from_json in the same run.
+    Local Spark, no broker: the log of `bench reprocess` as Parquet, each step into Spark's noop sink."""
+    from orchestrator.dev.parsebench import run_parse_bench
+
+    cli = cli_of(ctx)
+    figures = run_parse_bench(records, keys, value_size=value_size, malformed_share=malformed_share, rounds=rounds,
+                              steps=step, workdir=workdir, console=cli.err if as_json else cli.out)
+    write_json(out, figures)
+    if as_json:
+        print_json(figures)
+    elif out is not None:
         cli.out.print(f"wrote {out}")
 
 

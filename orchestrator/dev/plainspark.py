@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PROFILE_SCHEMA", "PLAIN_GROUP", "start_plain_query", "start_plain_live_query"]
+__all__ = ["PROFILE_SCHEMA", "PLAIN_GROUP", "latest_per_key", "start_plain_query", "start_plain_live_query"]
 
 PROFILE_SCHEMA = "name string, title string, company string, location string, updated_at string"
 #: The Spark job group of a live plain micro-batch (`event_log_jobs` counts a batch's jobs by group).
 PLAIN_GROUP = "plain-batch-"
 
 
-def _latest(batch: Any) -> Any:
+def latest_per_key(batch: Any) -> Any:
     """The latest record per key of a micro-batch, as the output's columns and ``deleted``."""
     from pyspark.sql import functions as F
 
@@ -50,7 +50,7 @@ def start_plain_query(spark: Any, bootstrap_servers: str, topic: str, output: st
     from pyspark.sql import functions as F
 
     def write(batch: Any, batch_id: int) -> None:
-        _latest(batch).where(~F.col("deleted")).drop("deleted").write.format("delta").mode("append").save(output)
+        latest_per_key(batch).where(~F.col("deleted")).drop("deleted").write.format("delta").mode("append").save(output)
 
     return (_records(spark, bootstrap_servers, topic, kafka_options).writeStream.foreachBatch(write)
             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
@@ -66,7 +66,7 @@ def start_plain_live_query(spark: Any, bootstrap_servers: str, topic: str, outpu
 
     def write(batch: Any, batch_id: int) -> None:
         spark.sparkContext.setJobGroup(f"{PLAIN_GROUP}{batch_id}", f"plain pipeline: micro-batch {batch_id}")
-        latest = _latest(batch)
+        latest = latest_per_key(batch)
         if not DeltaTable.isDeltaTable(spark, output):
             latest.where(~F.col("deleted")).drop("deleted").write.format("delta").mode("append").save(output)
             return

@@ -27,7 +27,7 @@ import pyarrow as pa
 from jobs.lib.source.json_values import parse_json_values
 
 __all__ = ["KEY_COLUMNS", "DELETED", "INPUT_COLUMNS", "PROFILE_FIELDS", "OUTPUT_SCHEMA", "OUTPUT_DDL",
-           "REJECT_COLUMNS", "parse_one", "key_reason", "parse_records"]
+           "REJECT_COLUMNS", "parse_one", "key_reason", "judge_profile", "parse_records"]
 
 KEY_COLUMNS = ["member_id"]
 #: The boolean column of a row to upsert that marks a key to delete (never written to the table).
@@ -139,7 +139,7 @@ def _exact(key: bytes | None, value: bytes | None) -> dict:
     return {**dict(zip(PROFILE_FIELDS, fields or (None,) * len(PROFILE_FIELDS))), "error": reason}
 
 
-def _judge(doc: Any) -> tuple[Any, dict]:
+def judge_profile(doc: Any) -> tuple[Any, dict]:
     """The JVM's reading is exact for a tombstone, and for an object whose name is a string and whose
     other profile fields are strings or absent (null); the fields are then the object's strings."""
     from pyspark.sql import functions as F
@@ -172,6 +172,6 @@ def parse_records(records: Any) -> Any:
     (`jobs.lib.source.json_values`). The expressions are made once per Spark context."""
     from jobs.lib.runtime.columns import built_once
 
-    rows = parse_json_values(records.select(*INPUT_COLUMNS), keep=INPUT_COLUMNS, key_ok=_key_ok, judge=_judge,
+    rows = parse_json_values(records.select(*INPUT_COLUMNS), keep=INPUT_COLUMNS, key_ok=_key_ok, judge=judge_profile,
                              exact=_exact, exact_ddl=_EXACT_DDL, name="profiles")
     return rows.select(*built_once(("profiles", "output"), _output_columns))
