@@ -27,7 +27,7 @@ from jobs.lib.sink.tables import CRASH_HOOK
 from jobs.lib.source.profiles import DELETED, KEY_COLUMNS, parse_records
 from orchestrator.core.exceptions import ConfigError, RulesError
 
-__all__ = ["CRASH_HOOK", "JOB", "transform", "standardized", "start_query"]
+__all__ = ["CRASH_HOOK", "JOB", "transform", "profile_rows", "standardized", "start_query"]
 
 #: This job, as the pipelines file and the runner name it.
 JOB = "jobs.standardize:transform"
@@ -36,23 +36,28 @@ JOB = "jobs.standardize:transform"
 def transform(job: JobInput) -> Upserts:
     """The job contract's function: Kafka records -> one profile row per record (or its reject
     reason), then the rules on the latest row of each member."""
-    from pyspark.sql import functions as F
-
     if job.options:
         raise ConfigError(f"the standardize job takes no options of its own, got {', '.join(map(repr, job.options))}; "
                           f"kappa's are key_order, backfill, source_options, upkeep")
     rules = job.rules
     if rules is None:
         raise RulesError("the standardize job needs a rules file: deploy it with a rules version of its ruleset")
-    # Source: the profiles topic, parsed in the JVM (a malformed record keeps its reason in `error`,
-    # a tombstone sets `_deleted`).
-    parsed = parse_records(job.source)
-    # Transformation: one profile row per record, the raw title and company kept for the rules.
-    rows = parsed.select(*SOURCE_COLUMNS, "member_id", "name", F.col("title").alias("title_raw"),
-                         F.col("company").alias("company_raw"), "location", "error", DELETED)
+    rows = profile_rows(job.source)
     # Sink: kappa keeps the latest row of each member, standardizes it by the rules (`then`) and
     # MERGEs it by member_id.
     return Upserts(rows, then=lambda latest: standardized(latest, rules))
+
+
+def profile_rows(records: Any) -> Any:
+    """Kafka records -> one profile row per record (the transform before kappa's latest row per member)."""
+    from pyspark.sql import functions as F
+
+    # Source: the profiles topic, parsed in the JVM (a malformed record keeps its reason in `error`,
+    # a tombstone sets `_deleted`).
+    parsed = parse_records(records)
+    # Transformation: one profile row per record, the raw title and company kept for the rules.
+    return parsed.select(*SOURCE_COLUMNS, "member_id", "name", F.col("title").alias("title_raw"),
+                         F.col("company").alias("company_raw"), "location", "error", DELETED)
 
 
 def standardized(latest: Any, rules: Rules) -> Any:

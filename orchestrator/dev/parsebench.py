@@ -26,13 +26,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from jobs.lib.source.profiles import PROFILE_FIELDS
+from orchestrator.dev.benchutil import process_cpu_seconds
+
 __all__ = ["STEPS", "run_parse_bench", "write_log", "parse_lines"]
-
-
-def _profile_fields() -> tuple[str, ...]:
-    from jobs.lib.source.profiles import PROFILE_FIELDS
-
-    return PROFILE_FIELDS
 
 
 def _text() -> Any:
@@ -63,7 +60,7 @@ def _types(src: Any) -> Any:
     from pyspark.sql import functions as F
 
     return _variant(src).select(*[F.schema_of_variant(F.variant_get("d", f"$.{f}", "variant")).alias(f)
-                                  for f in _profile_fields()])
+                                  for f in PROFILE_FIELDS])
 
 
 def _judged(src: Any) -> Any:
@@ -90,16 +87,15 @@ _STRICT_JSON = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false",
 def _variant_fields(src: Any) -> Any:
     from pyspark.sql import functions as F
 
-    schema = ", ".join(f"{f} variant" for f in _profile_fields()) + ", __corrupt string"
+    schema = ", ".join(f"{f} variant" for f in PROFILE_FIELDS) + ", __corrupt string"
     return src.select("key", "value", "partition", F.from_json(_text(), schema, _STRICT_JSON).alias("p"))
 
 
 def _variant_fields_strings(src: Any) -> Any:
     from pyspark.sql import functions as F
 
-    fields = _profile_fields()
-    both = F.struct(*[F.schema_of_variant(F.col(f"p.{f}")).alias(f"{f}_type") for f in fields],
-                    *[F.col(f"p.{f}").cast("string").alias(f) for f in fields])
+    both = F.struct(*[F.schema_of_variant(F.col(f"p.{f}")).alias(f"{f}_type") for f in PROFILE_FIELDS],
+                    *[F.col(f"p.{f}").cast("string").alias(f) for f in PROFILE_FIELDS])
     return _variant_fields(src).select(both.alias("j")).select("j.*")
 
 
@@ -114,14 +110,10 @@ def _plain_latest(src: Any) -> Any:
 
 
 def _kappa_latest(src: Any) -> Any:
-    from pyspark.sql import functions as F
-
     from jobs.lib.contract.runner import group_batch, output_columns
-    from jobs.lib.source.profiles import DELETED, parse_records
+    from jobs.standardize import profile_rows
 
-    rows = parse_records(src).select("key", "value", "topic", "partition", "offset", "timestamp", "member_id", "name",
-                                     F.col("title").alias("title_raw"), F.col("company").alias("company_raw"),
-                                     "location", "error", DELETED)
+    rows = profile_rows(src)
     return group_batch(rows, output_columns(rows), "member_id", "partition")
 
 
@@ -173,12 +165,6 @@ def write_log(path: Path, records: int, keys: int, *, partitions: int = 4, value
     return size
 
 
-def _tree_cpu() -> float:
-    from orchestrator.dev.benchutil import process_cpu_seconds
-
-    return process_cpu_seconds()
-
-
 def run_parse_bench(records: int = 2_000_000, keys: int = 500_000, *, value_size: int = 200,
                     malformed_share: float = 0.0, rounds: int = 2, steps: list[str] | None = None,
                     workdir: Path | None = None, console=None, spark=None) -> dict[str, Any]:
@@ -214,10 +200,10 @@ def run_parse_bench(records: int = 2_000_000, keys: int = 500_000, *, value_size
         for r in range(1, rounds + 1):
             for name in chosen:
                 frame = build[name](src)
-                cpu0, proc0, t0 = executor_time(session), _tree_cpu(), time.perf_counter()
+                cpu0, proc0, t0 = executor_time(session), process_cpu_seconds(), time.perf_counter()
                 frame.write.format("noop").mode("overwrite").save()
                 seconds = time.perf_counter() - t0
-                cpu1, proc1 = executor_time(session), _tree_cpu()
+                cpu1, proc1 = executor_time(session), process_cpu_seconds()
                 one = {"seconds": round(seconds, 3),
                        "executor_cpu_seconds": round(cpu1.cpu_seconds - cpu0.cpu_seconds, 3) if cpu0 and cpu1 else None,
                        "process_cpu_seconds": round(proc1 - proc0, 3)}
