@@ -154,27 +154,30 @@ def pytest_configure(config):
     config.stash[_SESSION_SEED] = random.SystemRandom().randrange(2**31)
 
 
+#: The tests that run a whole Airflow stack: tests/integration/airflow (its session stack, stopped after the
+#: folder's last test) and `kappa up`'s walk (its own stack, with Chromium). One unit of work: one worker
+#: runs them one after the other, never side by side. Side by side, two Airflow stacks and their jobs on
+#: 2 cores stretched the walk from 450 s (alone) past its 900 s bound (CI, 2026-11-29).
+AIRFLOW_STACKS = "tests/integration/airflow + tests/integration/cli/test_cli_up.py"
+#: Units of work made of more than one file: each test whose path starts with one of the prefixes.
+ONE_UNIT = {AIRFLOW_STACKS: ("tests/integration/airflow/", "tests/integration/cli/test_cli_up.py")}
 #: The suite's units of work (`unit_of`) that take longest on this machine, started first: the README's
 #: test command runs the suite on two pytest-xdist workers, each unit given whole to one worker in
 #: collection order, and a long unit started last would leave the other worker idle at the end.
 LONG_FIRST = (
-    "tests/integration/cli/test_cli_up.py",
-    "tests/integration/airflow",
-    "tests/integration/control/test_control_live.py",
+    AIRFLOW_STACKS,
     "tests/faults/test_faults_network.py",
+    "tests/integration/control/test_control_live.py",
     "tests/integration/control/test_control_supervision.py",
     "tests/faults/test_fault_broker_kill.py",
 )
-#: Folders whose tests share a session-scoped service that is expensive to start (the real Airflow stack):
-#: one unit of work, so that one worker starts it once.
-ONE_UNIT = ("tests/integration/airflow",)
 
 
 def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its file (its module-scoped fixtures are built once, and a
-    module's tests that build on each other run in order), or the folder of `ONE_UNIT` it is in."""
+    module's tests that build on each other run in order), or the `ONE_UNIT` its path is in."""
     path = nodeid.split("::", 1)[0]
-    return next((u for u in ONE_UNIT if path.startswith(u + "/")), path)
+    return next((unit for unit, prefixes in ONE_UNIT.items() if path.startswith(prefixes)), path)
 
 
 def pytest_collection_modifyitems(config, items):
