@@ -40,7 +40,7 @@ from typing import Any, Iterator
 from jobs.lib.runtime.session import session_settings
 from orchestrator.core.exceptions import SinkError
 
-__all__ = ["KEY_ORDERS", "TABLE_ORDER", "key_order_columns", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "clear_torn_create",
+__all__ = ["KEY_ORDERS", "TABLE_ORDER", "key_order_columns", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "clear_torn_create", "nullable",
            "batch_end_offsets", "pause_if_asked", "crash_if_asked"]
 
 log = logging.getLogger("kappa.sink")
@@ -133,6 +133,20 @@ def _key_filter(alias: str, key: str, values: list) -> str | None:
 #: then need not materialise the source, and the batch is not read again for each phase of the MERGE.
 LOCAL_SOURCE_ROWS = 10_000
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+
+
+def nullable(data_type: Any) -> Any:
+    """`data_type` with every field, element and value nullable (nested too): the schema Delta gives a table
+    that a write creates (its ``asNullable``), for a table created from a DataFrame's schema instead."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, nullable(f.dataType), True, f.metadata) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(nullable(data_type.keyType), nullable(data_type.valueType), True)
+    return data_type
 
 
 def clear_torn_create(session: Any, location: str) -> bool:
@@ -248,7 +262,9 @@ class DeltaTables:
         A batch with none (`count` 0) commits nothing once the table exists: each commit under a
         transaction identifier costs Delta a reconstruction of the table's state (about a second
         here) to check it, and a replay of such a batch finds nothing to write either. The empty table
-        is created without a write (a metadata commit; an empty write ran a Spark job, 2.4 s more)."""
+        is created without a write (a metadata commit; an empty write ran a Spark job, 2.4 s more), with
+        the schema a write gives a new table: every column nullable (a batch's ``batch_id`` literal is not
+        null, and the table's schema then depended on whether the first batch had rejects)."""
         from delta.tables import DeltaTable
 
         if self.rejects_uri is None:
@@ -262,8 +278,10 @@ class DeltaTables:
                 session = rejects.sparkSession
                 location = session._jvm.org.apache.hadoop.fs.Path(self.rejects_uri).toString()
 
+                schema = nullable(rejects.schema)
+
                 def create() -> None:
-                    DeltaTable.createIfNotExists(session).location(location).addColumns(rejects.schema).execute()
+                    DeltaTable.createIfNotExists(session).location(location).addColumns(schema).execute()
 
                 try:
                     create()

@@ -56,3 +56,27 @@ def test_a_log_with_a_commit_is_never_cleared(spark, tmp_path):
     assert clear_torn_create(spark, table) is False
     assert DeltaTable(table).version() == 0
     assert clear_torn_create(spark, f"file://{tmp_path}/nothing-here") is False
+
+
+def test_an_empty_rejects_table_has_the_schema_a_write_of_rejects_gives_it(spark, tmp_path):
+    """Found by the fault suite, with a seed whose backfill had no reject: the rejects table a first batch
+    without rejects creates took the batch's schema as it was, its ``batch_id`` (a literal) NOT NULL,
+    where a write of rejects makes every column nullable. One table's schema hung on the data's chance
+    (and the oracle refused it: "batch_id is int64 not null")."""
+    from pyspark.sql import functions as F
+
+    from orchestrator.core.tables import read_table
+    from tests.served import REJECTS_SCHEMA
+
+    def rejects(rows: list) -> object:   # the job's rejects: the source's columns, the reason, the batch id
+        return (spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, offset bigint, "
+                                            "error string").withColumn("batch_id", F.lit(0).cast("long")))
+
+    assert not rejects([]).schema["batch_id"].nullable
+    empty, written = f"{tmp_path}/empty__rejects", f"{tmp_path}/written__rejects"
+    DeltaTables(f"{tmp_path}/empty", empty, "app", "member_id").write_rejects(0, rejects([]), 0)
+    DeltaTables(f"{tmp_path}/written", written, "app", "member_id").write_rejects(
+        0, rejects([(b"m1", b"{", "t", 0, 7, "invalid JSON")]), 1)
+
+    assert DeltaTable(empty).version() == 0 and read_table(empty).num_rows == 0
+    assert read_table(empty).schema == read_table(written).schema == REJECTS_SCHEMA
