@@ -59,6 +59,7 @@ from orchestrator.jobctl.stop import stop_under_way, wait_stop_finished
 from orchestrator.lifecycle.await_ready import ENDED, POLL_SECONDS, Readiness, wait_ready
 from orchestrator.lifecycle.promote import finish_interrupted_flip, flip
 from orchestrator.lifecycle.standby import standby_until
+from orchestrator.lifecycle.throttle import full_share_until_it_serves
 from orchestrator.observe import lag as lag_mod
 from orchestrator.observe.lag import fmt_seconds
 from orchestrator.serving import publish_current
@@ -307,6 +308,8 @@ def prepare_rollback(k: Kappa, spec: PipelineSpec, to_version: int | None = None
     down = f"has a failing job ({st.error or st.health})" if st.alive else f"is not running (it is {target_state})"
     message = _restart_message(pipeline, target, current, est, down=down, waited=waited)
     why = f"rollback of alias {alias!r} to v{target}" + (f": {reason}" if reason else "")
+    # before its job starts, so that no supervision pass throttles it meanwhile
+    full_share_until_it_serves(tv, actor=actor, why=f"{why}: the rollback's target runs at full share")
     restarted_at = time.time()
     (restart_version if st.alive else start_version)(tv, actor=actor, reason=why)
     crashpoint("rollback.restarted")

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from orchestrator.context import Kappa, VersionRef
     from orchestrator.core.pipelines import PipelineSpec
 
-__all__ = ["ACTION", "THROTTLED", "controller_of", "current_throttle", "serving_lag", "set_throttle",
-           "step_version", "throttle_changes", "throttle_lines", "throttle_pass"]
+__all__ = ["ACTION", "THROTTLED", "controller_of", "current_throttle", "full_share_until_it_serves", "serving_lag",
+           "set_throttle", "step_version", "throttle_changes", "throttle_lines", "throttle_pass"]
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,25 @@ def set_throttle(v: VersionRef, *, actor: str, share: float | None = None, adapt
     log.info("%s", msg)
     return {"pipeline": v.pipeline, "version": v.version, "from": float(t["share"]), "to": new_share,
             "mode": mode, "message": msg, "applied": _applied_dict(res)}
+
+
+def full_share_until_it_serves(v: VersionRef, *, actor: str, why: str, now: float | None = None) -> None:
+    """The version's share fixed at 1 (recorded and audited; nothing when it is so already): a rollback's
+    target, restarted to serve again. Its readers are waiting for it, and the version that serves
+    meanwhile is the one being rolled back from: its lag is no reason for the target to yield (under
+    the adaptive mode a loaded machine starved a restarted target at nice 19, CI 2026-11-30)."""
+    now = time.time() if now is None else now
+    for attempt in (1, 2):
+        v = v.reread()
+        t = current_throttle(v)
+        if t["mode"] == "fixed" and float(t["share"]) >= 1.0:
+            return
+        try:
+            _record(v, t, share=1.0, mode="fixed", actor=actor, why=why, now=now)
+            return
+        except ConflictError:   # a supervision pass changed it meanwhile: this comes after it
+            if attempt == 2:
+                raise
 
 
 def step_version(v: VersionRef, *, actor: str, lag_seconds: float | None, lag_from: str,

@@ -107,6 +107,32 @@ def test_a_rollback_to_a_stopped_version_says_it_restarts_it_and_how_far_behind_
         in again.message
 
 
+def test_a_restarted_target_runs_at_full_share_however_far_behind_the_serving_version_is(k, fake_log, pair):
+    """CI, 2026-11-30: `kappa up`'s rollback restarted v1 while v2, the version being rolled back from, was
+    54 s behind on a loaded machine; the adaptive controller took that for a reason to slow v1 down, to
+    nice 19, and its first micro-batch took 184 s. The target is restarted at a fixed full share, audited,
+    and the controller's passes leave it there until it serves."""
+    from orchestrator.lifecycle.throttle import current_throttle, full_share_until_it_serves, throttle_pass
+
+    v1, v2 = pair
+    k.registry.update_throttle(PIPELINE, v1, expected_changed_at=None, throttle={   # from its own backfill
+        "share": 1.0, "mode": "adaptive", "changed_at": NOON - 3600, "by": "supervise", "why": "w"})
+    _stop_standby(k, fake_log, v1)
+    plan = prepare_rollback(k, k.pipeline(PIPELINE), actor="bob", reason="v2 is bad")
+    assert plan.restarted
+    t = current_throttle(k.version(PIPELINE, v1))
+    assert (t["share"], t["mode"], t["by"]) == (1.0, "fixed", "bob"), t
+    (e,) = k.registry.audit_log(PIPELINE, version=v1, action="throttle")
+    assert e.reason == f"rollback of alias '{ALIAS}' to v{v1}: v2 is bad: the rollback's target runs at full share"
+    assert (e.details["from_mode"], e.details["mode"]) == ("adaptive", "fixed")
+    for i in range(4):                       # v2 serves far over the bound: passes a controller interval apart
+        k.registry.add_lag_sample(PIPELINE, v2, 900, {}, lag_seconds=300.0, at=NOON + 10 * i)
+        assert throttle_pass(k, k.pipeline(PIPELINE), actor="supervise", serving=v2, now=NOON + 10 * i) == []
+    assert current_throttle(k.version(PIPELINE, v1))["share"] == 1.0
+    full_share_until_it_serves(k.version(PIPELINE, v1), actor="carol", why="again")      # so already: no change
+    assert len(k.registry.audit_log(PIPELINE, version=v1, action="throttle")) == 1
+
+
 def test_a_restarted_target_not_caught_up_by_the_deadline_is_not_flipped_to_unless_forced(k, fake_log, pair):
     v1, v2 = pair
     _stop_standby(k, fake_log, v1)                             # 1,240 records behind; it does not catch up here
