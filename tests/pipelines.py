@@ -38,15 +38,20 @@ def standardize_pipeline(pipeline: str, topic: str, *, alias: str | None = None,
 
 
 def patient_pipelines_file(path: Path) -> Path:
-    """`deploy/pipelines.toml` with standardize's catchup_seconds at 600, written to `path`: for the walks
-    (`kappa demo`, `kappa up`) that run a live producer beside other jobs and then need "ready". Under the
-    whole suite on 2 cores a live micro-batch has taken 40-60 s, so the oldest unprocessed record was over
-    60 s old and a version never got ready (CI, 2026-11-29). These walks test the screens and the story,
-    not readiness' limits (test_control_promote, test_control_lag_seconds do)."""
+    """`deploy/pipelines.toml` with standardize's catchup_seconds at 600 and its backfill_lag_bound_seconds
+    at 600, written to `path`: for the walks (`kappa demo`, `kappa up`) that run a live producer beside
+    other jobs and then need "ready". Under the whole suite on 2 cores a live micro-batch has taken 40-60 s,
+    so the oldest unprocessed record was over 60 s old and a version never got ready (CI, 2026-11-29), and
+    the serving version, 50-80 s behind, made the adaptive share hold a new version's backfill at nice 19
+    for minutes (2026-11-30). These walks test the screens and the story, not readiness' limits
+    (test_control_promote, test_control_lag_seconds do) nor the backfill's yielding
+    (test_control_backfill_yields does)."""
     from orchestrator.core.resources import default_pipelines_file
 
     text = default_pipelines_file().read_text(encoding="utf-8")
-    line = "catchup_seconds = 60 "
-    assert text.count(line) == 1 and text.index("[pipelines.standardize]") < text.index(line), "standardize's line"
-    path.write_text(text.replace(line, "catchup_seconds = 600"), encoding="utf-8")
+    for line, patient in (("catchup_seconds = 60 ", "catchup_seconds = 600"),
+                          ("backfill_lag_bound_seconds = 10 ", "backfill_lag_bound_seconds = 600")):
+        assert text.count(line) == 1 and text.index("[pipelines.standardize]") < text.index(line), line
+        text = text.replace(line, patient)
+    path.write_text(text, encoding="utf-8")
     return path
