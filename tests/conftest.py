@@ -154,6 +154,28 @@ def pytest_configure(config):
     config.stash[_SESSION_SEED] = random.SystemRandom().randrange(2**31)
 
 
+def bound_of(item) -> float | None:
+    """The test's bound in seconds, as pytest-timeout reads it: its ``timeout`` marker, else ``--timeout``,
+    else ``PYTEST_TIMEOUT``, else the ``timeout`` ini value (None: no bound)."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+    else:
+        value = item.config.getoption("timeout", None)
+        if value is None:
+            value = os.environ.get("PYTEST_TIMEOUT") or item.config.getini("timeout") or None
+    return float(value) if value not in (None, "") else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's waits end before its bound does (`tests.waiting.bound_test`): the bound starts with the
+    test's set-up, as pytest-timeout's does."""
+    from tests.waiting import bound_test
+
+    bound_test(bound_of(item))
+
+
 #: The tests that run a whole Airflow stack: tests/integration/airflow (its session stack, stopped after the
 #: folder's last test) and `kappa up`'s walk (its own stack, with Chromium). One unit of work: one worker
 #: runs them one after the other, never side by side. Side by side, two Airflow stacks and their jobs on

@@ -58,7 +58,7 @@ from orchestrator.lifecycle.supervise import supervise_version
 from orchestrator.observe.lag import sample_lag
 from orchestrator.registry import Registry
 from orchestrator.serving import read_pointer
-from tests.integration.control.control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
+from tests.integration.control.control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, wait_exact
 from tests.unit.control.model_checks import legal_move
 from tests.waiting import wait_until
 
@@ -149,17 +149,8 @@ class Watch:
 
     def exact(self, what: str, *, version: int | None = None) -> None:
         """Wait until the served table (or `version`'s own) equals the oracle, supervising meanwhile."""
-        why: list[str] = []
-
-        def equal():
-            self.look()
-            try:
-                ok, msg = served_equals_expected(self.live, "v1", version=version)
-            except Exception as e:  # noqa: BLE001 - a table not written yet: the job still catches up
-                ok, msg = False, f"{type(e).__name__}: {e}"
-            why[:] = [msg]
-            return ok
-        wait_until(equal, f"{what} to equal the oracle (last: {why[-1] if why else '?'})", DEADLINE, poll=1.0)
+        # an exception: a table not written yet (the job still catches up)
+        wait_exact(self.live, what, version=version, each=self.look, catch=(Exception,))
 
     def problems(self, *, serving: bool) -> list[str]:
         """What is inconsistent in the registry: illegal moves, the alias, the pointer, who serves."""

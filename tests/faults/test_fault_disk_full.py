@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.control.control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
+from tests.integration.control.control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected, wait_exact
 from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
 from orchestrator.context import Kappa
 from orchestrator.core import crashpoints
@@ -161,17 +161,9 @@ def _supervised_back(k, v: int) -> dict:
 
 
 def _exact(live: Live, *, version: int | None = None) -> None:
-    why: list[str] = []
-
-    def equal():
-        try:
-            ok, msg = served_equals_expected(live, "v1", version=version)
-        except Exception as e:  # noqa: BLE001 - the table not written yet: the restarted job's backfill runs
-            ok, msg = False, f"{type(e).__name__}: {e}"
-        why[:] = [msg]
-        return ok
-    wait_until(equal, f"the {'served' if version is None else f'v{version}'} table to equal the oracle "
-                      f"(last: {why[-1] if why else '?'})", DEADLINE, poll=1.0)
+    # an exception: the table not written yet (the restarted job's backfill runs)
+    wait_exact(live, f"the {'served' if version is None else f'v{version}'} table", version=version,
+               catch=(Exception,))
 
 
 def test_disk_full_during_a_backfill_write_then_during_a_live_merge(live, warehouse_tmpfs, tmp_path, monkeypatch,

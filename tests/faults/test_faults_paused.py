@@ -35,8 +35,7 @@ from orchestrator.lifecycle.promote import promote
 from orchestrator.lifecycle.supervise import supervise_version
 from orchestrator.registry import Registry
 from tests.faults.netfaults import delta_batches
-from tests.integration.control.control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, \
-    served_equals_expected
+from tests.integration.control.control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, wait_exact
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -88,8 +87,7 @@ def test_a_paused_serving_job_resumed_mid_stop_never_writes_beside_its_replaceme
         assert [a["kind"] for a in actions] == ["restart"], actions
 
         live.produce(200, 300)
-        wait_until(lambda: served_equals_expected(live, "v1"), "the served table to equal the oracle's", DEADLINE,
-                   poll=1.0, done=lambda r: r[0])
+        wait_exact(live, "the served table")
         healed_s = time.monotonic() - paused
 
         # no batch twice, in order; the old writer gone before the new one was launched
@@ -201,8 +199,7 @@ def test_a_paused_promoted_job_past_its_heartbeat_bound_is_decided_on_once_by_th
         again = [a for r in later for a in r.watched]
         assert again == [], f"a later pass decided again: {again}"
 
-        wait_until(lambda: served_equals_expected(live, "v1"), "the served table to equal the oracle's", DEADLINE,
-                   poll=1.0, done=lambda r: r[0])
+        wait_exact(live, "the served table")
         healed_s = time.monotonic() - paused
 
         # one decision

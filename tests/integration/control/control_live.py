@@ -118,3 +118,20 @@ def served_equals_expected(live: Live, rules_version: str, *, version: int | Non
     rejects = live.k.paths(pointer["pipeline"], pointer["version"]).rejects
     why, rows = served_diff(live.settings, live.alias, live.bootstrap, live.topic, rules_version, rejects)
     return why is None, why or f"{rows} rows and the rejects equal"
+
+
+def wait_exact(live: Live, what: str, *, version: int | None = None, each=None,
+               catch: tuple[type[BaseException], ...] = ()) -> None:
+    """Wait (up to `DEADLINE`) until `served_equals_expected(live, "v1", version=version)` holds, calling
+    `each()` before every look; an exception in `catch` counts as not yet (a table its job has not
+    written yet). A wait that ends unequal fails naming the last difference the oracle saw."""
+    from tests.waiting import wait_until
+
+    def look() -> tuple[bool, str]:
+        if each is not None:
+            each()
+        try:
+            return served_equals_expected(live, "v1", version=version)
+        except catch as e:
+            return False, f"{type(e).__name__}: {e}"
+    wait_until(look, f"{what} to equal the oracle", DEADLINE, poll=1.0, done=lambda r: r[0])

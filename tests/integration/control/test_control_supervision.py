@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected
+from control_live import DEADLINE, PARTITIONS, PIPELINE, Live, make_spec, served_equals_expected, wait_exact
 from orchestrator.context import Kappa
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RUNNING
@@ -96,14 +96,7 @@ def broker_down(broker: EmbeddedBroker, how: str):
 
 
 def served_exactly(live: Live, what: str) -> None:
-    why: list[str] = []
-
-    def equal():
-        ok, msg = served_equals_expected(live, "v1")
-        why[:] = [msg]
-        return ok
-    wait_until(equal, f"the served table to equal the oracle {what} (last: {why[-1] if why else '?'})",
-               DEADLINE, poll=1.0)
+    wait_exact(live, f"the served table {what}")
 
 
 def supervise_pass(k, actions: list) -> None:
@@ -210,9 +203,7 @@ def test_a_backfill_rides_out_a_broker_stop_then_a_restart_after_its_rules_file_
     wait_until(lambda: inspect_version(k.version(PIPELINE, info.version)).health == "running", "the restarted job to run",
                DEADLINE)
     live.produce(300, KEYS)                  # new records, titles included, standardized after the edit
-    wait_until(lambda: served_equals_expected(live, "v1", version=info.version),
-               f"v{info.version}'s table to equal the oracle's for the original v1 rules", DEADLINE, poll=1.0,
-               done=lambda result: result[0])
+    wait_exact(live, f"v{info.version}'s table, for the original v1 rules,", version=info.version)
     st = inspect_version(k.version(PIPELINE, info.version))
     assert st.rules_hash == rec.rules_hash, (st.rules_hash, rec.rules_hash)
     # stopped here: the next test's broker outage then meets the serving job alone
