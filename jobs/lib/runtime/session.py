@@ -15,7 +15,7 @@ from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRI
                                      KAPPA_SPARK_JIT, KAPPA_SPARK_LOG_LEVEL, KAPPA_SPARK_MASTER)
 
 __all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
-           "cds_archive_path", "driver_java_options", "JVM_TIME_ZONE", "runs_tasks", "create_cds_archive", "connector_jars", "DELTA_CONF", "REDACTION",
+           "cds_archive_path", "driver_java_options", "JVM_TIME_ZONE", "runs_tasks", "create_cds_archive", "prune_cache", "connector_jars", "DELTA_CONF", "REDACTION",
            "build_session", "session_settings"]
 
 JAVA17_CANDIDATES = (
@@ -242,6 +242,24 @@ def driver_java_options(extra: str = "", *, tasks: bool = False) -> str:
     return " ".join(o for o in opts + [extra] if o)
 
 
+def prune_cache(folder: Path) -> list[Path]:
+    """Delete, in kappa's cache `folder`, the SPARK_HOME mirrors (`worker_spark_home`) whose pyspark
+    installation is gone (their ``jars`` link leads nowhere: the venv was deleted) and the class-data-sharing
+    archives of those installations (about 190 MB each: every fresh clone's venv made one, and nothing
+    deleted them). What an installation still present uses is kept. Returns what was deleted."""
+    gone: list[Path] = []
+    for mirror in sorted(folder.glob("spark-home-*")):
+        if not mirror.is_dir() or mirror.is_symlink() or not (mirror / "jars").is_symlink() or (mirror / "jars").exists():
+            continue
+        version_id = mirror.name[len("spark-home-"):]          # <pyspark version>-<install id>
+        for archive in folder.glob(f"spark-{version_id}-*.jsa"):
+            archive.unlink(missing_ok=True)
+            gone.append(archive)
+        shutil.rmtree(mirror, ignore_errors=True)
+        gone.append(mirror)
+    return gone
+
+
 def create_cds_archive(force: bool = False, timeout: float = 300.0) -> Path | None:
     """Make the class-data-sharing archive of the driver JVM once (about 20 s): a short session in a
     child process whose JVM dumps the classes it loaded at exit. Every later `build_session` maps
@@ -272,6 +290,7 @@ def create_cds_archive(force: bool = False, timeout: float = 300.0) -> Path | No
         if not Path(tmp).is_file():
             return None
         os.replace(tmp, archive)  # atomic: a concurrent start sees the old archive or the new one
+        prune_cache(archive.parent)
         return archive
     except (subprocess.SubprocessError, OSError):
         return None

@@ -125,3 +125,28 @@ def test_every_driver_runs_in_utc_whatever_the_machine_s_zone(cache, monkeypatch
         monkeypatch.setenv(KAPPA_SPARK_JIT, mode)
         for tasks in (True, False):
             assert "-Duser.timezone=UTC" in session.driver_java_options(tasks=tasks).split(), (mode, tasks)
+
+
+def test_the_cache_drops_what_a_deleted_venv_left_and_keeps_what_a_present_one_uses(cache, tmp_path):
+    """Each fresh clone's venv made a 190 MB archive and a mirror under ~/.cache/kappa, and nothing
+    deleted them once the venv was gone."""
+    folder = cache / "kappa"
+    home = Path(session.worker_spark_home())                       # this venv's mirror: kept
+    mine = folder / f"spark-{pyspark.__version__}-{session._install_id()}-java-17-x-spark-1.jsa"
+    mine.write_bytes(b"archive")
+    venv = tmp_path / "gone-venv" / "pyspark"                      # another venv's mirror and archives
+    (venv / "jars").mkdir(parents=True)
+    dead = folder / "spark-home-4.1.0-deadbeef00"
+    dead.mkdir()
+    (dead / "jars").symlink_to(venv / "jars")
+    (dead / "bin").symlink_to(venv / "bin")
+    theirs = [folder / "spark-4.1.0-deadbeef00-java-17-x-spark-1.jsa", folder / "spark-4.1.0-deadbeef00-java-17-x-spark-2.jsa"]
+    for a in theirs:
+        a.write_bytes(b"archive")
+    jars = folder / "jars"                                         # the Maven JARs: never touched
+    jars.mkdir()
+    assert session.prune_cache(folder) == []                       # that venv is still there
+    (venv / "jars").rmdir()                                        # ... and now deleted
+    assert sorted(session.prune_cache(folder)) == sorted([*theirs, dead])
+    assert not dead.exists() and not any(a.exists() for a in theirs)
+    assert home.is_dir() and mine.is_file() and jars.is_dir()
