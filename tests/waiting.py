@@ -30,11 +30,17 @@ def bound_test(seconds: float | None, *, now: float | None = None) -> None:
     _test_ends = start + seconds - min(MARGIN, seconds / 10) if seconds else None
 
 
+#: A wait gets at least this long (or its own `timeout`, if shorter), however little is left: a teardown's
+#: short wait near the end of a long test still gets its chance, within the margin.
+FLOOR = 5.0
+
+
 def time_left(timeout: float) -> float:
-    """`timeout`, or less: what is left of the running test's bound (less `MARGIN`), never below 0."""
+    """`timeout`, or less: what is left of the running test's bound (less the margin), never below `FLOOR`
+    (or `timeout`, if shorter)."""
     if _test_ends is None:
         return timeout
-    return max(0.0, min(timeout, _test_ends - time.monotonic()))
+    return min(timeout, max(FLOOR, _test_ends - time.monotonic()))
 
 
 def wait_until(probe: Callable[[], T], what: str, timeout: float, poll: float = 0.2,

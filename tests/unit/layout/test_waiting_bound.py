@@ -10,18 +10,18 @@ import pytest
 
 from tests import waiting
 from tests.conftest import bound_of
-from tests.waiting import MARGIN, bound_test, time_left, wait_until
+from tests.waiting import FLOOR, MARGIN, bound_test, time_left, wait_until
 
 
 @pytest.mark.timeout(20)
 def test_a_wait_longer_than_what_is_left_of_the_test_fails_in_time_naming_its_last_value():
-    # the test started long enough ago that its bound, less the margin, is over: the 900 s wait fails at once
+    # the test started long enough ago that its bound, less the margin, is over: the 900 s wait gets FLOOR seconds
     bound_test(1000, now=time.monotonic() - 1000)
     with pytest.raises(pytest.fail.Exception) as failed:
         wait_until(lambda: (False, "rejects schema differs: batch_id is int64 not null, expected int64"),
                    "v1's table to equal the oracle", 900, poll=0.05, done=lambda r: r[0])
     said = str(failed.value)
-    assert "within 0 s (of 900 s: the rest of the test's own bound)" in said, said
+    assert "within 5 s (of 900 s: the rest of the test's own bound)" in said, said
     assert "rejects schema differs: batch_id is int64 not null" in said, said
 
 
@@ -35,6 +35,8 @@ def test_what_is_left_is_the_bound_less_the_margin_and_never_more_than_asked():
     assert time_left(900) == 900
     bound_test(0)
     assert time_left(900) == 900
+    bound_test(1000, now=time.monotonic() - 1000)   # nothing left: a short wait still gets FLOOR, or its own timeout
+    assert (time_left(900), time_left(2)) == (FLOOR, 2)
 
 
 @pytest.mark.timeout(1234)
