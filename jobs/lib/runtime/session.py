@@ -253,10 +253,14 @@ def prune_cache(folder: Path) -> list[Path]:
             continue
         version_id = mirror.name[len("spark-home-"):]          # <pyspark version>-<install id>
         for archive in folder.glob(f"spark-{version_id}-*.jsa"):
-            archive.unlink(missing_ok=True)
+            try:
+                archive.unlink(missing_ok=True)
+            except OSError:       # not ours to delete: kept, and the archive just made stays usable
+                continue
             gone.append(archive)
         shutil.rmtree(mirror, ignore_errors=True)
-        gone.append(mirror)
+        if not mirror.exists():
+            gone.append(mirror)
     return gone
 
 
