@@ -21,6 +21,7 @@ from orchestrator.context import Kappa
 from orchestrator.core.pipelines import PipelineSpec
 from tests.served import served_diff, version_diff
 from tests.teardown import kill_jobs
+from tests.waiting import wait_until
 
 PIPELINE = "standardize"
 PARTITIONS = 4
@@ -125,8 +126,6 @@ def wait_exact(live: Live, what: str, *, version: int | None = None, each=None,
     """Wait (up to `DEADLINE`) until `served_equals_expected(live, "v1", version=version)` holds, calling
     `each()` before every look; an exception in `catch` counts as not yet (a table its job has not
     written yet). A wait that ends unequal fails naming the last difference the oracle saw."""
-    from tests.waiting import wait_until
-
     def look() -> tuple[bool, str]:
         if each is not None:
             each()
