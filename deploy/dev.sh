@@ -85,6 +85,16 @@ print(" ".join(n for n in JAR_SETS if not (jar_dir(n) / COMPLETE).is_file()))')"
   "$venv/bin/python" -m orchestrator.core.jars fetch $missing
 }
 
+setup_jvm_functions() {
+  # kappa's own JVM functions (jobs/lib/source/jvm/*.java), compiled once with the JDK's javac into
+  # ~/.cache/kappa/jvm/ (jobs/lib/runtime/jvm.py); a JRE without javac gets Debian's JDK 17 first
+  if [ ! -x "$JAVA_HOME/bin/javac" ]; then
+    echo "==> installing Debian's openjdk-17-jdk-headless (javac compiles kappa's JVM functions)"
+    apt_install openjdk-17-jdk-headless
+  fi
+  "$venv/bin/python" -m jobs.lib.runtime.jvm build
+}
+
 pg_ready() {
   "$venv/bin/python" - <<'PY' 2>/dev/null
 import psycopg2
@@ -159,12 +169,14 @@ case "$cmd" in
   demo)
     setup_python
     setup_jars
+    setup_jvm_functions
     setup_spark_cds
     exec "$venv/bin/kappa" demo "$@"
     ;;
   test)
     setup_python
     setup_jars
+    setup_jvm_functions
     setup_spark_cds
     setup_postgres
     setup_chromium
@@ -178,6 +190,7 @@ case "$cmd" in
   setup)
     setup_python
     setup_jars
+    setup_jvm_functions
     setup_spark_cds
     setup_toxiproxy
     ;;

@@ -73,8 +73,9 @@ def bench_parse(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="also write the figures as JSON here")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Where the standardize job's parse spends its CPU, step by step (the variant parse, the fields' types
-    and strings, the exact path, the latest row per key), against Spark's own from_json in the same run.
+    """Where the standardize job's parse spends its CPU, step by step (kappa's JVM reading, the judge's
+    verdict and strings, the exact path, the latest row per key, and the designs tried: the variant parse
+    it replaced, from_json into variants), against Spark's own from_json in the same run.
     Local Spark, no broker: the log of `bench reprocess` as Parquet, each step into Spark's noop sink."""
     from orchestrator.dev.parsebench import run_parse_bench
 

@@ -9,13 +9,15 @@ Each step runs `rounds` times in turn (the first round warms the JIT); printed f
 wall seconds and executor CPU seconds of its rounds, the processes' CPU (the JVM and its Python
 workers), and executor CPU as a ratio to the plain pipeline's ``from_json`` measured in the same run.
 
-The steps build kappa's parse up from the read: the variant parse (``try_parse_json``), the profile
-fields' types, their strings (together `jobs.lib.source.profiles`' judge), then the whole
-`parse_records` (the UTF-8 and brace screens and the Arrow UDF pass for the records the JVM cannot
-vouch for), and the latest row per key on top of it (`jobs.lib.contract.runner.group_batch`) beside the
-plain pipeline's. Two steps measure a design that was tried for the parse and not adopted:
-``from_json`` into variant-typed profile fields (one Jackson pass that skips unknown fields), then the
-fields' types and strings from those small variants.
+The steps build kappa's parse up from the read: kappa's JVM reading of each value (``kappa_json_fields``,
+`jobs/lib/source/jvm/JsonFields.java`), the verdict and fields of `jobs.lib.source.profiles`' judge on
+it, then the whole `parse_records` (with the Arrow UDF pass for the records the JVM cannot vouch for),
+and the latest row per key on top of it (`jobs.lib.contract.runner.group_batch`) beside the plain
+pipeline's. The other steps measure designs tried for the parse: the one this reading replaced (each
+value into a Spark variant with ``try_parse_json``, then the profile fields' types from
+``schema_of_variant`` and their strings from ``try_variant_get``, as its judge read them), and one not
+adopted (``from_json`` into variant-typed profile fields, one Jackson pass that skips unknown fields,
+then the fields' types and strings from those small variants).
 """
 
 from __future__ import annotations
@@ -50,26 +52,52 @@ def _from_json(src: Any) -> Any:
     return src.select("key", "partition", F.from_json(_text(), PROFILE_SCHEMA).alias("p")).select("key", "partition", "p.*")
 
 
+def _jvm_fields(src: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    from jobs.lib.runtime.jvm import JSON_FIELDS, register
+
+    register(src.sparkSession)
+    return src.select("key", "value", "partition",
+                      F.call_function(JSON_FIELDS, F.col("value"), F.lit(",".join(PROFILE_FIELDS))).alias("d"))
+
+
+def _judged(src: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    from jobs.lib.source.json_values import Fields
+    from jobs.lib.source.profiles import judge_profile
+
+    ok, fields = judge_profile(Fields(F.col("d"), PROFILE_FIELDS))
+    verdict = F.struct(ok.alias("ok"), F.struct(*[c.alias(n) for n, c in fields.items()]).alias("v"))
+    return _jvm_fields(src).select(verdict.alias("j")).select("j.ok", "j.v.*")
+
+
 def _variant(src: Any) -> Any:
     from pyspark.sql import functions as F
 
     return src.select("key", "value", "partition", F.expr("try_parse_json(cast(value AS string))").alias("d"))
 
 
-def _types(src: Any) -> Any:
+def _variant_types(src: Any) -> Any:
     from pyspark.sql import functions as F
 
     return _variant(src).select(*[F.schema_of_variant(F.variant_get("d", f"$.{f}", "variant")).alias(f)
                                   for f in PROFILE_FIELDS])
 
 
-def _judged(src: Any) -> Any:
+def _variant_judged(src: Any) -> Any:
+    """The replaced design's judge: the fields' types, then their strings from one ``try_variant_get``."""
     from pyspark.sql import functions as F
 
-    from jobs.lib.source.profiles import judge_profile
-
-    ok, fields = judge_profile(F.col("d"))
-    verdict = F.struct(ok.alias("ok"), F.struct(*[c.alias(n) for n, c in fields.items()]).alias("v"))
+    doc = F.col("d")
+    typ = {f: F.schema_of_variant(F.variant_get(doc, f"$.{f}", "variant")) for f in PROFILE_FIELDS}
+    ok = F.coalesce(typ["name"] == "STRING", F.lit(False))
+    for f in PROFILE_FIELDS[1:]:
+        ok = ok & (typ[f].isNull() | typ[f].isin("STRING", "VOID"))
+    strings = F.try_variant_get(doc, "$", "struct<" + ", ".join(f"{f}: string" for f in PROFILE_FIELDS) + ">")
+    verdict = F.struct((doc.isNotNull() & ok).alias("ok"),
+                       F.struct(*[strings[f].alias(f) for f in PROFILE_FIELDS]).alias("v"))
     return _variant(src).select(verdict.alias("j")).select("j.ok", "j.v.*")
 
 
@@ -121,10 +149,12 @@ def _kappa_latest(src: Any) -> Any:
 STEPS: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("read", "the log's key, value and partition read, nothing else (the floor)", _read),
     ("from_json", "the plain pipeline's parse: from_json with the profile schema (reference)", _from_json),
-    ("try_parse_json", "kappa's parse alone: each value into a variant", _variant),
-    ("field_types", "+ the profile fields' types (schema_of_variant)", _types),
-    ("field_strings", "+ the fields' strings (try_variant_get): the JVM's whole reading", _judged),
-    ("parse_records", "kappa's parse: + the UTF-8 and brace screens, the Arrow UDF pass", _parse_records),
+    ("jvm_fields", "kappa's reading alone: each value read once by kappa_json_fields (Java, Jackson)", _jvm_fields),
+    ("field_strings", "+ the judge's verdict and the fields' strings: the JVM's whole reading", _judged),
+    ("parse_records", "kappa's parse: + the Arrow UDF pass for what the JVM leaves to the exact parser", _parse_records),
+    ("try_parse_json", "design replaced: each value into a variant", _variant),
+    ("variant_types", "design replaced: + the profile fields' types (schema_of_variant)", _variant_types),
+    ("variant_strings", "design replaced: + their strings (try_variant_get): its whole reading", _variant_judged),
     ("variant_fields", "design tried: from_json into variant-typed profile fields", _variant_fields),
     ("variant_fields_strings", "design tried: + the fields' types and strings", _variant_fields_strings),
     ("plain_latest", "the plain pipeline: from_json and the latest row per key", _plain_latest),

@@ -195,12 +195,14 @@ def default_shuffle_partitions(master: str) -> int:
 
 def connector_jars() -> list[str]:
     """The JARs of Spark's Kafka connector and delta-spark, fetched from Maven Central by
-    `deploy/dev.sh setup` (`orchestrator.core.jars`), pruned of what pyspark ships; JarsError, one
-    line naming the setup, when they were never fetched. They go to ``spark.jars``, which also ships
-    them to a standalone cluster's executors."""
+    `deploy/dev.sh setup` (`orchestrator.core.jars`), pruned of what pyspark ships, and kappa's own JVM
+    functions (`jobs.lib.runtime.jvm`, compiled once); JarsError, one line naming the setup, when they
+    were never fetched. They go to ``spark.jars``, which also ships them to a standalone cluster's
+    executors."""
+    from jobs.lib.runtime.jvm import kappa_jar
     from orchestrator.core.jars import require_jars
 
-    return sorted(str(p) for p in require_jars("spark").glob("*.jar"))
+    return sorted(str(p) for p in require_jars("spark").glob("*.jar")) + [str(kappa_jar())]
 
 
 def cds_archive_path() -> Path:
@@ -357,4 +359,7 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get(KAPPA_SPARK_LOG_LEVEL, "WARN"))
+    from jobs.lib.runtime.jvm import register
+
+    register(spark)
     return spark

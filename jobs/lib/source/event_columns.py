@@ -2,21 +2,20 @@
 
 `parse_events(records, et)` gives exactly what `jobs.lib.source.events.parse_record` gives for every
 record (the typed fields, or the reject reason), with the work in Spark SQL wherever the JVM can
-vouch for the answer: ``try_parse_json`` into a variant, each field's type from
-``schema_of_variant``, timestamps in the strict ISO-8601 form with an offset
+vouch for the answer: kappa's strict JSON reading in Java gives each field's JSON type and text,
+timestamps in the strict ISO-8601 form with an offset
 (``2024-05-01T10:15:00Z``, ``+02:00``, fractions up to microseconds) through ``try_cast``, the
 choices and the key field checked as expressions, each value parsed once
 (`jobs.lib.source.json_values`). A record the JVM path cannot vouch for goes to the exact parser
 (`parse_record`, Python's json and ``datetime.fromisoformat``) in an Arrow UDF over those rows only: a
-key or value that is null, empty or not UTF-8, JSON the JVM refuses (malformed, duplicate keys, lone
-surrogates, control characters in strings), a ``}`` before the end, a field of the wrong type, a
+key or value that is null, empty or not UTF-8, JSON the JVM refuses (malformed, a field given twice, a
+lone surrogate in one, control characters in strings, anything after the object), a field of the wrong type, a
 timestamp in another form, a value outside its choices, a key field that differs from the key. So the
 reasons are the exact parser's, and the valid records of a realistic log never leave the JVM.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from jobs.lib.source.events import BOOL, STRING, TIMESTAMP, EventType, parse_record
@@ -44,39 +43,40 @@ def _exact(et: EventType, key: bytes | None, value: bytes | None) -> dict:
     return doc
 
 
+def _names(et: EventType) -> list[str]:
+    """The top-level fields `_judge` reads: the event's, and the key field if it is not one of them."""
+    ident = et.key_field or et.key_name
+    return list(dict.fromkeys([*et.fields, ident]))
+
+
 def _judge(et: EventType, doc: Any) -> tuple[Any, dict]:
-    """Where the JVM's reading of `doc` is exact (types, timestamps in the strict form, choices, the key
-    field equal to the key), and the typed fields."""
+    """Where the JVM's reading of `doc` (`jobs.lib.source.json_values.Fields`) is exact (types, timestamps
+    in the strict form, choices, the key field equal to the key), and the typed fields."""
     from pyspark.sql import functions as F
 
-    def typ(name: str) -> Any:
-        return F.schema_of_variant(F.variant_get(doc, f"$.{name}", "variant"))
-
-    def as_string(name: str) -> Any:
-        return F.try_variant_get(doc, f"$.{name}", "string")
-
-    ok = doc.isNotNull()
+    ok = doc.parsed
     typed = {}
     for name, (t, required) in et.fields.items():
-        missing = typ(name).isNull() | (typ(name) == "VOID")
-        want = "BOOLEAN" if t == BOOL else "STRING"
-        right = F.coalesce(typ(name) == want, F.lit(False))
+        missing = doc.type(name).isNull() | (doc.type(name) == "null")
+        want = "boolean" if t == BOOL else "string"
+        right = F.coalesce(doc.type(name) == want, F.lit(False))
         ok = ok & (right if required else (missing | right))
+        raw = doc.text(name)
         if t == TIMESTAMP:
-            raw = as_string(name)
             value = raw.try_cast("timestamp")
             ok = ok & (missing | (F.coalesce(raw.rlike(ISO_TIMESTAMP), F.lit(False)) & value.isNotNull()))
         elif t == BOOL:
-            value = F.try_variant_get(doc, f"$.{name}", "boolean")
+            value = raw == "true"
         else:
-            value = as_string(name)
+            value = raw
         typed[name] = F.when(~missing, value).cast(_SPARK[t])
     for name, allowed in et.choices:
         ok = ok & (typed[name].isNull() | typed[name].isin(*allowed))
     ident = et.key_field or et.key_name
     if ident in et.fields or et.key_field is None:
-        present = typ(ident).isNotNull()     # a JSON null is present too (and not the key)
-        same = F.coalesce((typ(ident) == "STRING") & (as_string(ident) == F.col("key").cast("string")), F.lit(False))
+        present = doc.type(ident).isNotNull()     # a JSON null is present too (and not the key)
+        same = F.coalesce((doc.type(ident) == "string") & (doc.text(ident) == F.col("key").cast("string")),
+                          F.lit(False))
         ok = ok & (~present | same)
     return ok, typed
 
@@ -95,7 +95,7 @@ def parse_events(records: Any, et: EventType, key_as: str | None = None) -> Any:
         return F.col("key").isNotNull() & F.expr("is_valid_utf8(key)") & (F.length("key") > 0)
 
     rows = parse_json_values(records.select("key", "value", *_POSITION), keep=["key", "value", *_POSITION],
-                             key_ok=key_ok, judge=partial(_judge, et), exact=partial(_exact, et),
+                             fields=_names(et), key_ok=key_ok, judge=partial(_judge, et), exact=partial(_exact, et),
                              exact_ddl=_exact_ddl(et), name=("events", repr(et)))
     failed = F.col("error").isNotNull()
     keyed = [F.when(~failed, F.col("key").cast("string")).alias(key_as)] if key_as else []

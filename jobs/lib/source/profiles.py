@@ -7,14 +7,14 @@ whatever they hold); null values are tombstones. A record that cannot be used (n
 UTF-8, invalid JSON, not an object, missing name, wrong types, a profile field given twice) is a
 reject with its partition, offset and reason, and leaves the member as it was.
 
-`parse_records` does this in the JVM, parsing each value once (`jobs.lib.source.json_values`): the field
-types from ``schema_of_variant``, the fields from one ``try_variant_get``. A value the JVM cannot vouch
-for goes to `parse_one`, the exact parser (Python's json), in an Arrow UDF over those rows only: JSON
-that the JVM refuses (malformed, duplicate keys, lone surrogates, control characters in strings,
-NaN), bytes that are not UTF-8, a ``}`` before the end (where the JVM parser would stop at the first
-object and ignore what follows it), or a profile field of the wrong type. So the reasons are the exact
-parser's, and a value is valid exactly when Python's json reads it as a profile; a realistic
-changelog sends a few tenths of a percent of its records that way (the rejects, mostly).
+`parse_records` does this in the JVM, reading each value once (`jobs.lib.source.json_values`: the
+profile fields' JSON types and strings, from kappa's strict JSON reading in Java). A value the JVM
+cannot vouch for goes to `parse_one`, the exact parser (Python's json), in an Arrow UDF over those rows
+only: JSON that the JVM refuses (malformed, a profile field twice, a lone surrogate in one, control
+characters in strings, NaN, anything after the object), bytes that are not UTF-8, or a profile field of
+the wrong type. So the reasons are the exact parser's, and a value is valid exactly when Python's json
+reads it as a profile; a realistic changelog sends a few tenths of a percent of its records that way
+(the rejects, mostly).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def _object_pairs(pairs):
 
 
 _PLAIN = json.JSONDecoder()
+_BOM = "Unexpected UTF-8 BOM (decode using utf-8-sig)"
 _STRICT = json.JSONDecoder(object_pairs_hook=_object_pairs)
 
 
@@ -88,6 +89,8 @@ def parse_one(value: bytes) -> tuple[tuple | None, str | None]:
         text = value.decode("utf-8")
     except UnicodeDecodeError as e:
         return None, f"invalid JSON: not UTF-8 at byte {e.start}"
+    if text.startswith("\ufeff"):   # json.loads' own refusal (the decoder's would be "Expecting value")
+        return None, f"invalid JSON: {json.JSONDecodeError(_BOM, text, 0)}"
     maybe_twice = "\\u" in text or any(text.count(f'"{f}"') > 1 for f in PROFILE_FIELDS)
     try:
         doc = (_STRICT if maybe_twice else _PLAIN).decode(text)
@@ -140,16 +143,15 @@ def _exact(key: bytes | None, value: bytes | None) -> dict:
 
 
 def judge_profile(doc: Any) -> tuple[Any, dict]:
-    """The JVM's reading is exact for a tombstone, and for an object whose name is a string and whose
-    other profile fields are strings or absent (null); the fields are then the object's strings."""
+    """The JVM's reading (`jobs.lib.source.json_values.Fields`) is exact for a tombstone, and for an object
+    whose name is a string and whose other profile fields are strings, null or absent; the fields are
+    then the object's strings."""
     from pyspark.sql import functions as F
 
-    typ = {f: F.schema_of_variant(F.variant_get(doc, f"$.{f}", "variant")) for f in PROFILE_FIELDS}
-    ok = F.coalesce(typ["name"] == "STRING", F.lit(False))   # a missing name has no type (null)
+    ok = F.coalesce(doc.type("name") == "string", F.lit(False))   # a missing name has no type (null)
     for f in PROFILE_FIELDS[1:]:
-        ok = ok & (typ[f].isNull() | typ[f].isin("STRING", "VOID"))
-    strings = F.try_variant_get(doc, "$", "struct<" + ", ".join(f"{f}: string" for f in PROFILE_FIELDS) + ">")
-    return F.col("value").isNull() | (doc.isNotNull() & ok), {f: strings[f] for f in PROFILE_FIELDS}
+        ok = ok & (doc.type(f).isNull() | doc.type(f).isin("string", "null"))
+    return F.col("value").isNull() | (doc.parsed & ok), {f: doc.text(f) for f in PROFILE_FIELDS}
 
 
 def _key_ok() -> Any:
@@ -172,6 +174,7 @@ def parse_records(records: Any) -> Any:
     (`jobs.lib.source.json_values`). The expressions are made once per Spark context."""
     from jobs.lib.runtime.columns import built_once
 
-    rows = parse_json_values(records.select(*INPUT_COLUMNS), keep=INPUT_COLUMNS, key_ok=_key_ok, judge=judge_profile,
+    rows = parse_json_values(records.select(*INPUT_COLUMNS), keep=INPUT_COLUMNS, fields=PROFILE_FIELDS,
+                             key_ok=_key_ok, judge=judge_profile,
                              exact=_exact, exact_ddl=_EXACT_DDL, name="profiles")
     return rows.select(*built_once(("profiles", "output"), _output_columns))

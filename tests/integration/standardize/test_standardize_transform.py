@@ -128,6 +128,38 @@ def test_values_the_jvm_path_does_not_vouch_for_are_still_parsed(spark):
     assert out["m3"]["name"] == "Ada Lovelace" and out["m4"]["title_raw"] == "a}b" and out["m5"]["name"] == "AlAn"
 
 
+#: Values where a JSON reader other than Python's could decide otherwise: byte-order marks, UTF-16,
+#: overlong or surrogate UTF-8, nesting past the JVM reader's depth, long numbers, what Jackson's options
+#: would allow (comments, single quotes, leading zeros, trailing commas, NaN), escapes, surrogate pairs.
+READER_EDGES = [
+    b'\xef\xbb\xbf{"name": "A"}', '{"name": "A"}'.encode("utf-16-le"), '{"name": "A"}'.encode("utf-16"),
+    b'{"name": "\xc0\xaf"}', b'{"name": "\xed\xa0\x80"}', b'{"name": "\xf4\x90\x80\x80"}', b'{"name": "\xe2\x82"}',
+    b'{"name": "A", "x": ' + b"[" * 63 + b"]" * 63 + b"}", b'{"name": "A", "x": ' + b"[" * 64 + b"]" * 64 + b"}",
+    b'{"name": "A", "x": ' + b"[" * 100 + b"]" * 100 + b"}", b'{"name": "A", "x": ' + b"1" * 1500 + b"}",
+    b'{"name": "A", "x": ' + b"1" * 5000 + b"}", b'{"name": "A", "x": 1' + b"0" * 999 + b"}",
+    b'{"name": "A", "x": "\\ud800"}', b'{"name": "A", "x": 1, "x": "y"}', b'{"name": "A"}\x00',
+    b'{"name": "A", "n": 01}', b'{"name": "A", "n": 1.}', b'{"name": "A", "n": .5}', b'{"name": "A", "n": -}',
+    b'{"name": "A", "n": -0.0E-3, "m": 1e5, "k": Infinity, "j": -Infinity}', b'{"name": "A",}',
+    b"{'name': 'A'}", b'{"name": "A" /* c */}', b'{"name": "A\\/B \\u00e9 \\u0000"}', b'{"name": "\\ud83d\\ude00"}',
+    '{"name": "\U0001f600"}'.encode(), b'{}', b'{"name": null}', b'{"name": "A", "title": null}',
+    b'\x0c{"name": "A"}', '\u00a0{"name": "A"}'.encode(), b'{"name": "A"}\n\r\t ', b'{"name": "A", "x": "a\tb"}',
+    b'{"name": "A", "x": "\\q"}', b'{"name": TRUE}', b'{"name": "A", "title": True}', b'{"name": "A", "title": false}',
+    b'{"name": "A", "title": "x", "title": null}', b'{"name": ["A"]}', b'[{"name": "A"}]', b'"A"', b'{"name": "A"',
+    b'{"name"\t:\r"A"\n}', b'{"name": "\\u0041\\u0042"}', b'{"\\u006eame": "A"}', b'{"name": "A", "name2": "B"}',
+]
+
+
+def test_values_another_json_reader_could_misread_are_decided_like_the_oracle(spark):
+    """Each edge of kappa's JVM reading (`jobs/lib/source/jvm/JsonFields.java`) decided like tests/oracle:
+    where Jackson's reading might differ from Python's, the exact parser decides."""
+    rows = parse_records(batch(spark, [(b"k", v) for v in READER_EDGES])).collect()
+    fields = oracle.PROFILE_FIELDS
+    got = {r["offset"]: r["error"] if r["error"] is not None else {f: r[f] for f in fields} for r in rows}
+    want = {i: doc if err is None else err for i, (doc, err) in enumerate(map(oracle.parse_profile, READER_EDGES))}
+    assert got == want
+    assert 10 < sum(isinstance(w, str) for w in want.values()) < len(READER_EDGES) - 10   # both kinds
+
+
 def test_batch_of_tombstones_only(spark):
     out, rejects, _ = run(spark, [(b"m1", None), (b"m2", None), (b"m1", None)])
     assert sorted((k, r["_deleted"], r["source_offset"]) for k, r in out.items()) == [("m1", True, 2), ("m2", True, 1)]
@@ -138,7 +170,8 @@ def test_batch_of_tombstones_only(spark):
 #: lone surrogates, invalid UTF-8, line breaks, numbers the JVM and Python read differently.
 SPLICES = [b'"name"', b'"title"', b'null', b'42', b'true', b'[1]', b'{"a":1}', b'\\u0041', b'\\ud800', b',', b':',
            b'"', b'\\', b'\n', b' ', b'\xff', b'\xc3\xa9', b'"na\\u006de": "x",', b'"title": 1,', b'NaN', b'1e999',
-           b'-0', b'"\\"', b'}', b'{', b']', b'\x01', b'\t', b'\x0c', b'\xe2\x80\xa8', b'\\u007d', b'},{']
+           b'-0', b'"\\"', b'}', b'{', b']', b'\x01', b'\t', b'\x0c', b'\xe2\x80\xa8', b'\\u007d', b'},{',
+           b'\xef\xbb\xbf', b'\xc0\xaf', b'\xed\xa0\x80', b'\x00', b'01', b'Infinity', b'/*', b"'", b'[[[[']
 
 
 def test_parse_records_decides_mutated_values_like_the_oracle(spark, rng):

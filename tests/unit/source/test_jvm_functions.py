@@ -1,0 +1,54 @@
+"""kappa's own JVM functions (`jobs.lib.runtime.jvm`): compiled once into the cache, keyed by their
+sources, and one line when they cannot be."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+
+from jobs.lib.runtime import jvm
+from orchestrator.core.jars import JarsError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_the_jar_is_compiled_once_and_a_changed_source_gets_a_new_one(cache, tmp_path, monkeypatch):
+    jar = jvm.kappa_jar()
+    assert jar.parent == cache / "kappa" / "jvm" and jar.is_file()
+    assert "kappa/jvm/JsonFields.class" in zipfile.ZipFile(jar).namelist()
+    stamp = jar.stat().st_mtime_ns
+    assert jvm.kappa_jar() == jar and jar.stat().st_mtime_ns == stamp          # not compiled again
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "JsonFields.java").write_text((jvm.SOURCES / "JsonFields.java").read_text() + "\n// changed\n")
+    monkeypatch.setattr(jvm, "SOURCES", src)
+    assert jvm.kappa_jar() != jar and jvm.kappa_jar().is_file()
+    assert not [p for p in jar.parent.iterdir() if p.name.startswith(".")]   # no temporary folder left
+
+
+def test_a_source_that_does_not_compile_is_one_line_with_javac_s_error(cache, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "Broken.java").write_text("package kappa.jvm; public final class Broken { int x = ; }\n")
+    monkeypatch.setattr(jvm, "SOURCES", src)
+    with pytest.raises(JarsError) as err:
+        jvm.kappa_jar()
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("kappa's JVM functions do not compile")
+    assert "Broken.java" in message and "illegal start of expression" in message
+    assert not jvm.jar_path().exists()
+
+
+def test_a_java_without_javac_is_one_line_naming_the_jdk_to_install(cache, tmp_path, monkeypatch):
+    jre = tmp_path / "jre"
+    (jre / "bin").mkdir(parents=True)
+    monkeypatch.setattr("jobs.lib.runtime.session.find_java17", lambda: str(jre))
+    with pytest.raises(JarsError) as err:
+        jvm.kappa_jar()
+    assert str(err.value) == (f"kappa's JVM functions need a JDK's javac to compile, and {jre}/bin/javac is missing: "
+                              f"install a JDK 17 (apt-get install openjdk-17-jdk-headless) or set JAVA_HOME to one")
