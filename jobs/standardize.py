@@ -4,7 +4,7 @@ A job of the contract (`jobs.lib.contract.api`), as a team would write its own: 
 Kafka stream kappa configured and returns `Upserts`; kappa's runner (`jobs.lib.contract.runner`) owns the
 source options, the latest row per member, the MERGE, the rejects table, checkpoint and triggers.
 
-* transformation, DataFrame functions in the JVM: the JSON profile parsed with ``try_parse_json``
+* transformation, DataFrame functions in the JVM: the JSON profile read once by kappa's JVM function
   (`jobs.lib.source.profiles.parse_records`: values and keys the JVM cannot vouch for go to the exact
   Python parser, which gives the reject reason in ``error``; a tombstone sets ``_deleted``);
 * ``then``, on the latest row of each member only: the rules as Spark expressions

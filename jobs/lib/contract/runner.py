@@ -74,32 +74,39 @@ def output_columns(rows: Any) -> list[str]:
     return [c for c in rows.columns if c not in (*SOURCE_COLUMNS, ERROR, DELETED, "timestampType")]
 
 
-#: One row per key of a micro-batch (`group_batch`): its latest valid row, whether its valid rows came
-#: from more than one partition, its rejects, and how many records it had.
+#: One row per key (and per distinct reject) of a micro-batch (`group_batch`): its latest valid row,
+#: whether its valid rows came from more than one partition, its rejects, and how many records it had.
 LATEST, MOVED, REJECTS, RECORDS = "__latest", "__moved", "__rejects", "__records"
+_REJECT = "__reject"
 #: The key order's columns as the source names them (`jobs.lib.sink.tables.key_order_columns`).
 SOURCE_ORDER = ("timestamp", "partition", "offset")
 
 
 def group_batch(b: Any, output: list[str], key: str, key_order: str) -> Any:
-    """One micro-batch of an `Upserts` job's rows -> one row per key (`LATEST`, `MOVED`, `REJECTS`,
-    `RECORDS`), in ONE aggregation: the batch is read and parsed once, and the rejects (few) ride along
-    with the latest rows instead of costing a second pass or a persisted copy of every record.
+    """One micro-batch of an `Upserts` job's rows -> one row per key and per distinct reject (`LATEST`,
+    `MOVED`, `REJECTS`, `RECORDS`), in ONE aggregation: the batch is read and parsed once, and the rejects
+    (few) ride along with the latest rows instead of costing a second pass or a persisted copy of every
+    record.
 
     The latest row is the last valid one by the key order (within a Kafka partition the higher
     offset; under ``timestamp``, record timestamp, then partition, then offset): its output columns,
-    the source position and ``_deleted``. A key with only rejects has none (it stays as it was)."""
+    the source position and ``_deleted``. A key with only rejects has none (it stays as it was). Each
+    reject is a group of its own (the key and the reject are the grouping), its `REJECTS` the reject as
+    many times as the batch holds it; a key's valid rows are one group, its `REJECTS` empty. Grouped so,
+    the aggregation has no list to build: a ``collect_list`` of the rejects made Spark plan an object
+    hash aggregate, which fell back to sorting past 128 keys and kept a list buffer for every key
+    (4.3 of 17 CPU-s over the 2M-record log of `kappa bench parse`)."""
     from jobs.lib.runtime.columns import built_once
 
     columns = tuple(b.columns)
-    aggregates = built_once(("group_batch", columns, tuple(output), key_order),
-                            lambda: _group_aggregates(columns, output, key_order))
-    return b.groupBy(key).agg(*aggregates)
+    grouping, aggregates, answer = built_once(("group_batch", columns, tuple(output), key_order),
+                                              lambda: _group_aggregates(columns, output, key_order))
+    return b.groupBy(key, *grouping).agg(*aggregates).select(key, *answer)
 
 
-def _group_aggregates(columns: tuple[str, ...], output: list[str], key_order: str) -> list[Any]:
-    """`group_batch`'s aggregates over a batch of `columns` (made once per Spark context: they are the
-    same every micro-batch)."""
+def _group_aggregates(columns: tuple[str, ...], output: list[str], key_order: str) -> tuple[list, list, list]:
+    """`group_batch`'s grouping (besides the key), aggregates and answer columns over a batch of `columns`
+    (made once per Spark context: they are the same every micro-batch)."""
     from pyspark.sql import functions as F
 
     error = F.col(ERROR).cast("string") if ERROR in columns else F.lit(None).cast("string")
@@ -114,10 +121,13 @@ def _group_aggregates(columns: tuple[str, ...], output: list[str], key_order: st
     partition = F.when(valid, F.col("partition"))
     moved = (F.min(partition) != F.max(partition)) if key_order == "partition" else F.lit(False)
     order = F.struct(*key_order_columns("", key_order, SOURCE_ORDER))
-    return [F.max_by(F.when(valid, row), F.when(valid, order)).alias(LATEST),
-            F.coalesce(moved, F.lit(False)).alias(MOVED),
-            F.collect_list(F.when(~valid, reject)).alias(REJECTS),
-            F.count(F.lit(1)).alias(RECORDS)]
+    one = F.col(_REJECT)
+    times = F.when(one.isNotNull(), F.col(RECORDS)).otherwise(F.lit(0)).cast("int")
+    return ([F.when(~valid, reject).alias(_REJECT)],
+            [F.max_by(F.when(valid, row), F.when(valid, order)).alias(LATEST),
+             F.coalesce(moved, F.lit(False)).alias(MOVED),
+             F.count(F.lit(1)).alias(RECORDS)],
+            [LATEST, MOVED, F.array_repeat(one, times).alias(REJECTS), RECORDS])
 
 
 def batch_counts(g: Any, key: str) -> tuple[int, int, int, list[str]]:
@@ -183,7 +193,7 @@ class UpsertBatches(MicroBatches):
 
     def prepare(self, batch: Any, batch_id: int) -> Prepared:
         """The job's plan over the micro-batch, grouped by key once and kept (persisted): small, one row
-        per key. The batch itself is kept only when the job's plan reads it twice, so that Kafka is read once."""
+        per key and per reject. The batch itself is kept only when the job's plan reads it twice, so that Kafka is read once."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 

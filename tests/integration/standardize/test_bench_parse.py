@@ -31,7 +31,7 @@ def test_bench_parse_measures_each_step_against_from_json(spark, tmp_path):
 
 def test_the_steps_parse_the_log_as_the_job_does(spark, tmp_path):
     """The kappa steps are the job's own parse: parse_records' fields equal the exact parser's on the log
-    (malformed records included), and the latest-row step keeps one row per key."""
+    (malformed records included), and the latest-row step keeps one latest row per key and every reject."""
     from jobs.lib.source.profiles import PROFILE_FIELDS, parse_one
 
     write_log(tmp_path / "log.parquet", 2_000, 300, malformed_share=0.1)
@@ -51,9 +51,14 @@ def test_the_steps_parse_the_log_as_the_job_does(spark, tmp_path):
         rejects += reason is not None
         assert tuple(out[f] for f in PROFILE_FIELDS) == (fields or (None,) * len(PROFILE_FIELDS))
     assert rejects > 0
-    latest = build["kappa_latest"](src)
+    from jobs.lib.contract.runner import LATEST, REJECTS
+
+    grouped = build["kappa_latest"](src)   # a row per key with a latest row, and one per distinct reject
     keys = {bytes(r["key"]).decode() for r in rows}
-    assert latest.count() == latest.select("member_id").distinct().count() == len(keys)
+    assert grouped.select("member_id").distinct().count() == len(keys)
+    latest = grouped.where(grouped[LATEST].isNotNull())
+    assert latest.count() == latest.select("member_id").distinct().count()
+    assert grouped.selectExpr(f"sum(size({REJECTS}))").first()[0] == rejects
 
 
 def test_bench_parse_refuses_an_unknown_step_in_one_line(capsys):

@@ -271,3 +271,27 @@ def test_rules_as_spark_expressions_equal_the_python_rules_on_every_value(spark,
         "i", rules.column("titles", F.col("raw")).alias("t"), rules.column("companies", F.col("raw")).alias("c")).collect()}
     want = {i: (rules.standardize("titles", r), rules.standardize("companies", r)) for i, r in enumerate(raws)}
     assert {i: (raws[i], g) for i, g in got.items() if g != want[i]} == {}
+
+
+def test_the_batch_s_aggregation_builds_no_list_and_keeps_every_reject(spark):
+    """The rejects ride the one aggregation as groups of their own (`group_batch`): no collect_list, so
+    Spark plans no object hash aggregate (it sorted past 128 keys and kept a list per key), and a reject
+    the job's rows hold twice is written twice."""
+    from jobs.lib.contract.runner import batch_counts, group_batch
+
+    source = batch(spark, [(b"m1", profile(title="a")), (b"m1", b"{bad"), (b"m2", b"{bad"), (b"m1", profile(title="b")),
+                           (b"m3", None), (None, profile())])
+    rows = parse_records(source)
+    twice = rows.union(rows.where("error IS NOT NULL AND member_id = 'm2'"))   # a job that emits a reject twice
+    g = group_batch(twice, ["member_id", "name", "title"], "member_id", "partition")
+    plan = g._jdf.queryExecution().executedPlan().toString()
+    assert "ObjectHashAggregate" not in plan and "collect_list" not in plan
+    rejects, out = split_batch(twice, ["member_id", "name", "title"], "member_id", "partition", None)
+    assert sorted((r["offset"], r["error"]) for r in rejects.collect()) == [
+        (1, "invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (2, "invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (2, "invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (5, "no key")]
+    assert sorted((r["member_id"], r["title"], r["_deleted"]) for r in out.collect()) == [
+        ("m1", "b", False), ("m3", None, True)]
+    assert batch_counts(g, "member_id") == (7, 4, 2, [])
