@@ -5,7 +5,7 @@ reading of `jobs.lib.source.json_values`). `kappa_jar` compiles them with the JD
 (``--release 17``, against pyspark's own JARs) into one JAR in the cache,
 ``~/.cache/kappa/jvm/kappa-jvm-<hash>.jar``, keyed by the sources, the pyspark version and the JDK, so
 a changed source gets a new JAR and a cache never serves a stale one. `deploy/dev.sh setup` compiles it
-(``python -m jobs.lib.runtime.jvm build``); a session compiles it itself if the setup did not (about
+(``python -m orchestrator.core.jars build``); a session compiles it itself if the setup did not (about
 2 s, once). `jobs.lib.runtime.session.connector_jars` puts it on ``spark.jars`` (the driver, and a
 standalone cluster's executors), and `register` names its functions in a session.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -111,22 +110,3 @@ def register(spark: Any) -> None:
                               f"jobs.lib.runtime.session.build_session, which puts {jar_path().name} on "
                               f"spark.jars") from None
     setattr(spark, _REGISTERED, True)
-
-
-def main(argv: list[str]) -> int:
-    from orchestrator.core.jars import JarsError
-
-    if argv != ["build"]:
-        print("usage: python -m jobs.lib.runtime.jvm build", file=sys.stderr)
-        return 2
-    try:
-        if not jar_path().is_file():
-            print(f"==> compiling kappa's JVM functions (once): {kappa_jar()}", file=sys.stderr)
-    except JarsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -52,3 +52,12 @@ def test_a_java_without_javac_is_one_line_naming_the_jdk_to_install(cache, tmp_p
         jvm.kappa_jar()
     assert str(err.value) == (f"kappa's JVM functions need a JDK's javac to compile, and {jre}/bin/javac is missing: "
                               f"install a JDK 17 (apt-get install openjdk-17-jdk-headless) or set JAVA_HOME to one")
+
+
+def test_the_setup_s_build_command_compiles_once_and_says_so(cache, capsys):
+    from orchestrator.core.jars import main
+
+    assert main(["build"]) == 0
+    assert f"compiling kappa's JVM functions (once): {jvm.jar_path()}" in capsys.readouterr().err
+    assert main(["build"]) == 0 and capsys.readouterr().err == ""      # already compiled: silent
+    assert main(["build", "x"]) == 2
