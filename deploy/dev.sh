@@ -92,7 +92,7 @@ setup_jvm_functions() {
     echo "==> installing Debian's openjdk-17-jdk-headless (javac compiles kappa's JVM functions)"
     apt_install openjdk-17-jdk-headless
   fi
-  "$venv/bin/python" -m orchestrator.core.jars build
+  "$venv/bin/python" -m jobs.lib.runtime.jvm
 }
 
 pg_ready() {

@@ -9,7 +9,6 @@ reaches the registry on these machines: no Ivy, no `spark.jars.packages`.
 The `spark` set is pruned of every JAR whose artifact pyspark already ships in `pyspark/jars`
 (hadoop, jackson, parquet, slf4j, log4j, scala, ...), so Spark's classpath holds one copy of each
 library, pyspark's. The `kafka` set is the broker's own JVM classpath and is kept whole.
-``python -m orchestrator.core.jars build`` compiles kappa's own JVM functions (`jobs.lib.runtime.jvm`).
 """
 
 from __future__ import annotations
@@ -111,20 +110,12 @@ def fetch_jars(name: str, *, out=sys.stderr) -> tuple[Path, bool]:
 
 
 def main(argv: list[str]) -> int:
-    """``fetch [kafka|spark ...]``: the sets from Maven Central; ``build``: kappa's own JVM functions
-    (`jobs.lib.runtime.jvm`), compiled once."""
-    if argv[:1] not in (["fetch"], ["build"]) or (argv[0] == "build" and argv[1:]):
-        print("usage: python -m orchestrator.core.jars fetch [kafka|spark ...] | build", file=sys.stderr)
+    if argv[:1] != ["fetch"]:
+        print("usage: python -m orchestrator.core.jars fetch [kafka|spark ...]", file=sys.stderr)
         return 2
     try:
-        if argv[0] == "build":
-            from jobs.lib.runtime.jvm import jar_path, kappa_jar
-
-            if not jar_path().is_file():
-                print(f"==> compiling kappa's JVM functions (once): {kappa_jar()}", file=sys.stderr)
-        else:
-            for name in argv[1:] or list(JAR_SETS):
-                fetch_jars(name)
+        for name in argv[1:] or list(JAR_SETS):
+            fetch_jars(name)
     except JarsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

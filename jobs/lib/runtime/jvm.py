@@ -1,11 +1,12 @@
-"""kappa's own JVM functions: compiled once, on every session's classpath, registered by name.
+"""kappa's JVM: the Java 17 that runs Spark, and kappa's own JVM functions, compiled once, on every
+session's classpath, registered by name.
 
 The sources are Java files beside the code that calls them (`jobs/lib/source/jvm/*.java`: the JSON
 reading of `jobs.lib.source.json_values`). `kappa_jar` compiles them with the JDK's ``javac``
 (``--release 17``, against pyspark's own JARs) into one JAR in the cache,
 ``~/.cache/kappa/jvm/kappa-jvm-<hash>.jar``, keyed by the sources, the pyspark version and the JDK, so
 a changed source gets a new JAR and a cache never serves a stale one. `deploy/dev.sh setup` compiles it
-(``python -m orchestrator.core.jars build``); a session compiles it itself if the setup did not (about
+(``python -m jobs.lib.runtime.jvm``); a session compiles it itself if the setup did not (about
 2 s, once). `jobs.lib.runtime.session.connector_jars` puts it on ``spark.jars`` (the driver, and a
 standalone cluster's executors), and `register` names its functions in a session.
 """
@@ -15,12 +16,20 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JSON_FIELDS", "JSON_FIELDS_DDL", "SOURCES", "kappa_jar", "register"]
+__all__ = ["JAVA17_CANDIDATES", "find_java17", "JSON_FIELDS", "JSON_FIELDS_DDL", "SOURCES", "kappa_jar", "register"]
+
+JAVA17_CANDIDATES = (
+    "/usr/lib/jvm/java-17-openjdk-amd64",
+    "/usr/lib/jvm/java-17-openjdk-arm64",
+    "/usr/lib/jvm/java-17-openjdk",
+    "/usr/lib/jvm/openjdk-17",
+)
 
 #: The JSON reading (`jobs/lib/source/jvm/JsonFields.java`): ``kappa_json_fields(value, "a,b,c")``.
 JSON_FIELDS = "kappa_json_fields"
@@ -32,12 +41,22 @@ SOURCES = Path(__file__).resolve().parent.parent / "source" / "jvm"
 _REGISTERED = "_kappa_jvm_functions"
 
 
+def find_java17() -> str | None:
+    """JAVA_HOME for Spark: the environment's if it is a Java 17, else a known install path."""
+    home = os.environ.get("JAVA_HOME")
+    if home and "17" in Path(home).resolve().name:
+        return home
+    for cand in JAVA17_CANDIDATES:
+        if Path(cand, "bin", "java").exists():
+            return cand
+    return home
+
+
 def _sources() -> list[Path]:
     return sorted(SOURCES.glob("*.java"))
 
 
 def _javac() -> Path:
-    from jobs.lib.runtime.session import find_java17
     from orchestrator.core.jars import JarsError
 
     home = find_java17()
@@ -110,3 +129,13 @@ def register(spark: Any) -> None:
                               f"jobs.lib.runtime.session.build_session, which puts {jar_path().name} on "
                               f"spark.jars") from None
     setattr(spark, _REGISTERED, True)
+
+
+if __name__ == "__main__":   # the setup (deploy/dev.sh): compile once, say so, or one line why not
+    from orchestrator.core.jars import JarsError
+
+    try:
+        if not jar_path().is_file():
+            print(f"==> compiling kappa's JVM functions (once): {kappa_jar()}", file=sys.stderr)
+    except JarsError as e:
+        sys.exit(f"error: {e}")

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from jobs.lib.runtime.jvm import find_java17, kappa_jar, register
 from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRIVER_MEMORY, KAPPA_SPARK_EVENT_LOG_DIR,
                                      KAPPA_SPARK_JIT, KAPPA_SPARK_LOG_LEVEL, KAPPA_SPARK_MASTER)
 
@@ -18,12 +19,6 @@ __all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment
            "cds_archive_path", "driver_java_options", "JVM_TIME_ZONE", "runs_tasks", "create_cds_archive", "prune_cache", "connector_jars", "DELTA_CONF", "REDACTION",
            "build_session", "session_settings"]
 
-JAVA17_CANDIDATES = (
-    "/usr/lib/jvm/java-17-openjdk-amd64",
-    "/usr/lib/jvm/java-17-openjdk-arm64",
-    "/usr/lib/jvm/java-17-openjdk",
-    "/usr/lib/jvm/openjdk-17",
-)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 #: Spark's redaction patterns (conf values, and the options of a query's plan) widened to the Kafka
@@ -66,17 +61,6 @@ JVM_TIME_ZONE = "-Duser.timezone=UTC"
 def runs_tasks(master: str) -> bool:
     """Whether a driver of `master` runs the tasks in its own JVM (a local master)."""
     return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
-
-
-def find_java17() -> str | None:
-    """JAVA_HOME for Spark: the environment's if it is a Java 17, else a known install path."""
-    home = os.environ.get("JAVA_HOME")
-    if home and "17" in Path(home).resolve().name:
-        return home
-    for cand in JAVA17_CANDIDATES:
-        if Path(cand, "bin", "java").exists():
-            return cand
-    return home
 
 
 def spark_env() -> dict[str, str]:
@@ -199,7 +183,6 @@ def connector_jars() -> list[str]:
     functions (`jobs.lib.runtime.jvm`, compiled once); JarsError, one line naming the setup, when they
     were never fetched. They go to ``spark.jars``, which also ships them to a standalone cluster's
     executors."""
-    from jobs.lib.runtime.jvm import kappa_jar
     from orchestrator.core.jars import require_jars
 
     return sorted(str(p) for p in require_jars("spark").glob("*.jar")) + [str(kappa_jar())]
@@ -359,7 +342,5 @@ def build_session(app_name: str = "kappa", master: str | None = None, local_dir:
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get(KAPPA_SPARK_LOG_LEVEL, "WARN"))
-    from jobs.lib.runtime.jvm import register
-
     register(spark)
     return spark

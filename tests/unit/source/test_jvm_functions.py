@@ -3,6 +3,7 @@ sources, and one line when they cannot be."""
 
 from __future__ import annotations
 
+import os
 import zipfile
 
 import pytest
@@ -47,17 +48,19 @@ def test_a_source_that_does_not_compile_is_one_line_with_javac_s_error(cache, tm
 def test_a_java_without_javac_is_one_line_naming_the_jdk_to_install(cache, tmp_path, monkeypatch):
     jre = tmp_path / "jre"
     (jre / "bin").mkdir(parents=True)
-    monkeypatch.setattr("jobs.lib.runtime.session.find_java17", lambda: str(jre))
+    monkeypatch.setattr(jvm, "find_java17", lambda: str(jre))
     with pytest.raises(JarsError) as err:
         jvm.kappa_jar()
     assert str(err.value) == (f"kappa's JVM functions need a JDK's javac to compile, and {jre}/bin/javac is missing: "
                               f"install a JDK 17 (apt-get install openjdk-17-jdk-headless) or set JAVA_HOME to one")
 
 
-def test_the_setup_s_build_command_compiles_once_and_says_so(cache, capsys):
-    from orchestrator.core.jars import main
+def test_the_setup_s_build_command_compiles_once_and_says_so(cache):
+    import subprocess
+    import sys
 
-    assert main(["build"]) == 0
-    assert f"compiling kappa's JVM functions (once): {jvm.jar_path()}" in capsys.readouterr().err
-    assert main(["build"]) == 0 and capsys.readouterr().err == ""      # already compiled: silent
-    assert main(["build", "x"]) == 2
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    first = subprocess.run([sys.executable, "-m", "jobs.lib.runtime.jvm"], capture_output=True, text=True, env=env)
+    assert first.returncode == 0 and first.stderr == f"==> compiling kappa's JVM functions (once): {jvm.jar_path()}\n"
+    again = subprocess.run([sys.executable, "-m", "jobs.lib.runtime.jvm"], capture_output=True, text=True, env=env)
+    assert again.returncode == 0 and again.stderr == ""                 # already compiled: silent
