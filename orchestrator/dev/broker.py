@@ -73,7 +73,7 @@ def _listening(port: int) -> bool:
 
 
 def _java() -> str:
-    from jobs.lib.runtime.session import find_java17
+    from jobs.lib.runtime.jvm import find_java17
 
     home = find_java17()
     java = Path(home, "bin", "java") if home else None

@@ -286,7 +286,7 @@ def log_dir_bytes(k: Kappa, topics: Iterable[str], timeout: float = 30.0) -> dic
     LogDirsCommand; BrokerError when the tool cannot run or answer."""
     import json
 
-    from jobs.lib.runtime.session import find_java17
+    from jobs.lib.runtime.jvm import find_java17
     from jobs.lib.runtime.stream import java_kafka_config
     from orchestrator.core.jars import require_jars
 

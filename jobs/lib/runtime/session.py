@@ -15,7 +15,7 @@ from jobs.lib.runtime.jvm import find_java17, kappa_jar, register
 from orchestrator.core.envvars import (KAPPA_SHUFFLE_PARTITIONS, KAPPA_SPARK_DRIVER_MEMORY, KAPPA_SPARK_EVENT_LOG_DIR,
                                      KAPPA_SPARK_JIT, KAPPA_SPARK_LOG_LEVEL, KAPPA_SPARK_MASTER)
 
-__all__ = ["find_java17", "spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
+__all__ = ["spark_env", "worker_spark_home", "prepare_environment", "default_shuffle_partitions",
            "cds_archive_path", "driver_java_options", "JVM_TIME_ZONE", "runs_tasks", "create_cds_archive", "prune_cache", "connector_jars", "DELTA_CONF", "REDACTION",
            "build_session", "session_settings"]
 
