@@ -9,6 +9,9 @@ a changed source gets a new JAR and a cache never serves a stale one. `deploy/de
 (``python -m jobs.lib.runtime.jvm``); a session compiles it itself if the setup did not (about
 2 s, once). `jobs.lib.runtime.session.connector_jars` puts it on ``spark.jars`` (the driver, and a
 standalone cluster's executors), and `register` names its functions in a session.
+
+The JAR also holds the helper of `jobs.lib.runtime.session.leave_to_c1` (`jobs/lib/source/jvm/Jit.java`):
+a job's JVM that serves small live micro-batches turns C2 off for what it compiles from then on.
 """
 
 from __future__ import annotations

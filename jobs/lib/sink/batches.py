@@ -14,7 +14,9 @@ For each micro-batch, in this order:
    and counts them; `check` may refuse the batch before anything is written;
 5. the rejects are appended, then the output written (`write`), each an idempotent Delta commit;
 6. the counts go to the runtime's status (`on_batch`);
-7. every so many batches, the tables' upkeep (`jobs.lib.sink.upkeep`: OPTIMIZE, VACUUM).
+7. every so many batches, the tables' upkeep (`jobs.lib.sink.upkeep`: OPTIMIZE, VACUUM);
+8. after the first small batch that is not a backfill (a live one), the JVM's JIT leaves C2 out from
+   then on (`jobs.lib.runtime.session.leave_to_c1`): live batches are new generated code each time.
 
 Test hooks (`jobs.lib.sink.tables`): ``KAPPA_TEST_PAUSE_AT=read:<id>`` / ``commit:<id>``,
 ``KAPPA_TEST_CRASH_AFTER_COMMIT=<id>``, and ``KAPPA_TEST_HOLD_BEFORE_COMMIT=<id>[,<id>...]`` with
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from jobs.lib.runtime.backfill import BackfillProgress, initial_offsets
-from jobs.lib.runtime.session import session_settings
+from jobs.lib.runtime.session import leave_to_c1, session_settings
 from jobs.lib.runtime.stream import fail_on_data_loss, lost_offsets, needs_backfill
 from jobs.lib.sink.tables import DeltaTables, batch_end_offsets, crash_if_asked, pause_if_asked
 from jobs.lib.sink.upkeep import Upkeep
@@ -204,6 +206,10 @@ class MicroBatches:
                 df.unpersist()
         crash_if_asked(batch_id)
         self.upkeep.after_batch(spark)
+        if not backfill and planned is not None and planned <= SMALL_BATCH_RECORDS:
+            settled = leave_to_c1(spark)
+            if settled:
+                self.log.info("micro-batch %d was a live one (%d records at most): %s", batch_id, planned, settled)
         jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
         self.timings.append({"batch_id": batch_id, "read_transform_count": t1 - t0, "rejects": t2 - t1,
                              "write": t3 - t2, "upkeep": time.perf_counter() - t3, "spark_jobs": jobs})
