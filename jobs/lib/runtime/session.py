@@ -76,9 +76,10 @@ def leave_to_c1(spark: Any) -> str | None:
     by then: the backfill's per-record code, compiled while the backfill ran, stays compiled.
 
     `kappa bench freshness` (20 updates/s, trigger 1 s, 2026-11-30): with C2 all along, a live job's
-    compile threads took 38.7 of its JVM's 91.9 CPU-s, and p50/p99 were 13.3-13.7 s / 21.1-22.1 s (three
-    runs); with C1 all along (`KAPPA_SPARK_JIT=quick`) 8.8 of 63.7 CPU-s, 9.4 s / 14.5 s; with C2 through
-    the backfill and C1 after it (this) 20.1 of 71.8 CPU-s, 8.0 s / 12.5 s.
+    compile threads took 38.7 of its JVM's 91.9 CPU-s; with C2 through the backfill and C1 after it
+    (this) 20.1 of 71.8. Alternated twice in one hour, without and with this: the job's processes 66.3
+    and 64.4 CPU-s over the live updates without, 50.3 and 53.2 with; p50 12.5 and 11.8 s without, 9.4
+    and 13.1 s with (the latency is within the machine's noise; the CPU is not).
 
     Returns what was done, in words, or None when nothing was (already done, another master or JIT, or
     the JVM refused: a JIT is a matter of speed, never of a batch's fate)."""
