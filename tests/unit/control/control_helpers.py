@@ -27,6 +27,10 @@ FAKE_JOB = Path(__file__).with_name("fake_job.py")
 PIPELINE = "orders"
 ALIAS = "orders_live"
 TOPIC = "orders"
+#: How long a test waits for a SIGKILLed fake job to be gone. It is gone at once, unless the kernel holds it
+#: in an uninterruptible write (its status file) on a loaded disk: a suite run once saw one outlive 15 s.
+#: The bound only caps a hang; a wait returns as soon as the process is gone.
+KILL_BOUND = 120.0
 
 
 def make_spec(**overrides) -> PipelineSpec:
@@ -59,7 +63,7 @@ def end_children() -> None:
     for pid, proc in list(CHILDREN.items()):
         if proc.poll() is None:
             proc.kill()
-            proc.wait(5)
+            proc.wait(KILL_BOUND)
         CHILDREN.pop(pid, None)
 
 

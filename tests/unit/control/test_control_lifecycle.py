@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from control_helpers import ALIAS, PIPELINE, allocate, fake_running, wait_for
+from control_helpers import ALIAS, KILL_BOUND, PIPELINE, allocate, fake_running, wait_for
 from orchestrator.core.exceptions import LifecycleError
 from orchestrator.jobctl import (STALE_HEARTBEAT_SECONDS, STARTUP_TIMEOUT_SECONDS, inspect_version, job_command,
                                  start_version, stop_version)
@@ -61,7 +61,7 @@ def test_stop_escalates_to_sigterm_then_sigkill(k, fake_jobs):
     _running(k, v2)
     s1 = stop_version(k.version(PIPELINE, v1), actor="tester", graceful_timeout=0.5, term_timeout=10)
     assert s1.how == "sigterm" and s1.final_state == "stopped"
-    s2 = stop_version(k.version(PIPELINE, v2), actor="tester", graceful_timeout=0.5, term_timeout=0.5, kill_timeout=10)
+    s2 = stop_version(k.version(PIPELINE, v2), actor="tester", graceful_timeout=0.5, term_timeout=0.5, kill_timeout=KILL_BOUND)
     assert s2.how == "sigkill"
     assert not inspect_version(k.version(PIPELINE, v2)).alive
 
@@ -79,7 +79,7 @@ def test_a_job_killed_at_its_stop_bound_is_recorded_stopped_not_failed(k, fake_j
     _running(k, v)
     k.registry.set_state(PIPELINE, v, VersionState.CAUGHT_UP, expected=VersionState.STARTING)
     res = stop_version(k.version(PIPELINE, v), actor="kappa-monitor", reason="standby grace period over", term_timeout=0.5,
-                       kill_timeout=10)
+                       kill_timeout=KILL_BOUND)
     assert (res.how, res.killed_at_bound, res.final_state, res.bound_seconds) == ("sigkill", True, "stopped", 0.5)
     assert res.message.startswith(f"stopped {PIPELINE} v{v} (pid {res.pid}) at its bound of 0.5 s: killed with "
                                   f"SIGKILL after "), res.message
