@@ -90,7 +90,9 @@ def parse_json_values(records: Any, *, keep: Sequence[str], fields: Sequence[str
 
     bad = [f for f in fields if not f or "," in f]
     if bad:
-        raise ValueError(f"parse_json_values: field names {bad!r} cannot be read (empty, or with a comma)")
+        raise ValueError(f"parse_json_values: field names {bad!r} cannot be read (empty, or with a comma): name each "
+                         f"field as the JSON object spells it, and read a field whose name holds a comma from the "
+                         f"record's value yourself")
     register(records.sparkSession)
     need = list(dict.fromkeys([*keep, "key", "value"]))
     steps = built_once(("json_values", name, tuple(keep), tuple(fields), tuple(records.columns)),

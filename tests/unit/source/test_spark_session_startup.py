@@ -150,3 +150,57 @@ def test_the_cache_drops_what_a_deleted_venv_left_and_keeps_what_a_present_one_u
     assert sorted(session.prune_cache(folder)) == sorted([*theirs, dead])
     assert not dead.exists() and not any(a.exists() for a in theirs)
     assert home.is_dir() and mine.is_file() and jars.is_dir()
+
+
+class _Jit:
+    """`sc._jvm.kappa.jvm.Jit` of a stand-in JVM: answers like HotSpot, or refuses like a JVM without its
+    diagnostic commands."""
+
+    def __init__(self, refuse: str | None):
+        self.refuse, self.calls = refuse, 0
+
+    def leaveToC1(self) -> str:   # noqa: N802 - the Java method's name
+        self.calls += 1
+        if self.refuse:
+            raise RuntimeError(self.refuse)
+        return "1 compiler directives added\n"
+
+
+@pytest.fixture(autouse=True)
+def _no_jvm_settled(monkeypatch):
+    """`leave_to_c1` remembers the JVMs it settled by their gateway's id: a stand-in's id can be reused."""
+    monkeypatch.setattr(session, "_SETTLED", set())
+
+
+def _spark(master: str, java_options: str, refuse: str | None = None):
+    """A stand-in SparkSession with what `leave_to_c1` reads: its context's master, driver options, gateway, JVM."""
+    from types import SimpleNamespace
+
+    jit = _Jit(refuse)
+    sc = SimpleNamespace(master=master, _gateway=object(), getConf=lambda: {"spark.driver.extraJavaOptions": java_options},
+                         _jvm=SimpleNamespace(kappa=SimpleNamespace(jvm=SimpleNamespace(Jit=jit))))
+    return SimpleNamespace(sparkContext=sc), jit
+
+
+def test_leave_to_c1_changes_a_full_jit_local_jvm_once_and_says_so():
+    spark, jit = _spark("local[2]", session.TASK_JIT)
+    assert session.leave_to_c1(spark) == "C2 left out of the JIT from now on (HotSpot: 1 compiler directives added)"
+    assert session.leave_to_c1(spark) is None          # once per JVM: the directive stays for its life
+    assert jit.calls == 1
+
+
+def test_leave_to_c1_leaves_a_cluster_driver_and_a_c1_only_jvm_alone():
+    cluster, on_cluster = _spark("spark://127.0.0.1:7077", session.TASK_JIT)   # its executors are other JVMs
+    quick, c1_only = _spark("local[2]", session.PLANNING_JIT)                   # no C2 to leave out
+    assert (session.leave_to_c1(cluster), session.leave_to_c1(quick)) == (None, None)
+    assert (on_cluster.calls, c1_only.calls) == (0, 0)
+
+
+def test_a_jvm_that_refuses_the_directive_keeps_its_jit_and_says_why_in_one_line():
+    spark, jit = _spark("local[2]", session.TASK_JIT,
+                        refuse="javax.management.InstanceNotFoundException: com.sun.management:type=DiagnosticCommand\n"
+                               "\tat java.management/...")
+    said = session.leave_to_c1(spark)
+    assert said == ("the JVM kept its JIT: javax.management.InstanceNotFoundException: "
+                    "com.sun.management:type=DiagnosticCommand")
+    assert session.leave_to_c1(spark) is None and jit.calls == 1   # not asked again every batch
