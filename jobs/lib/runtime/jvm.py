@@ -83,7 +83,8 @@ def jar_path() -> Path:
     digest = hashlib.sha256()
     for src in _sources():
         digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
-    digest.update(pyspark.__version__.encode() + b"\0" + str(_javac().resolve()).encode())
+    # the JDK by its home, not by its javac: a machine whose JAR is cached runs without javac
+    digest.update(pyspark.__version__.encode() + b"\0" + str(Path(find_java17() or "/nonexistent").resolve()).encode())
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kappa" / "jvm"
     return cache / f"kappa-jvm-{digest.hexdigest()[:12]}.jar"
 

@@ -64,3 +64,15 @@ def test_the_setup_s_build_command_compiles_once_and_says_so(cache):
     assert first.returncode == 0 and first.stderr == f"==> compiling kappa's JVM functions (once): {jvm.jar_path()}\n"
     again = subprocess.run([sys.executable, "-m", "jobs.lib.runtime.jvm"], capture_output=True, text=True, env=env)
     assert again.returncode == 0 and again.stderr == ""                 # already compiled: silent
+
+
+def test_a_cached_jar_is_used_on_a_java_without_javac(cache, tmp_path, monkeypatch):
+    """javac is needed to compile, not to find the JAR the setup compiled: a JRE-only machine (or a JDK whose javac
+    was removed since) runs with the cached JAR."""
+    jre = tmp_path / "jre"
+    (jre / "bin").mkdir(parents=True)
+    monkeypatch.setattr(jvm, "find_java17", lambda: str(jre))
+    cached = jvm.jar_path()
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"the JAR the setup compiled")
+    assert jvm.kappa_jar() == cached and cached.read_bytes() == b"the JAR the setup compiled"
