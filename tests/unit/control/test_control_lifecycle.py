@@ -61,7 +61,8 @@ def test_stop_escalates_to_sigterm_then_sigkill(k, fake_jobs):
     _running(k, v2)
     s1 = stop_version(k.version(PIPELINE, v1), actor="tester", graceful_timeout=0.5, term_timeout=10)
     assert s1.how == "sigterm" and s1.final_state == "stopped"
-    s2 = stop_version(k.version(PIPELINE, v2), actor="tester", graceful_timeout=0.5, term_timeout=0.5, kill_timeout=KILL_BOUND)
+    s2 = stop_version(k.version(PIPELINE, v2), actor="tester", graceful_timeout=0.5, term_timeout=0.5,
+                      kill_timeout=KILL_BOUND)
     assert s2.how == "sigkill"
     assert not inspect_version(k.version(PIPELINE, v2)).alive
 

@@ -177,7 +177,8 @@ def _spark(master: str, java_options: str, refuse: str | None = None):
     from types import SimpleNamespace
 
     jit = _Jit(refuse)
-    sc = SimpleNamespace(master=master, _gateway=object(), getConf=lambda: {"spark.driver.extraJavaOptions": java_options},
+    sc = SimpleNamespace(master=master, _gateway=object(),
+                         getConf=lambda: {"spark.driver.extraJavaOptions": java_options},
                          _jvm=SimpleNamespace(kappa=SimpleNamespace(jvm=SimpleNamespace(Jit=jit))))
     return SimpleNamespace(sparkContext=sc), jit
 
