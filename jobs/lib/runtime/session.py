@@ -64,7 +64,8 @@ def runs_tasks(master: str) -> bool:
     return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
 
 
-#: The JVMs (by their py4j gateway: one per driver process) whose JIT `leave_to_c1` settled.
+#: The JVMs (by their py4j gateway: one per driver process) whose JIT `leave_to_c1` settled. Kept here, not
+#: as a mark on the gateway: py4j's `JavaGateway.__getattr__` sends unknown names to the JVM, so any mark would read true.
 _SETTLED: set[int] = set()
 
 
