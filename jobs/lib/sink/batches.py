@@ -11,7 +11,9 @@ For each micro-batch, in this order:
 3. the batch runs as one Spark job group; a version's first batch (its backfill) reports its read
    progress while it runs (`jobs.lib.runtime.backfill.BackfillProgress`), so lag moves;
 4. the job's `prepare` computes its rejects and output rows (persisted, so a stateful plan runs once)
-   and counts them; `check` may refuse the batch before anything is written;
+   and counts them; `check` may refuse the batch before anything is written; meanwhile, in a job
+   process's first batch, a thread creates the rejects table empty if it is not there yet
+   (`jobs.lib.sink.tables.DeltaTables.ensure_rejects`, `REJECTS_DDL`);
 5. the rejects are appended, then the output written (`write`), each an idempotent Delta commit;
 6. the counts go to the runtime's status (`on_batch`);
 7. every so many batches, the tables' upkeep (`jobs.lib.sink.upkeep`: OPTIMIZE, VACUUM);
@@ -29,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -36,7 +39,7 @@ from typing import Any, Callable
 from jobs.lib.runtime.backfill import BackfillProgress, initial_offsets
 from jobs.lib.runtime.session import leave_to_c1, session_settings
 from jobs.lib.runtime.stream import fail_on_data_loss, lost_offsets, needs_backfill
-from jobs.lib.sink.tables import DeltaTables, batch_end_offsets, crash_if_asked, pause_if_asked
+from jobs.lib.sink.tables import REJECTS_DDL, DeltaTables, batch_end_offsets, crash_if_asked, pause_if_asked
 from jobs.lib.sink.upkeep import Upkeep
 from orchestrator.core.exceptions import SourceError
 
@@ -89,12 +92,40 @@ class Prepared:
     conflicts: list = field(default_factory=list)   # what `check` refuses the batch for, found by `prepare`
 
 
+class RejectsTable:
+    """The rejects table created empty (`DeltaTables.ensure_rejects`) on a thread of its own while the
+    batch is read; `wait` re-raises what the create raised."""
+
+    def __init__(self, tables: DeltaTables, spark: Any, ddl: str, group: str, description: str):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(tables, spark, ddl, group, description),
+                                       name="kappa-rejects-table", daemon=True)
+        self.thread.start()
+
+    def _run(self, tables: DeltaTables, spark: Any, ddl: str, group: str, description: str) -> None:
+        from pyspark.sql.types import StructType
+
+        try:
+            spark.sparkContext.setJobGroup(group, description)   # the batch's: counted and cancelled with it
+            tables.ensure_rejects(spark, StructType.fromDDL(ddl))
+        except BaseException as e:  # noqa: BLE001 - handed to the batch's thread, which raises it
+            self.error = e
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 class MicroBatches:
     """The foreachBatch function of a job: subclasses say how a batch becomes rejects and output
     (`prepare`), what refuses it (`check`) and how its output is written (`write`)."""
 
     #: A stateful plan (aggregation, join state) must run even for a batch already written.
     stateful = False
+    #: The rejects table's columns, as `prepare`'s rejects have them (the table is created from this
+    #: before they are computed).
+    rejects_ddl = REJECTS_DDL
 
     def __init__(self, args: Any, tables: DeltaTables, *, name: str,
                  on_batch: Callable[..., None] | None = None, log: logging.Logger | None = None):
@@ -176,7 +207,8 @@ class MicroBatches:
         t0 = time.perf_counter()
         spark = batch.sparkSession
         group = f"kappa-{self.tables.app_id}-batch-{batch_id}"
-        spark.sparkContext.setJobGroup(group, f"kappa {self.name}: micro-batch {batch_id}")
+        description = f"kappa {self.name}: micro-batch {batch_id}"
+        spark.sparkContext.setJobGroup(group, description)
         progress: Any = contextlib.nullcontext()
         end = batch_end_offsets(self.checkpoint, batch_id)
         backfill = needs_backfill(self.checkpoint)   # the version's first pass: its measure goes to the status
@@ -184,9 +216,19 @@ class MicroBatches:
             progress = BackfillProgress(spark, self.checkpoint, group, end)   # lag moves while batch 0 is read
         planned = self._planned_records(batch_id, end)
         held: list = []
+        rejects_table = None
+        if self.tables.rejects_uri is not None and not self.tables.rejects_found:
+            rejects_table = RejectsTable(self.tables, spark, self.rejects_ddl, group, description)
         try:
             with progress, self._sized(spark, planned):
-                p = self.prepare(batch, batch_id)
+                try:
+                    p = self.prepare(batch, batch_id)
+                except BaseException:
+                    if rejects_table is not None:
+                        rejects_table.thread.join()   # the batch's own error is the one to raise
+                    raise
+                if rejects_table is not None:
+                    rejects_table.wait()
                 held = p.held
                 if isinstance(progress, BackfillProgress):
                     progress.read()

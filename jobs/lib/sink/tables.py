@@ -40,7 +40,7 @@ from typing import Any, Iterator
 from jobs.lib.runtime.session import session_settings
 from orchestrator.core.exceptions import SinkError
 
-__all__ = ["KEY_ORDERS", "TABLE_ORDER", "key_order_columns", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "clear_torn_create", "nullable",
+__all__ = ["KEY_ORDERS", "TABLE_ORDER", "key_order_columns", "MAX_CONFLICTS", "LOCAL_SOURCE_ROWS", "PAUSE_HOOK", "PAUSE_FILE", "CRASH_HOOK", "DeltaTables", "REJECTS_DDL", "clear_torn_create", "nullable",
            "batch_end_offsets", "pause_if_asked", "crash_if_asked"]
 
 log = logging.getLogger("kappa.sink")
@@ -52,6 +52,10 @@ CRASH_HOOK = "KAPPA_TEST_CRASH_AFTER_COMMIT"
 #: Keys named in a key-order refusal, at most.
 MAX_CONFLICTS = 5
 
+#: The rejects table's columns: the raw record, where it is in the log, why it was refused, the micro-batch
+#: (every job's, `jobs.lib.contract.runner.batch_rejects` and `jobs.lib.runtime.seedjob.SeedBatches`).
+REJECTS_DDL = ("key binary, value binary, topic string, partition int, offset bigint, error string, "
+               "batch_id bigint")
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -189,6 +193,11 @@ class DeltaTables:
         self.checkpoint = checkpoint
         self._rejects_readable = False      # the rejects table was read once by this process
 
+    @property
+    def rejects_found(self) -> bool:
+        """Whether this process found (or made) the rejects table readable already."""
+        return self._rejects_readable
+
     # -- reading the tables' transaction state ---------------------------------------------------
     def _txn_version(self, uri: str) -> int | None:
         from deltalake import DeltaTable
@@ -256,44 +265,51 @@ class DeltaTables:
             yield
 
     # -- writing ----------------------------------------------------------------------------------
+    def ensure_rejects(self, session: Any, schema: Any) -> None:
+        """Create the rejects table empty, with `schema` (a StructType), if this process has not found it
+        readable yet: readers always find it, even before a batch has any rejects.
+
+        It is created without a write (a metadata commit; an empty write ran a Spark job, 2.4 s more), with
+        the schema a write gives a new table: every column nullable (a batch's ``batch_id`` literal is not
+        null, and the table's schema then depended on whether the first batch had rejects). The first
+        batch of a job process calls this on a thread of its own while the batch is read
+        (`jobs.lib.sink.batches.MicroBatches`): the create is a JVM's first Delta commit, 1.9-2.2 s of
+        the backfill's critical path when it came after the read."""
+        from delta.tables import DeltaTable
+
+        if self.rejects_uri is None or self._rejects_readable:
+            return
+        if not self._readable(self.rejects_uri):
+            # Delta compares the location with the table's identifier in Hadoop's form: given
+            # `file:///x` it would see `file:/x` and refuse the two as different locations
+            location = session._jvm.org.apache.hadoop.fs.Path(self.rejects_uri).toString()
+            columns = nullable(schema)
+
+            def create() -> None:
+                DeltaTable.createIfNotExists(session).location(location).addColumns(columns).execute()
+
+            try:
+                create()
+            except Exception:
+                # a create cut short (a full disk) leaves a log with no readable commit, which Delta
+                # then takes for a table it cannot find or read: clear that log, never one with a commit
+                if not clear_torn_create(session, location):
+                    raise
+                log.warning("rejects table %s: cleared the log a create cut short left, creating it again", location)
+                create()
+        self._rejects_readable = True
+
     def write_rejects(self, batch_id: int, rejects: Any, count: int) -> None:
-        """Append the batch's rejects (created empty by the first batch, so readers always find it).
+        """Append the batch's rejects (the table created empty first, `ensure_rejects`, so readers always
+        find it).
 
         A batch with none (`count` 0) commits nothing once the table exists: each commit under a
         transaction identifier costs Delta a reconstruction of the table's state (about a second
-        here) to check it, and a replay of such a batch finds nothing to write either. The empty table
-        is created without a write (a metadata commit; an empty write ran a Spark job, 2.4 s more), with
-        the schema a write gives a new table: every column nullable (a batch's ``batch_id`` literal is not
-        null, and the table's schema then depended on whether the first batch had rejects)."""
-        from delta.tables import DeltaTable
-
+        here) to check it, and a replay of such a batch finds nothing to write either."""
         if self.rejects_uri is None:
             return
         if count == 0:
-            if self._rejects_readable:
-                return
-            if not self._readable(self.rejects_uri):
-                # Delta compares the location with the table's identifier in Hadoop's form: given
-                # `file:///x` it would see `file:/x` and refuse the two as different locations
-                session = rejects.sparkSession
-                location = session._jvm.org.apache.hadoop.fs.Path(self.rejects_uri).toString()
-
-                schema = nullable(rejects.schema)
-
-                def create() -> None:
-                    DeltaTable.createIfNotExists(session).location(location).addColumns(schema).execute()
-
-                try:
-                    create()
-                except Exception:
-                    # a create cut short (a full disk) leaves a log with no readable commit, which Delta
-                    # then takes for a table it cannot find or read: clear that log, never one with a commit
-                    if not clear_torn_create(session, location):
-                        raise
-                    log.warning("rejects table %s: cleared the log a create cut short left, creating it again",
-                                location)
-                    create()
-            self._rejects_readable = True
+            self.ensure_rejects(rejects.sparkSession, rejects.schema)
             return
         done = self._txn_version(self.rejects_uri)
         if done is not None and done >= batch_id:

@@ -80,3 +80,88 @@ def test_an_empty_rejects_table_has_the_schema_a_write_of_rejects_gives_it(spark
 
     assert DeltaTable(empty).version() == 0 and read_table(empty).num_rows == 0
     assert read_table(empty).schema == read_table(written).schema == REJECTS_SCHEMA
+
+
+def test_the_rejects_table_s_columns_are_what_each_kind_of_job_gives_its_rejects(spark, tmp_path):
+    """`REJECTS_DDL`, which the table is created from before a batch's rejects are computed, is the schema
+    both kinds of job give them (an `Upserts` job's `batch_rejects`, a stateful job's `TAIL_DDL` rows), and
+    a table created from it reads as the served rejects schema."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from jobs.lib.contract.runner import batch_rejects, group_batch
+    from jobs.lib.runtime.seedjob import REJECT_COLUMNS, TAIL_DDL
+    from jobs.lib.sink.tables import REJECTS_DDL, nullable
+    from orchestrator.core.tables import read_table
+    from tests.served import REJECTS_SCHEMA
+
+    expected = nullable(StructType.fromDDL(REJECTS_DDL))
+    rows = spark.createDataFrame([(b"m1", b"{", "t", 0, 7, None, "m1", "invalid JSON")],
+                                 "key binary, value binary, topic string, partition int, offset bigint, "
+                                 "timestamp timestamp, member_id string, error string")
+    upserts = batch_rejects(group_batch(rows, ["member_id"], "member_id", "partition")) \
+        .withColumn("batch_id", F.lit(0).cast("long"))
+    stateful = spark.createDataFrame([], TAIL_DDL).select(*REJECT_COLUMNS, F.lit(0).cast("long").alias("batch_id"))
+    assert nullable(upserts.schema) == nullable(stateful.schema) == expected
+
+    tables = DeltaTables(f"{tmp_path}/v1", f"{tmp_path}/v1__rejects", "app", "member_id")
+    tables.ensure_rejects(spark, StructType.fromDDL(REJECTS_DDL))
+    assert tables.rejects_found and read_table(f"{tmp_path}/v1__rejects").schema == REJECTS_SCHEMA
+
+
+class _Batches:
+    """A `MicroBatches` whose prepare is given by the test, over a batch with nothing to write."""
+
+    @staticmethod
+    def make(spark, tmp_path, prepare, rejects_uri: str):
+        from types import SimpleNamespace
+
+        from jobs.lib.sink.batches import MicroBatches, Prepared
+
+        class Probe(MicroBatches):
+            def prepare(self, batch, batch_id):
+                prepare()
+                empty = spark.createDataFrame([], "member_id string")
+                return Prepared(rows_in=0, rejects=empty, n_rejects=0, output=empty, rows_out=0, held=[])
+
+            def write(self, batch_id, output, rows):
+                pass
+
+        args = SimpleNamespace(checkpoint=str(tmp_path / "ck"), extra={})
+        return Probe(args, DeltaTables(f"{tmp_path}/v1", rejects_uri, "app", "member_id"), name="probe")
+
+
+def test_a_first_batch_creates_the_rejects_table_while_it_is_read(spark, tmp_path):
+    """The create (a JVM's first Delta commit, about 2 s) runs beside the batch's read, not after it: the
+    batch's prepare waits for the table to appear, which it could not while the create came after it."""
+    from tests.waiting import wait_until
+
+    rejects = f"{tmp_path}/v1__rejects"
+    seen = []
+
+    def prepare():
+        seen.append(wait_until(lambda: DeltaTable.is_deltatable(rejects), "the rejects table, created beside the "
+                                                                           "read", 60, poll=0.1))
+    batches = _Batches.make(spark, tmp_path, prepare, rejects)
+    batches(spark.createDataFrame([], "key binary"), 0)
+    assert seen == [True] and DeltaTable(rejects).version() == 0
+    assert batches.tables.rejects_found
+    batches(spark.createDataFrame([], "key binary"), 1)   # found: no second create, nothing committed
+    assert DeltaTable(rejects).version() == 0
+
+
+def test_a_create_that_fails_fails_the_batch_and_the_batch_s_own_error_comes_first(spark, tmp_path):
+    """The create's error is raised by the batch (before anything is written); when the read failed too,
+    the read's error is the one raised."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    rejects = f"{blocked}/v1__rejects"     # below a regular file: nothing can be created there
+
+    with pytest.raises(Exception) as failed:
+        _Batches.make(spark, tmp_path, lambda: None, rejects)(spark.createDataFrame([], "key binary"), 0)
+    assert "a-file" in str(failed.value)
+
+    def read_fails():
+        raise RuntimeError("the read failed")
+    with pytest.raises(RuntimeError, match="the read failed"):
+        _Batches.make(spark, tmp_path, read_fails, rejects)(spark.createDataFrame([], "key binary"), 0)
