@@ -273,7 +273,7 @@ class DeltaTables:
         the schema a write gives a new table: every column nullable (a batch's ``batch_id`` literal is not
         null, and the table's schema then depended on whether the first batch had rejects). The first
         batch of a job process calls this on a thread of its own while the batch is read
-        (`jobs.lib.sink.batches.MicroBatches`): the create is a JVM's first Delta commit, 1.9-2.2 s of
+        (`jobs.lib.sink.batches.MicroBatches`): the create is a JVM's first Delta commit, 1.8-2.2 s of
         the backfill's critical path when it came after the read."""
         from delta.tables import DeltaTable
 
