@@ -123,9 +123,6 @@ class MicroBatches:
 
     #: A stateful plan (aggregation, join state) must run even for a batch already written.
     stateful = False
-    #: The rejects table's columns, as `prepare`'s rejects have them (the table is created from this
-    #: before they are computed).
-    rejects_ddl = REJECTS_DDL
 
     def __init__(self, args: Any, tables: DeltaTables, *, name: str,
                  on_batch: Callable[..., None] | None = None, log: logging.Logger | None = None):
@@ -218,7 +215,7 @@ class MicroBatches:
         held: list = []
         rejects_table = None
         if self.tables.rejects_uri is not None and not self.tables.rejects_found:
-            rejects_table = RejectsTable(self.tables, spark, self.rejects_ddl, group, description)
+            rejects_table = RejectsTable(self.tables, spark, REJECTS_DDL, group, description)
         try:
             with progress, self._sized(spark, planned):
                 try:
