@@ -212,6 +212,40 @@ def test_each_value_is_parsed_once_in_the_executed_plan(spark):
     assert sorted(r["member_id"] for r in out.collect()) == ["m1"] and rejects.count() == 1
 
 
+def test_the_first_parse_under_a_context_analyses_each_of_its_selects_once(spark, monkeypatch):
+    """The first call for a job's fields makes the parse's selects and analyses three of them to learn the
+    fields' types; it answers from that frame rather than selecting the three again (each select is an
+    analysis of the whole plan, slow on a fresh JVM: the probe a query's start runs). It made 7 selects
+    before, 4 now; a later call makes 4, and both answer the same."""
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    from jobs.lib.source.json_values import PARSE_CALL, parse_json_values
+    from jobs.lib.source.profiles import _EXACT_DDL, INPUT_COLUMNS, PROFILE_FIELDS, _exact, _key_ok, judge_profile
+
+    source = batch(spark, [(b"m1", profile()), (b"m2", b"{oops"), (b"m3", None), (b"m4", b'{"name": 7}')])
+    records = source.select(*INPUT_COLUMNS)
+    name = object()   # a name no other call used: the first call below builds the steps
+    selects = []
+    select = DataFrame.select
+    monkeypatch.setattr(DataFrame, "select", lambda self, *cols: selects.append(1) or select(self, *cols))
+
+    def parse():
+        selects.clear()
+        out = parse_json_values(records, keep=INPUT_COLUMNS, fields=PROFILE_FIELDS, key_ok=_key_ok,
+                                judge=judge_profile, exact=_exact, exact_ddl=_EXACT_DDL, name=name)
+        return len(selects), out
+
+    first_selects, first = parse()
+    later_selects, later = parse()
+    monkeypatch.undo()
+    assert (first_selects, later_selects) == (4, 4)
+    assert first.schema == later.schema
+    assert sorted(map(tuple, first.collect())) == sorted(map(tuple, later.collect()))
+    assert first._jdf.queryExecution().executedPlan().toString().count(PARSE_CALL) == 1
+    errors = {r["offset"]: r["error"] for r in first.collect()}
+    assert errors[0] is None and errors[2] is None and errors[1].startswith("invalid JSON") and errors[3]
+
+
 def test_the_plan_of_a_later_micro_batch_reuses_the_job_s_expressions(spark, monkeypatch):
     """The job's function runs on every micro-batch; its expressions (the rules' lookup map, a JVM round
     trip per spelling, and the parse's checks) are made for the first and reused after it
