@@ -149,7 +149,8 @@ def machine(root: Path, url_for):
         def finish_rollback(self, crash):
             """Finish the oldest prepared rollback. Always enabled: a precondition on `plans` would make the
             choice of the next rule depend on whether a prepare succeeded, which hangs on real processes and
-            time, so Hypothesis could not replay a failing sequence (FlakyStrategyDefinition)."""
+            time, and Hypothesis fails a run whose examples draw differently after the same choices
+            (FlakyStrategyDefinition)."""
             if not self.plans:
                 note("  finish_rollback: no prepared rollback to finish")
                 return
@@ -256,9 +257,9 @@ def test_control_model_postgresql(tmp_path, artifacts_dir, postgres_url):
 
 def test_the_choice_of_the_next_rule_does_not_hang_on_a_verb_s_outcome(tmp_path):
     """A rule's precondition is evaluated before Hypothesis draws whether the rule is enabled, so one that
-    reads a verb's outcome (which hangs on real processes, databases and time) changes the choice sequence
-    when a failing example is replayed, and the failure is reported as FlakyStrategyDefinition instead of
-    the violation it found (CI, test_control_model_postgresql, finish_rollback's `self.plans`)."""
+    reads a verb's outcome (which hangs on real processes, databases and time) makes two examples with the
+    same earlier choices draw differently, and Hypothesis fails the run with FlakyStrategyDefinition (CI,
+    test_control_model_postgresql, 2026-11-30: finish_rollback's precondition on `self.plans`)."""
     model = machine(tmp_path, lambda d: f"sqlite:///{d / 'registry.db'}")
     rules = model.setup_state().rules
     assert {r.function.__name__ for r in rules} >= {"deploy", "prepare_rollback", "finish_rollback", "race_next"}
