@@ -33,14 +33,18 @@ _SESSION: list = []
 
 
 def local_spark(master: str = "local[1]") -> Any:
-    """A local SparkSession (kappa's connectors and settings), created once per process."""
+    """A local SparkSession (kappa's connectors and settings), created once per process; its scratch
+    folder goes when the process exits (Spark removes only what it made inside)."""
     if not _SESSION:
+        import atexit
+        import shutil
         import tempfile
 
         from jobs.lib.runtime.session import build_session
 
-        _SESSION.append(build_session("kappa-job-tests", master=master,
-                                      local_dir=tempfile.mkdtemp(prefix="kappa-job-tests-")))
+        local_dir = tempfile.mkdtemp(prefix="kappa-job-tests-")
+        atexit.register(shutil.rmtree, local_dir, ignore_errors=True)
+        _SESSION.append(build_session("kappa-job-tests", master=master, local_dir=local_dir))
     return _SESSION[0]
 
 

@@ -92,8 +92,12 @@ def test_kappa_init_then_deploy_promote_new_rules_and_roll_back_to_the_rules_v1_
     project = tmp_path / "team-project"
     run([kappa, "init", str(project)], env=env)
     # the project's own test of its job passes, in a local Spark session with kappa's helpers (jobs.lib.contract.testing)
-    own = run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project, env=env)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    own = run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project,
+              env={**env, "TMPDIR": str(scratch)})
     assert "1 passed" in own.stdout, own.stdout[-3000:]
+    assert not list(scratch.glob("kappa-job-tests-*")), "the local Spark session's scratch folder outlived its process"
     v1_rules = project / "rules" / "titles" / "v1.toml"
     text = v1_rules.read_text(encoding="utf-8")
     assert PM_LINE in text and SWE_LINE in text
