@@ -9,7 +9,11 @@ stream (what it returns decides the sink, and is checked); then, for an `Upserts
 micro-batch, with ``source`` that batch's records, read from Kafka once and kept (persisted), as a
 static DataFrame. So a job may use its source more than once (a fast path and a slow one, unioned)
 without a second read of Kafka; the function only builds a plan, and must be cheap and do the same
-every time::
+every time. A job that reads its values with kappa's `jobs.lib.source.json_values.parse_json_values`
+may be called up to three times for one micro-batch: first with that parse leaving the records the JVM
+cannot vouch for to later (``error`` is ``PENDING`` there), then, when its plan keeps each of those
+records and that ``error`` as they are, on those records alone with the exact parser, or else on the
+batch again with the exact parser over every record (`jobs.lib.contract.runner.group_micro_batch`)::
 
     from pyspark.sql import functions as F
     from jobs.lib.contract.api import JobInput, Upserts

@@ -23,6 +23,7 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,12 +36,14 @@ from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, kafka_
 from jobs.lib.sink.batches import MicroBatches, Prepared
 from jobs.lib.sink.tables import KEY_ORDERS, MAX_CONFLICTS, DeltaTables, key_order_columns
 from jobs.lib.sink.upkeep import Upkeep
+from jobs.lib.source.json_values import PENDING, deferring
 from orchestrator.core.exceptions import ConfigError, ContractError, KappaError
 from orchestrator.core.jobref import KAPPA_OPTIONS
 from orchestrator.core.paths import app_id
 
 __all__ = ["REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
-           "batch_rejects", "batch_latest", "split_batch", "reads_twice", "UpsertBatches",
+           "batch_rejects", "batch_latest", "split_batch", "reads_twice", "pending_records", "combine_groups",
+           "deferral_holds", "Grouped", "group_micro_batch", "UpsertBatches",
            "start_query", "start_job", "main"]
 
 log = logging.getLogger("kappa.job")
@@ -115,9 +118,13 @@ def _group_aggregates(columns: tuple[str, ...], output: list[str], key_order: st
     row = F.struct(*[F.col(c) for c in output], F.col("partition").cast("int").alias(POSITION["partition"]),
                    F.col("offset").cast("long").alias(POSITION["offset"]),
                    F.col("timestamp").alias(POSITION["timestamp"]), deleted.alias(DELETED))
+    # the record as the source gave it, its reason last: a record the parse left to the exact parser
+    # (`PENDING`) goes to the job's function again from here (`group_micro_batch`)
+    kind = [F.col("timestampType").cast("int").alias("timestampType")] if "timestampType" in columns else []
     reject = F.struct(F.col("key").cast("binary").alias("key"), F.col("value").cast("binary").alias("value"),
                       F.col("topic").cast("string").alias("topic"), F.col("partition").cast("int").alias("partition"),
-                      F.col("offset").cast("long").alias("offset"), error.alias(ERROR))
+                      F.col("offset").cast("long").alias("offset"), F.col("timestamp").cast("timestamp").alias("timestamp"),
+                      *kind, error.alias(ERROR))
     partition = F.when(valid, F.col("partition"))
     moved = (F.min(partition) != F.max(partition)) if key_order == "partition" else F.lit(False)
     order = F.struct(*key_order_columns("", key_order, SOURCE_ORDER))
@@ -130,25 +137,109 @@ def _group_aggregates(columns: tuple[str, ...], output: list[str], key_order: st
             [LATEST, MOVED, F.array_repeat(one, times).alias(REJECTS), RECORDS])
 
 
-def batch_counts(g: Any, key: str) -> tuple[int, int, int, list[str]]:
-    """(records, rejects, rows to write, up to `MAX_CONFLICTS` keys seen in two partitions) of a
-    `group_batch` result, in one Spark job."""
+def batch_counts(g: Any, key: str) -> tuple[int, int, int, list[str], int]:
+    """(records, rejects, rows to write, up to `MAX_CONFLICTS` keys seen in two partitions, records left
+    to the exact parser) of a `group_batch` result, in one Spark job."""
     from jobs.lib.runtime.columns import built_once
 
     def counts() -> list[Any]:
         from pyspark.sql import functions as F
 
         return [F.coalesce(F.sum(RECORDS), F.lit(0)), F.coalesce(F.sum(F.size(REJECTS)), F.lit(0)), F.count(LATEST),
-                F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1, MAX_CONFLICTS)]
+                F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1, MAX_CONFLICTS),
+                F.coalesce(F.sum(F.when(_pending(), F.size(REJECTS))), F.lit(0))]
     r = g.agg(*built_once(("batch_counts", key), counts)).first()
-    return int(r[0]), int(r[1]), int(r[2]), list(r[3] or [])
+    return int(r[0]), int(r[1]), int(r[2]), list(r[3] or []), int(r[4])
+
+
+def _pending() -> Any:
+    """True for a `group_batch` group of a record the parse left to the exact parser (`deferring`)."""
+    from pyspark.sql import functions as F
+
+    return F.exists(REJECTS, lambda r: r[ERROR] == F.lit(PENDING))
+
+
+def pending_records(g: Any, columns: list[str]) -> Any:
+    """The records a `group_batch` result holds as `PENDING`, as the source gave them (`columns`, the
+    micro-batch's; a ``timestampType`` the job's rows did not keep is null)."""
+    from pyspark.sql import functions as F
+
+    r = g.where(_pending()).select(F.explode(REJECTS).alias("r"))
+    fields = set(r.schema["r"].dataType.fieldNames())
+    return r.select(*[F.col(f"r.{c}").alias(c) if c in fields else F.lit(None).cast("int").alias(c) for c in columns])
+
+
+def combine_groups(g: Any, more: Any, key: str, key_order: str) -> Any:
+    """Two `group_batch` results over records of one micro-batch, no record in both -> the result over all
+    of them: a key's latest row is the later of its two by the key order, its valid rows moved when
+    either part's did or their latest rows are in different partitions (each part's valid rows are in
+    its latest row's partition otherwise), the records summed; the rejects are groups of their own."""
+    from pyspark.sql import functions as F
+
+    latest = F.col(LATEST)
+    order = F.struct(*key_order_columns(f"{LATEST}.", key_order,
+                                        (POSITION["timestamp"], POSITION["partition"], POSITION["offset"])))
+    moved = F.bool_or(MOVED)
+    if key_order == "partition":
+        part = latest[POSITION["partition"]]
+        moved = moved | F.coalesce(F.min(part) != F.max(part), F.lit(False))
+    return (g.select(key, LATEST, MOVED, REJECTS, RECORDS).unionByName(more.select(key, LATEST, MOVED, REJECTS, RECORDS))
+            .groupBy(key, REJECTS)
+            .agg(F.max_by(latest, F.when(latest.isNotNull(), order)).alias(LATEST), moved.alias(MOVED),
+                 F.sum(RECORDS).cast("long").alias(RECORDS))
+            .select(key, LATEST, MOVED, REJECTS, RECORDS))
+
+
+def deferral_holds(rows: Any, batch: Any, errors: list[int]) -> bool:
+    """Whether a job's rows keep every record its one parse left to the exact parser, as `PENDING`: the
+    rows' ``error`` is that parse's column (the same expression id), and between the parse and the rows
+    there are only projections (no filter, join, union or aggregate that could drop, merge or repeat a
+    record). A ``timestampType`` the rows do not keep must be one the job never reads (the runner gives
+    the job's function those records again without it)."""
+    if len(errors) != 1:
+        return False
+    plan = rows._jdf.queryExecution().analyzed()
+    if _output_id(plan, ERROR) != errors[0]:
+        return False
+    node = plan
+    while True:
+        kind = node.nodeName()
+        if kind == "Project" and _produces(node, errors[0]):
+            break
+        if kind not in ("Project", "SubqueryAlias") or node.children().size() != 1:
+            return False
+        node = node.children().apply(0)
+    if "timestampType" in rows.columns or "timestampType" not in batch.columns:
+        return True
+    kind_id = _output_id(batch._jdf.queryExecution().analyzed(), "timestampType")
+    return not _references(plan, kind_id)
+
+
+def _output_id(plan: Any, name: str) -> int | None:
+    out = plan.output()
+    return next((out.apply(i).exprId().id() for i in range(out.size()) if out.apply(i).name() == name), None)
+
+
+def _produces(project: Any, expr_id: int) -> bool:
+    """Whether `project` makes the column `expr_id` (an alias), rather than passing it through."""
+    exprs = project.projectList()
+    return any(exprs.apply(i).getClass().getSimpleName() == "Alias" and exprs.apply(i).exprId().id() == expr_id
+               for i in range(exprs.size()))
+
+
+def _references(plan: Any, expr_id: int) -> bool:
+    refs = plan.references().toSeq()
+    if any(refs.apply(i).exprId().id() == expr_id for i in range(refs.size())):
+        return True
+    kids = plan.children()
+    return any(_references(kids.apply(i), expr_id) for i in range(kids.size()))
 
 
 def batch_rejects(g: Any) -> Any:
     """The rejects of a `group_batch` result, in the rejects table's columns but the batch id."""
     from pyspark.sql import functions as F
 
-    return g.select(F.explode(REJECTS).alias("r")).select("r.*")
+    return g.select(F.explode(REJECTS).alias("r")).select(*[f"r.{c}" for c in REJECT_COLUMNS if c != "batch_id"])
 
 
 def batch_latest(g: Any, key: str, then: Callable | None) -> Any:
@@ -176,6 +267,52 @@ def reads_twice(rows: Any) -> bool:
     return rows._jdf.queryExecution().analyzed().toString().count("LogicalRDD") > 1
 
 
+@dataclass
+class Grouped:
+    """A micro-batch through an `Upserts` job's function and `group_batch` (`group_micro_batch`)."""
+
+    groups: Any            # the `group_batch` result, persisted
+    counts: tuple          # `batch_counts` of it
+    held: list             # what was persisted for it, to unpersist after the batch
+    then: Callable | None  # the job's step on the latest rows
+    deferred: int | None   # records the parse left to the exact parser (None: the job's plan ran it itself)
+
+
+def group_micro_batch(batch: Any, job_of: Callable[[Any], Upserts], output: list[str], key: str, key_order: str,
+                      *, batch_id: int | None = None) -> Grouped:
+    """One micro-batch -> its `group_batch` result, persisted, with the exact parser run over only the records
+    the JVM could not vouch for: the job's function is called on the batch under `deferring`, those records
+    ride the aggregation as `PENDING` rejects, then it is called again on them alone (its parse now exact),
+    and their groups replace the pending ones (`combine_groups`). When the job's plan might lose or change a
+    pending record (`deferral_holds`), the function is called again on the batch at once, the exact parser in
+    its plan for every record (nothing was read yet). The batch is persisted only when the job's plan reads
+    it twice (`reads_twice`), so that Kafka is read once."""
+    from pyspark import StorageLevel
+
+    with deferring() as parses:
+        job = job_of(batch)
+    deferred = bool(parses) and deferral_holds(job.rows, batch, parses)
+    if parses and not deferred:
+        job = job_of(batch)
+    held = []
+    if reads_twice(job.rows):
+        held.append(batch.persist(StorageLevel.MEMORY_AND_DISK))
+    g = group_batch(job.rows, output, key, key_order).persist(StorageLevel.MEMORY_AND_DISK)
+    held.append(g)
+    counts = batch_counts(g, key)
+    pending = counts[4]
+    if pending:
+        exact = job_of(pending_records(g, batch.columns))
+        g = combine_groups(g.where(~_pending()), group_batch(exact.rows, output, key, key_order), key, key_order)
+        held.append(g.persist(StorageLevel.MEMORY_AND_DISK))
+        counts = batch_counts(g, key)
+        if counts[4]:
+            where = "" if batch_id is None else f" of micro-batch {batch_id}"
+            raise ContractError(f"{counts[4]} records{where} kept the error {PENDING!r} after the exact parser read "
+                                f"them: a job's function must not give that error itself")
+    return Grouped(groups=g, counts=counts, held=held, then=job.then, deferred=pending if deferred else None)
+
+
 class UpsertBatches(MicroBatches):
     """The foreachBatch function of an `Upserts` job: one aggregation per batch gives the latest row
     per key (the key order), the rejects and the counts (`group_batch`); the rejects go to the rejects
@@ -193,20 +330,16 @@ class UpsertBatches(MicroBatches):
 
     def prepare(self, batch: Any, batch_id: int) -> Prepared:
         """The job's plan over the micro-batch, grouped by key once and kept (persisted): small, one row
-        per key and per reject. The batch itself is kept only when the job's plan reads it twice, so that Kafka is read once."""
-        from pyspark import StorageLevel
+        per key and per reject (`group_micro_batch`: the exact parser over only what the JVM left it)."""
         from pyspark.sql import functions as F
 
-        job = self.job_of(batch)
-        held = []
-        if reads_twice(job.rows):
-            held.append(batch.persist(StorageLevel.MEMORY_AND_DISK))
-        key = self.tables.key
-        g = group_batch(job.rows, self.output, key, self.tables.key_order).persist(StorageLevel.MEMORY_AND_DISK)
-        held.append(g)
-        rows_in, n_rejects, rows_out, conflicts = batch_counts(g, key)
-        return Prepared(rows_in=rows_in, n_rejects=n_rejects, rows_out=rows_out, output=batch_latest(g, key, job.then),
-                        rejects=batch_rejects(g).withColumn("batch_id", F.lit(batch_id).cast("long")), held=held,
+        grouped = group_micro_batch(batch, self.job_of, self.output, self.tables.key, self.tables.key_order,
+                                    batch_id=batch_id)
+        g = grouped.groups
+        rows_in, n_rejects, rows_out, conflicts, _ = grouped.counts
+        return Prepared(rows_in=rows_in, n_rejects=n_rejects, rows_out=rows_out,
+                        output=batch_latest(g, self.tables.key, grouped.then),
+                        rejects=batch_rejects(g).withColumn("batch_id", F.lit(batch_id).cast("long")), held=grouped.held,
                         conflicts=conflicts)
 
     def check(self, batch_id: int, prepared: Prepared) -> None:

@@ -21,6 +21,13 @@ every record but gets the key and value of those it must parse and nulls for the
 batches it reads are small and its loop skips the rest. The executed plan calls the parse once
 (`PARSE_CALL`; a test counts it).
 
+Under kappa's runner of an `Upserts` job (`deferring`), the UDF is left out: a record the JVM cannot
+vouch for gets null fields and ``error`` `PENDING`, rides the batch's one aggregation as a reject of its
+own, and the runner gives only those records to the job's function once more, outside `deferring`,
+where the exact parser reads them (`jobs.lib.contract.runner.group_micro_batch`). So no record passes
+through Spark's Python runner unless it must: with the UDF in the plan, every record did (ArrowEvalPython
+buffers each row while its batch goes to Python), about 4 of 25 executor CPU-s of `kappa bench reprocess`.
+
 The design it replaced read each value into a Spark variant (``try_parse_json``) and the fields back
 with ``schema_of_variant`` and ``try_variant_get``, behind a UTF-8 and a brace screen: 17.7 executor
 CPU-s for 2M profiles where this reading takes 4.7, and ``from_json`` 10.1 (`kappa bench parse`, one run).
@@ -29,12 +36,30 @@ CPU-s for 2M profiles where this reading takes 4.7, and ``from_json`` 10.1 (`kap
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Hashable, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
-__all__ = ["parse_json_values", "Fields", "PARSE_CALL"]
+__all__ = ["parse_json_values", "Fields", "PARSE_CALL", "PENDING", "deferring"]
 
 #: How the parse appears in an executed plan (the tests count it: once per record).
 PARSE_CALL = "kappa_json_fields("
+#: The ``error`` of a record left to the exact parser under `deferring` (never a reject's reason).
+PENDING = "kappa: left to the exact parser"
+_DEFERRED: ContextVar[list | None] = ContextVar("kappa_json_values_deferred", default=None)
+
+
+@contextmanager
+def deferring() -> Iterator[list[int]]:
+    """Within: `parse_json_values` leaves the records the JVM cannot vouch for to the caller (null fields,
+    ``error`` `PENDING`) instead of parsing them in an Arrow UDF over every record. Yields the list to which
+    each parse made within appends the id of its ``error`` column (Spark's expression id), by which the
+    caller finds it in the job's plan."""
+    token = _DEFERRED.set([])
+    try:
+        yield _DEFERRED.get()
+    finally:
+        _DEFERRED.reset(token)
 
 
 class Fields:
@@ -96,27 +121,39 @@ def parse_json_values(records: Any, *, keep: Sequence[str], fields: Sequence[str
     register(records.sparkSession)
     need = list(dict.fromkeys([*keep, "key", "value"]))
     made: list[tuple[list[list[Any]], Any]] = []   # what `_steps` made for this call, if it ran
+    deferred = _DEFERRED.get()
 
     def build() -> list[list[Any]]:
-        made.append(_steps(records, need, keep, fields, key_ok, judge, exact, exact_ddl))
+        made.append(_steps(records, need, keep, fields, key_ok, judge, exact, exact_ddl, defer=deferred is not None))
         return made[0][0]
 
-    steps = built_once(("json_values", name, tuple(keep), tuple(fields), tuple(records.columns)), build)
+    steps = built_once(("json_values", name, tuple(keep), tuple(fields), tuple(records.columns), deferred is not None),
+                       build)
     if made:
         # Built just now over these records: the first three selects are `judged`, analysed already. Each
         # select is an analysis of the whole plan, slow on a fresh JVM (a query's first call: its probe).
         own, judged = made[0]
-        return judged.select(*own[-1])
-    for columns in steps:
-        records = records.select(*columns)
+        records = judged.select(*own[-1])
+    else:
+        for columns in steps:
+            records = records.select(*columns)
+    if deferred is not None:
+        deferred.append(_column_id(records, "error"))
     return records
+
+
+def _column_id(df: Any, name: str) -> int:
+    """Spark's expression id of `df`'s output column `name` (its analysed plan's)."""
+    out = df._jdf.queryExecution().analyzed().output()
+    return next(out.apply(i).exprId().id() for i in range(out.size()) if out.apply(i).name() == name)
 
 
 def _steps(records: Any, need: list[str], keep: Sequence[str], fields: Sequence[str], key_ok: Callable[[], Any],
            judge: Callable[[Fields], tuple[Any, dict]], exact: Callable[[bytes | None, bytes | None], dict],
-           exact_ddl: str) -> tuple[list[list[Any]], Any]:
+           exact_ddl: str, defer: bool = False) -> tuple[list[list[Any]], Any]:
     """`parse_json_values`' selects, in order (the parse, the verdict, its fields, the answer), and `records`
-    with the first three of them."""
+    with the first three of them. With `defer`, the answer leaves what `exact` would read to the caller
+    (`PENDING`)."""
     from pyspark.sql import functions as F
     from pyspark.sql.functions import arrow_udf
 
@@ -130,6 +167,9 @@ def _steps(records: Any, need: list[str], keep: Sequence[str], fields: Sequence[
     second, third = [*need, verdict.alias("__j")], [*need, "__j.*"]
     judged = records.select(*first).select(*second).select(*third)
     py = ~F.col("ok")
+    if defer:
+        last = [*keep, *[F.when(~py, F.col(f"v.{n}")).alias(n) for n in typed], F.when(py, F.lit(PENDING)).alias("error")]
+        return [first, second, third, last], judged
     exact_udf = arrow_udf(_exact_rows(exact), "string")
     slow = F.from_json(exact_udf(py, F.when(py, F.col("key")), F.when(py, value)), exact_ddl)
     types = {f.name: f.dataType for f in judged.schema["v"].dataType.fields}

@@ -1,5 +1,5 @@
 """The standardize job in Spark (its contract function `jobs.standardize.transform`, then kappa's
-per-batch step `jobs.lib.contract.runner.split_batch`, `jobs.lib.source.profiles.parse_records`) on hand-made micro-batches: latest record per key, tombstones, every kind of reject with the exact
+per-batch step `jobs.lib.contract.runner.group_micro_batch` or `split_batch`, `jobs.lib.source.profiles.parse_records`) on hand-made micro-batches: latest record per key, tombstones, every kind of reject with the exact
 reason, and values the JVM path cannot vouch for decided like the tests' oracle (tests/oracle)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from jobs.lib.contract.api import JobInput
-from jobs.lib.contract.runner import output_columns, split_batch
+from jobs.lib.contract.runner import (batch_counts, batch_latest, batch_rejects, group_batch, group_micro_batch,
+                                     output_columns, split_batch)
 from jobs.lib.rules.files import load_rules, rules_path
 from jobs.lib.source.profiles import OUTPUT_SCHEMA, parse_records
 from jobs.standardize import transform
@@ -36,14 +37,27 @@ def batch(spark, records, partition: int = 0, first_offset: int = 0):
          for i, (k, v) in enumerate(records)], SOURCE_DDL)
 
 
+def job_of(spark, transform=transform):
+    """The job's function over a micro-batch, as kappa's runner calls it."""
+    def call(source):
+        return transform(JobInput(spark=spark, source=source, read=lambda topics=None: source, options={}, rules=V2,
+                                  key=("member_id",), topics=("member_profiles",), pipeline="standardize", version=1))
+    return call
+
+
 def run(spark, records, **kw):
+    """(latest rows by key, rejects by offset, records) of one micro-batch through kappa's runner's step
+    (`group_micro_batch`: the exact parser over only the records the JVM leaves it)."""
     source = batch(spark, records, **kw)
-    job = JobInput(spark=spark, source=source, read=lambda topics=None: source, options={}, rules=V2,
-                   key=("member_id",), topics=("member_profiles",), pipeline="standardize", version=1)
-    result = transform(job)
-    rejects, out = split_batch(result.rows, output_columns(result.rows), "member_id", "partition", result.then)
-    return ({r["member_id"]: r.asDict() for r in out.collect()},
-            {r["offset"]: r.asDict() for r in rejects.collect()}, result.rows.count())
+    call = job_of(spark)
+    grouped = group_micro_batch(source, call, output_columns(call(source).rows), "member_id", "partition")
+    try:
+        out, rejects = batch_latest(grouped.groups, "member_id", grouped.then), batch_rejects(grouped.groups)
+        return ({r["member_id"]: r.asDict() for r in out.collect()},
+                {r["offset"]: r.asDict() for r in rejects.collect()}, grouped.counts[0])
+    finally:
+        for df in grouped.held:
+            df.unpersist()
 
 
 def test_latest_offset_per_key_wins_tombstones_delete_rules_apply(spark):
@@ -328,4 +342,97 @@ def test_the_batch_s_aggregation_builds_no_list_and_keeps_every_reject(spark):
         (5, "no key")]
     assert sorted((r["member_id"], r["title"], r["_deleted"]) for r in out.collect()) == [
         ("m1", "b", False), ("m3", None, True)]
-    assert batch_counts(g, "member_id") == (7, 4, 2, [])
+    assert batch_counts(g, "member_id") == (7, 4, 2, [], 0)   # nothing left pending: no parse was deferred
+
+
+def _mutated(rng, n: int, keys: int, partitions: int) -> list[tuple]:
+    """(key, value, partition) of generated records, some with bytes spliced in or cut (`SPLICES`)."""
+    out = []
+    for rec in generate_changelog(n, keys, seed=rng.randrange(1 << 30), malformed_share=0.1):
+        v = rec.value
+        if v is not None and rng.random() < 0.3:
+            i, op = rng.randrange(len(v) + 1), rng.random()
+            v = (v[:i] + rng.choice(SPLICES) + v[i:] if op < 0.5 else v[:i] + v[i + rng.randrange(1, 5):] if op < 0.8
+                 else v[:i])
+        out.append((rec.key if rng.random() > 0.01 else None, v, rng.randrange(partitions)))
+    return out
+
+
+def _kafka_batch(spark, records: list[tuple]):
+    """The records as Spark's Kafka source gives a micro-batch, ``timestampType`` included."""
+    nxt, rows = {}, []
+    for i, (k, v, p) in enumerate(records):
+        nxt[p] = nxt.get(p, -1) + 1
+        rows.append((k, v, "member_profiles", p, nxt[p], T0 + timedelta(milliseconds=i // 3), 0))
+    return spark.createDataFrame(rows, SOURCE_DDL + ", timestampType int")
+
+
+def _results(g, then) -> tuple:
+    rows_in, n_rejects, rows_out, conflicts, pending = batch_counts(g, "member_id")
+    latest = sorted(tuple(r) for r in batch_latest(g, "member_id", then).collect())
+    rejects = sorted((r["partition"], r["offset"], r["error"], r["key"], r["value"]) for r in batch_rejects(g).collect())
+    return (rows_in, n_rejects, rows_out, pending, len(conflicts), latest, rejects,
+            set(conflicts) if len(conflicts) < 5 else None)
+
+
+@pytest.mark.parametrize("key_order", ["partition", "timestamp"])
+def test_the_runner_s_step_gives_the_exact_parser_only_what_the_jvm_left_it_and_answers_as_the_exact_plan(
+        spark, rng, key_order):
+    """`group_micro_batch` leaves the Arrow UDF out of the batch's pass (no record goes through Spark's
+    Python runner there), lets the records the JVM cannot vouch for ride the aggregation as `PENDING`, and
+    parses only those again: its latest rows, rejects (reasons, raw bytes), counts and keys seen in two
+    partitions equal those of the plan with the exact parser over every record (`split_batch`'s), on
+    mutated records over three partitions, where a key's latest row may come from either pass."""
+    from jobs.lib.source.json_values import deferring
+
+    source = _kafka_batch(spark, _mutated(rng, 1500, 120, 3))
+    call = job_of(spark)
+    with deferring():
+        deferred_rows = call(source).rows
+    assert "ArrowEvalPython" not in deferred_rows._jdf.queryExecution().executedPlan().toString()
+    exact = call(source)
+    assert "ArrowEvalPython" in exact.rows._jdf.queryExecution().executedPlan().toString()   # what it leaves out
+    output = output_columns(exact.rows)
+    want = _results(group_batch(exact.rows, output, "member_id", key_order), exact.then)
+    grouped = group_micro_batch(source, call, output, "member_id", key_order)
+    try:
+        got = _results(grouped.groups, grouped.then)
+    finally:
+        for df in grouped.held:
+            df.unpersist()
+    assert grouped.deferred and grouped.deferred > 50       # records went the second way
+    assert got[3] == want[3] == 0                           # none left pending
+    assert got == want
+    assert want[1] > 100 and want[2] > 50                   # rejects and rows both
+    assert (want[4] > 0) == (key_order == "partition")      # keys in two partitions, refused under that order
+
+
+def test_a_job_whose_plan_may_drop_or_change_a_pending_record_gets_the_exact_parser_in_its_plan(spark, rng):
+    """The runner leaves the exact parser out only when every record the parse left reaches the
+    aggregation as it left it (`deferral_holds`): a job that filters its rows, or words ``error`` itself,
+    is planned again with the exact parser over every record, and its answers are those of that plan."""
+    from pyspark.sql import functions as F
+
+    def filtering(job):
+        u = transform(job)
+        return type(u)(u.rows.where(F.col("name").isNull() | (F.col("name") != "nobody")), then=u.then)
+
+    def rewording(job):
+        u = transform(job)
+        return type(u)(u.rows.withColumn("error", F.concat(F.lit("bad: "), F.col("error"))), then=u.then)
+
+    source = _kafka_batch(spark, _mutated(rng, 400, 60, 1))
+    for fn in (filtering, rewording, transform):
+        call = job_of(spark, fn)
+        exact = call(source)
+        output = output_columns(exact.rows)
+        want = _results(group_batch(exact.rows, output, "member_id", "partition"), exact.then)
+        grouped = group_micro_batch(source, call, output, "member_id", "partition")
+        try:
+            got = _results(grouped.groups, grouped.then)
+        finally:
+            for df in grouped.held:
+                df.unpersist()
+        assert (grouped.deferred is None) == (fn is not transform), fn.__name__
+        assert got == want, fn.__name__
+        assert want[1] > 20, fn.__name__
