@@ -43,7 +43,7 @@ from orchestrator.core.paths import app_id
 
 __all__ = ["REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
            "batch_rejects", "batch_latest", "split_batch", "reads_twice", "pending_records", "combine_groups",
-           "deferral_holds", "Grouped", "group_micro_batch", "UpsertBatches",
+           "merge_groups", "deferral_holds", "Grouped", "group_micro_batch", "UpsertBatches",
            "start_query", "start_job", "main"]
 
 log = logging.getLogger("kappa.job")
@@ -190,6 +190,22 @@ def combine_groups(g: Any, more: Any, key: str, key_order: str) -> Any:
             .select(key, LATEST, MOVED, REJECTS, RECORDS))
 
 
+#: Up to this many pending records, their keys are broadcast to split the batch's groups (`merge_groups`).
+BROADCAST_PENDING = 200_000
+
+
+def merge_groups(g: Any, more: Any, key: str, key_order: str, *, broadcast: bool = True) -> Any:
+    """`combine_groups` of `g` (a micro-batch's groups, many) and `more` (those of a few of its records),
+    where only the groups of `more`'s keys are aggregated again: the rest of `g` passes as it is, without a
+    shuffle (the keys of `more` are broadcast when `broadcast`)."""
+    from pyspark.sql import functions as F
+
+    keys = more.select(key).where(F.col(key).isNotNull()).distinct()
+    keys = F.broadcast(keys) if broadcast else keys
+    return (g.join(keys, key, "left_anti")
+            .unionByName(combine_groups(g.join(keys, key, "left_semi"), more, key, key_order)))
+
+
 def deferral_holds(rows: Any, batch: Any, errors: list[int]) -> bool:
     """Whether a job's rows keep every record its one parse left to the exact parser, as `PENDING`: the
     rows' ``error`` is that parse's column (the same expression id), and between the parse and the rows
@@ -283,7 +299,7 @@ def group_micro_batch(batch: Any, job_of: Callable[[Any], Upserts], output: list
     """One micro-batch -> its `group_batch` result, persisted, with the exact parser run over only the records
     the JVM could not vouch for: the job's function is called on the batch under `deferring`, those records
     ride the aggregation as `PENDING` rejects, then it is called again on them alone (its parse now exact),
-    and their groups replace the pending ones (`combine_groups`). When the job's plan might lose or change a
+    and their groups replace the pending ones (`merge_groups`). When the job's plan might lose or change a
     pending record (`deferral_holds`), the function is called again on the batch at once, the exact parser in
     its plan for every record (nothing was read yet). The batch is persisted only when the job's plan reads
     it twice (`reads_twice`), so that Kafka is read once."""
@@ -303,8 +319,9 @@ def group_micro_batch(batch: Any, job_of: Callable[[Any], Upserts], output: list
     pending = counts[4]
     if pending:
         exact = job_of(pending_records(g, batch.columns))
-        g = combine_groups(g.where(~_pending()), group_batch(exact.rows, output, key, key_order), key, key_order)
-        held.append(g.persist(StorageLevel.MEMORY_AND_DISK))
+        more = group_batch(exact.rows, output, key, key_order).persist(StorageLevel.MEMORY_AND_DISK)
+        held.append(more)
+        g = merge_groups(g.where(~_pending()), more, key, key_order, broadcast=pending <= BROADCAST_PENDING)
         counts = batch_counts(g, key)
         if counts[4]:
             where = "" if batch_id is None else f" of micro-batch {batch_id}"

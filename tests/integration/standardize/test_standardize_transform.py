@@ -375,15 +375,20 @@ def _results(g, then) -> tuple:
             set(conflicts) if len(conflicts) < 5 else None)
 
 
-@pytest.mark.parametrize("key_order", ["partition", "timestamp"])
+@pytest.mark.parametrize("key_order,broadcast", [("partition", True), ("timestamp", True), ("partition", False)])
 def test_the_runner_s_step_gives_the_exact_parser_only_what_the_jvm_left_it_and_answers_as_the_exact_plan(
-        spark, rng, key_order):
+        spark, rng, monkeypatch, key_order, broadcast):
     """`group_micro_batch` leaves the Arrow UDF out of the batch's pass (no record goes through Spark's
     Python runner there), lets the records the JVM cannot vouch for ride the aggregation as `PENDING`, and
     parses only those again: its latest rows, rejects (reasons, raw bytes), counts and keys seen in two
     partitions equal those of the plan with the exact parser over every record (`split_batch`'s), on
-    mutated records over three partitions, where a key's latest row may come from either pass."""
+    mutated records over three partitions, where a key's latest row may come from either pass; the pending
+    keys broadcast to split the groups, or joined without the hint (past `BROADCAST_PENDING`)."""
+    from jobs.lib.contract import runner
     from jobs.lib.source.json_values import deferring
+
+    if not broadcast:
+        monkeypatch.setattr(runner, "BROADCAST_PENDING", 0)
 
     source = _kafka_batch(spark, _mutated(rng, 1500, 120, 3))
     call = job_of(spark)
