@@ -42,8 +42,8 @@ from orchestrator.core.jobref import KAPPA_OPTIONS
 from orchestrator.core.paths import app_id
 
 __all__ = ["REJECT_COLUMNS", "kappa_options", "output_columns", "group_batch", "batch_counts",
-           "batch_rejects", "batch_latest", "split_batch", "reads_twice", "pending_records", "combine_groups",
-           "merge_groups", "deferral_holds", "Grouped", "group_micro_batch", "UpsertBatches",
+           "batch_rejects", "batch_latest", "split_batch", "reads_twice", "pending_records", "combine_latest",
+           "merge_pending", "deferral_holds", "Grouped", "group_micro_batch", "UpsertBatches",
            "start_query", "start_job", "main"]
 
 log = logging.getLogger("kappa.job")
@@ -169,11 +169,12 @@ def pending_records(g: Any, columns: list[str]) -> Any:
     return r.select(*[F.col(f"r.{c}").alias(c) if c in fields else F.lit(None).cast("int").alias(c) for c in columns])
 
 
-def combine_groups(g: Any, more: Any, key: str, key_order: str) -> Any:
-    """Two `group_batch` results over records of one micro-batch, no record in both -> the result over all
-    of them: a key's latest row is the later of its two by the key order, its valid rows moved when
-    either part's did or their latest rows are in different partitions (each part's valid rows are in
-    its latest row's partition otherwise), the records summed; the rejects are groups of their own."""
+def combine_latest(g: Any, more: Any, key: str, key_order: str) -> Any:
+    """The valid groups (those with a latest row) of two `group_batch` results over records of one
+    micro-batch, no record in both -> one per key over both: its latest row the later of its two by the key
+    order, its valid rows moved when either part's did or their latest rows are in different partitions
+    (each part's valid rows are in its latest row's partition otherwise), its records summed, and `BEFORE`
+    (whether `g` had one for the key)."""
     from pyspark.sql import functions as F
 
     latest = F.col(LATEST)
@@ -183,27 +184,44 @@ def combine_groups(g: Any, more: Any, key: str, key_order: str) -> Any:
     if key_order == "partition":
         part = latest[POSITION["partition"]]
         moved = moved | F.coalesce(F.min(part) != F.max(part), F.lit(False))
-    return (g.select(key, LATEST, MOVED, REJECTS, RECORDS).unionByName(more.select(key, LATEST, MOVED, REJECTS, RECORDS))
-            .groupBy(key, REJECTS)
-            .agg(F.max_by(latest, F.when(latest.isNotNull(), order)).alias(LATEST), moved.alias(MOVED),
-                 F.sum(RECORDS).cast("long").alias(RECORDS))
-            .select(key, LATEST, MOVED, REJECTS, RECORDS))
+    cols = [key, LATEST, MOVED, REJECTS, RECORDS]
+    both = (g.where(latest.isNotNull()).select(*cols, F.lit(True).alias(BEFORE))
+            .unionByName(more.where(latest.isNotNull()).select(*cols, F.lit(False).alias(BEFORE))))
+    return (both.groupBy(key)
+            .agg(F.max_by(latest, order).alias(LATEST), moved.alias(MOVED), F.first(REJECTS).alias(REJECTS),
+                 F.sum(RECORDS).cast("long").alias(RECORDS), F.bool_or(BEFORE).alias(BEFORE))
+            .select(*cols, BEFORE))
 
 
-#: Up to this many pending records, their keys are broadcast to split the batch's groups (`merge_groups`).
+#: Whether a key had a latest row before the pending records' (`combine_latest`).
+BEFORE = "__before"
+#: Up to this many pending records, their keys are broadcast to split the batch's groups (`merge_pending`).
 BROADCAST_PENDING = 200_000
 
 
-def merge_groups(g: Any, more: Any, key: str, key_order: str, *, broadcast: bool = True) -> Any:
-    """`combine_groups` of `g` (a micro-batch's groups, many) and `more` (those of a few of its records),
-    where only the groups of `more`'s keys are aggregated again: the rest of `g` passes as it is, without a
-    shuffle (the keys of `more` are broadcast when `broadcast`)."""
+def merge_pending(g: Any, counts: tuple, more: Any, key: str, key_order: str, *,
+                  broadcast: bool = True) -> tuple[Any, Any, tuple, Any]:
+    """A micro-batch's groups `g` (many; `counts`, its `batch_counts`) with their pending ones, and the
+    groups `more` of those records read exactly -> (the groups to take the latest rows from, those to take
+    the rejects from, the counts of both, the combined groups to keep). Only the keys of `more`'s latest
+    rows are aggregated again (`combine_latest`, a semi join on them, broadcast when `broadcast`); the rest
+    of `g` passes as it is, without a shuffle, and the rejects need no join: no record is in both."""
     from pyspark.sql import functions as F
 
-    keys = more.select(key).where(F.col(key).isNotNull()).distinct()
+    rest = g.where(~_pending())
+    keys = more.where(F.col(LATEST).isNotNull()).select(F.col(key).alias("__key")).distinct()
     keys = F.broadcast(keys) if broadcast else keys
-    return (g.join(keys, key, "left_anti")
-            .unionByName(combine_groups(g.join(keys, key, "left_semi"), more, key, key_order)))
+    on = F.col(key).eqNullSafe(F.col("__key"))   # a job's key may be null: group_batch groups it so
+    touched = combine_latest(rest.join(keys, on, "left_semi"), more, key, key_order)
+    cols = [key, LATEST, MOVED, REJECTS, RECORDS]
+    more_in, more_rejects, _, more_conflicts, more_pending = batch_counts(more, key)
+    r = touched.agg(F.count(F.lit(1)), F.count_if(F.col(BEFORE)),
+                    F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1, MAX_CONFLICTS)).first()
+    rows_in, rejects, rows_out, conflicts, pending = counts
+    merged = (rows_in - pending + more_in, rejects - pending + more_rejects, rows_out - int(r[1]) + int(r[0]),
+              list(dict.fromkeys([*conflicts, *more_conflicts, *(r[2] or [])]))[:MAX_CONFLICTS], more_pending)
+    return (rest.join(keys, on, "left_anti").select(*cols).unionByName(touched.select(*cols)),
+            rest.select(*cols).unionByName(more.select(*cols)), merged, touched)
 
 
 def deferral_holds(rows: Any, batch: Any, errors: list[int]) -> bool:
@@ -287,7 +305,8 @@ def reads_twice(rows: Any) -> bool:
 class Grouped:
     """A micro-batch through an `Upserts` job's function and `group_batch` (`group_micro_batch`)."""
 
-    groups: Any            # the `group_batch` result, persisted
+    latest: Any            # `group_batch` groups to take the latest rows from (`batch_latest`)
+    rejects: Any           # those to take the rejects from (`batch_rejects`): the same unless records were pending
     counts: tuple          # `batch_counts` of it
     held: list             # what was persisted for it, to unpersist after the batch
     then: Callable | None  # the job's step on the latest rows
@@ -299,7 +318,7 @@ def group_micro_batch(batch: Any, job_of: Callable[[Any], Upserts], output: list
     """One micro-batch -> its `group_batch` result, persisted, with the exact parser run over only the records
     the JVM could not vouch for: the job's function is called on the batch under `deferring`, those records
     ride the aggregation as `PENDING` rejects, then it is called again on them alone (its parse now exact),
-    and their groups replace the pending ones (`merge_groups`). When the job's plan might lose or change a
+    and their groups replace the pending ones (`merge_pending`). When the job's plan might lose or change a
     pending record (`deferral_holds`), the function is called again on the batch at once, the exact parser in
     its plan for every record (nothing was read yet). The batch is persisted only when the job's plan reads
     it twice (`reads_twice`), so that Kafka is read once."""
@@ -317,17 +336,20 @@ def group_micro_batch(batch: Any, job_of: Callable[[Any], Upserts], output: list
     held.append(g)
     counts = batch_counts(g, key)
     pending = counts[4]
+    latest = rejects = g
     if pending:
         exact = job_of(pending_records(g, batch.columns))
         more = group_batch(exact.rows, output, key, key_order).persist(StorageLevel.MEMORY_AND_DISK)
         held.append(more)
-        g = merge_groups(g.where(~_pending()), more, key, key_order, broadcast=pending <= BROADCAST_PENDING)
-        counts = batch_counts(g, key)
+        latest, rejects, counts, touched = merge_pending(g, counts, more, key, key_order,
+                                                         broadcast=pending <= BROADCAST_PENDING)
+        held.append(touched.persist(StorageLevel.MEMORY_AND_DISK))
         if counts[4]:
             where = "" if batch_id is None else f" of micro-batch {batch_id}"
             raise ContractError(f"{counts[4]} records{where} kept the error {PENDING!r} after the exact parser read "
                                 f"them: a job's function must not give that error itself")
-    return Grouped(groups=g, counts=counts, held=held, then=job.then, deferred=pending if deferred else None)
+    return Grouped(latest=latest, rejects=rejects, counts=counts, held=held, then=job.then,
+                   deferred=pending if deferred else None)
 
 
 class UpsertBatches(MicroBatches):
@@ -352,11 +374,10 @@ class UpsertBatches(MicroBatches):
 
         grouped = group_micro_batch(batch, self.job_of, self.output, self.tables.key, self.tables.key_order,
                                     batch_id=batch_id)
-        g = grouped.groups
         rows_in, n_rejects, rows_out, conflicts, _ = grouped.counts
         return Prepared(rows_in=rows_in, n_rejects=n_rejects, rows_out=rows_out,
-                        output=batch_latest(g, self.tables.key, grouped.then),
-                        rejects=batch_rejects(g).withColumn("batch_id", F.lit(batch_id).cast("long")), held=grouped.held,
+                        output=batch_latest(grouped.latest, self.tables.key, grouped.then),
+                        rejects=batch_rejects(grouped.rejects).withColumn("batch_id", F.lit(batch_id).cast("long")), held=grouped.held,
                         conflicts=conflicts)
 
     def check(self, batch_id: int, prepared: Prepared) -> None:

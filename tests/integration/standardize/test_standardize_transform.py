@@ -52,7 +52,7 @@ def run(spark, records, **kw):
     call = job_of(spark)
     grouped = group_micro_batch(source, call, output_columns(call(source).rows), "member_id", "partition")
     try:
-        out, rejects = batch_latest(grouped.groups, "member_id", grouped.then), batch_rejects(grouped.groups)
+        out, rejects = batch_latest(grouped.latest, "member_id", grouped.then), batch_rejects(grouped.rejects)
         return ({r["member_id"]: r.asDict() for r in out.collect()},
                 {r["offset"]: r.asDict() for r in rejects.collect()}, grouped.counts[0])
     finally:
@@ -367,12 +367,26 @@ def _kafka_batch(spark, records: list[tuple]):
     return spark.createDataFrame(rows, SOURCE_DDL + ", timestampType int")
 
 
-def _results(g, then) -> tuple:
-    rows_in, n_rejects, rows_out, conflicts, pending = batch_counts(g, "member_id")
-    latest = sorted(tuple(r) for r in batch_latest(g, "member_id", then).collect())
-    rejects = sorted((r["partition"], r["offset"], r["error"], r["key"], r["value"]) for r in batch_rejects(g).collect())
+def _results(counts, latest_groups, reject_groups, then) -> tuple:
+    rows_in, n_rejects, rows_out, conflicts, pending = counts
+    latest = sorted((tuple(r) for r in batch_latest(latest_groups, "member_id", then).collect()), key=repr)
+    rejects = sorted(((r["partition"], r["offset"], r["error"], r["key"], r["value"])
+                      for r in batch_rejects(reject_groups).collect()), key=repr)
     return (rows_in, n_rejects, rows_out, pending, len(conflicts), latest, rejects,
             set(conflicts) if len(conflicts) < 5 else None)
+
+
+def _exact_results(rows, then, key_order: str) -> tuple:
+    g = group_batch(rows, output_columns(rows), "member_id", key_order)
+    return _results(batch_counts(g, "member_id"), g, g, then)
+
+
+def _runner_results(grouped) -> tuple:
+    try:
+        return _results(grouped.counts, grouped.latest, grouped.rejects, grouped.then)
+    finally:
+        for df in grouped.held:
+            df.unpersist()
 
 
 @pytest.mark.parametrize("key_order,broadcast", [("partition", True), ("timestamp", True), ("partition", False)])
@@ -397,14 +411,9 @@ def test_the_runner_s_step_gives_the_exact_parser_only_what_the_jvm_left_it_and_
     assert "ArrowEvalPython" not in deferred_rows._jdf.queryExecution().executedPlan().toString()
     exact = call(source)
     assert "ArrowEvalPython" in exact.rows._jdf.queryExecution().executedPlan().toString()   # what it leaves out
-    output = output_columns(exact.rows)
-    want = _results(group_batch(exact.rows, output, "member_id", key_order), exact.then)
-    grouped = group_micro_batch(source, call, output, "member_id", key_order)
-    try:
-        got = _results(grouped.groups, grouped.then)
-    finally:
-        for df in grouped.held:
-            df.unpersist()
+    want = _exact_results(exact.rows, exact.then, key_order)
+    grouped = group_micro_batch(source, call, output_columns(exact.rows), "member_id", key_order)
+    got = _runner_results(grouped)
     assert grouped.deferred and grouped.deferred > 50       # records went the second way
     assert got[3] == want[3] == 0                           # none left pending
     assert got == want
@@ -430,14 +439,9 @@ def test_a_job_whose_plan_may_drop_or_change_a_pending_record_gets_the_exact_par
     for fn in (filtering, rewording, transform):
         call = job_of(spark, fn)
         exact = call(source)
-        output = output_columns(exact.rows)
-        want = _results(group_batch(exact.rows, output, "member_id", "partition"), exact.then)
-        grouped = group_micro_batch(source, call, output, "member_id", "partition")
-        try:
-            got = _results(grouped.groups, grouped.then)
-        finally:
-            for df in grouped.held:
-                df.unpersist()
+        want = _exact_results(exact.rows, exact.then, "partition")
+        grouped = group_micro_batch(source, call, output_columns(exact.rows), "member_id", "partition")
+        got = _runner_results(grouped)
         assert (grouped.deferred is None) == (fn is not transform), fn.__name__
         assert got == want, fn.__name__
         assert want[1] > 20, fn.__name__
