@@ -123,8 +123,8 @@ def _group_aggregates(columns: tuple[str, ...], output: list[str], key_order: st
     kind = [F.col("timestampType").cast("int").alias("timestampType")] if "timestampType" in columns else []
     reject = F.struct(F.col("key").cast("binary").alias("key"), F.col("value").cast("binary").alias("value"),
                       F.col("topic").cast("string").alias("topic"), F.col("partition").cast("int").alias("partition"),
-                      F.col("offset").cast("long").alias("offset"), F.col("timestamp").cast("timestamp").alias("timestamp"),
-                      *kind, error.alias(ERROR))
+                      F.col("offset").cast("long").alias("offset"),
+                      F.col("timestamp").cast("timestamp").alias("timestamp"), *kind, error.alias(ERROR))
     partition = F.when(valid, F.col("partition"))
     moved = (F.min(partition) != F.max(partition)) if key_order == "partition" else F.lit(False)
     order = F.struct(*key_order_columns("", key_order, SOURCE_ORDER))
@@ -203,9 +203,10 @@ def merge_pending(g: Any, counts: tuple, more: Any, key: str, key_order: str, *,
                   broadcast: bool = True) -> tuple[Any, Any, tuple, Any]:
     """A micro-batch's groups `g` (many; `counts`, its `batch_counts`) with their pending ones, and the
     groups `more` of those records read exactly -> (the groups to take the latest rows from, those to take
-    the rejects from, the counts of both, the combined groups to keep). Only the keys of `more`'s latest
+    the rejects from, the counts of both, the combined groups, persisted). Only the keys of `more`'s latest
     rows are aggregated again (`combine_latest`, a semi join on them, broadcast when `broadcast`); the rest
     of `g` passes as it is, without a shuffle, and the rejects need no join: no record is in both."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     rest = g.where(~_pending())
@@ -213,6 +214,7 @@ def merge_pending(g: Any, counts: tuple, more: Any, key: str, key_order: str, *,
     keys = F.broadcast(keys) if broadcast else keys
     on = F.col(key).eqNullSafe(F.col("__key"))   # a job's key may be null: group_batch groups it so
     touched = combine_latest(rest.join(keys, on, "left_semi"), more, key, key_order)
+    touched = touched.persist(StorageLevel.MEMORY_AND_DISK)   # counted here, then read by the write
     cols = [key, LATEST, MOVED, REJECTS, RECORDS]
     more_in, more_rejects, _, more_conflicts, more_pending = batch_counts(more, key)
     r = touched.agg(F.count(F.lit(1)), F.count_if(F.col(BEFORE)),
@@ -343,7 +345,7 @@ def group_micro_batch(batch: Any, job_of: Callable[[Any], Upserts], output: list
         held.append(more)
         latest, rejects, counts, touched = merge_pending(g, counts, more, key, key_order,
                                                          broadcast=pending <= BROADCAST_PENDING)
-        held.append(touched.persist(StorageLevel.MEMORY_AND_DISK))
+        held.append(touched)
         if counts[4]:
             where = "" if batch_id is None else f" of micro-batch {batch_id}"
             raise ContractError(f"{counts[4]} records{where} kept the error {PENDING!r} after the exact parser read "
@@ -377,8 +379,8 @@ class UpsertBatches(MicroBatches):
         rows_in, n_rejects, rows_out, conflicts, _ = grouped.counts
         return Prepared(rows_in=rows_in, n_rejects=n_rejects, rows_out=rows_out,
                         output=batch_latest(grouped.latest, self.tables.key, grouped.then),
-                        rejects=batch_rejects(grouped.rejects).withColumn("batch_id", F.lit(batch_id).cast("long")), held=grouped.held,
-                        conflicts=conflicts)
+                        rejects=batch_rejects(grouped.rejects).withColumn("batch_id", F.lit(batch_id).cast("long")),
+                        held=grouped.held, conflicts=conflicts)
 
     def check(self, batch_id: int, prepared: Prepared) -> None:
         """Under key order ``partition``, a key this batch holds in two partitions refuses the batch (a key

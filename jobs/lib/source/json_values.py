@@ -168,7 +168,8 @@ def _steps(records: Any, need: list[str], keep: Sequence[str], fields: Sequence[
     judged = records.select(*first).select(*second).select(*third)
     py = ~F.col("ok")
     if defer:
-        last = [*keep, *[F.when(~py, F.col(f"v.{n}")).alias(n) for n in typed], F.when(py, F.lit(PENDING)).alias("error")]
+        last = [*keep, *[F.when(~py, F.col(f"v.{n}")).alias(n) for n in typed],
+                F.when(py, F.lit(PENDING)).alias("error")]
         return [first, second, third, last], judged
     exact_udf = arrow_udf(_exact_rows(exact), "string")
     slow = F.from_json(exact_udf(py, F.when(py, F.col("key")), F.when(py, value)), exact_ddl)

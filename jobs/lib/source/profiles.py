@@ -11,9 +11,9 @@ reject with its partition, offset and reason, and leaves the member as it was.
 profile fields' JSON types and strings, from kappa's strict JSON reading in Java). A value the JVM
 cannot vouch for goes to `parse_one`, the exact parser (Python's json): in kappa's runner, in a second
 pass over those records alone (`jobs.lib.contract.runner.group_micro_batch`), elsewhere in an Arrow UDF
-that parses those rows only: JSON that the JVM refuses (malformed, a profile field twice, a lone surrogate in one, control
-characters in strings, NaN, anything after the object), bytes that are not UTF-8, or a profile field of
-the wrong type. So the reasons are the exact parser's, and a value is valid exactly when Python's json
+that parses those rows only: JSON that the JVM refuses (malformed, a profile field twice, a lone
+surrogate in one, control characters in strings, NaN, anything after the object), bytes that are not
+UTF-8, or a profile field of the wrong type. So the reasons are the exact parser's, and a value is valid exactly when Python's json
 reads it as a profile; a realistic changelog sends a few tenths of a percent of its records that way
 (the rejects, mostly).
 """
