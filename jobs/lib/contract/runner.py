@@ -146,10 +146,21 @@ def batch_counts(g: Any, key: str) -> tuple[int, int, int, list[str], int]:
         from pyspark.sql import functions as F
 
         return [F.coalesce(F.sum(RECORDS), F.lit(0)), F.coalesce(F.sum(F.size(REJECTS)), F.lit(0)), F.count(LATEST),
-                F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1, MAX_CONFLICTS),
-                F.coalesce(F.sum(F.when(_pending(), F.size(REJECTS))), F.lit(0))]
+                _moved_keys(key), F.coalesce(F.sum(F.when(_pending(), F.size(REJECTS))), F.lit(0))]
     r = g.agg(*built_once(("batch_counts", key), counts)).first()
     return int(r[0]), int(r[1]), int(r[2]), list(r[3] or []), int(r[4])
+
+
+def _moved_keys(key: str) -> Any:
+    """Up to `MAX_CONFLICTS` keys of groups whose valid rows came from two partitions (an aggregate)."""
+    from pyspark.sql import functions as F
+
+    return F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1, MAX_CONFLICTS)
+
+
+def _group_columns(key: str) -> list[str]:
+    """The columns of a `group_batch` result."""
+    return [key, LATEST, MOVED, REJECTS, RECORDS]
 
 
 def _pending() -> Any:
@@ -184,7 +195,7 @@ def combine_latest(g: Any, more: Any, key: str, key_order: str) -> Any:
     if key_order == "partition":
         part = latest[POSITION["partition"]]
         moved = moved | F.coalesce(F.min(part) != F.max(part), F.lit(False))
-    cols = [key, LATEST, MOVED, REJECTS, RECORDS]
+    cols = _group_columns(key)
     both = (g.where(latest.isNotNull()).select(*cols, F.lit(True).alias(BEFORE))
             .unionByName(more.where(latest.isNotNull()).select(*cols, F.lit(False).alias(BEFORE))))
     return (both.groupBy(key)
@@ -215,10 +226,9 @@ def merge_pending(g: Any, counts: tuple, more: Any, key: str, key_order: str, *,
     on = F.col(key).eqNullSafe(F.col("__key"))   # a job's key may be null: group_batch groups it so
     touched = combine_latest(rest.join(keys, on, "left_semi"), more, key, key_order)
     touched = touched.persist(StorageLevel.MEMORY_AND_DISK)   # counted here, then read by the write
-    cols = [key, LATEST, MOVED, REJECTS, RECORDS]
+    cols = _group_columns(key)
     more_in, more_rejects, _, more_conflicts, more_pending = batch_counts(more, key)
-    r = touched.agg(F.count(F.lit(1)), F.count_if(F.col(BEFORE)),
-                    F.slice(F.collect_list(F.when(F.col(MOVED), F.col(key).cast("string"))), 1, MAX_CONFLICTS)).first()
+    r = touched.agg(F.count(F.lit(1)), F.count_if(F.col(BEFORE)), _moved_keys(key)).first()
     rows_in, rejects, rows_out, conflicts, pending = counts
     merged = (rows_in - pending + more_in, rejects - pending + more_rejects, rows_out - int(r[1]) + int(r[0]),
               list(dict.fromkeys([*conflicts, *more_conflicts, *(r[2] or [])]))[:MAX_CONFLICTS], more_pending)
