@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from orchestrator.jobctl.process import is_ours
+from tests.shell import users_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -17,7 +17,7 @@ COMPONENTS = {"api-server", "scheduler", "dag-processor", "triggerer"}
 
 
 def kappa(home, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAPPA_", "AIRFLOW_"))}
+    env = users_env("AIRFLOW_")
     env["KAPPA_HOME"] = str(home)
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)

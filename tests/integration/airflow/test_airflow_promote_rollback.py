@@ -24,6 +24,8 @@ import time
 
 import psutil
 import pytest
+
+from tests.shell import users_env
 from airflow_helpers import RUN_TIMEOUT
 
 from orchestrator.airflow import client as trigger
@@ -45,7 +47,7 @@ DOWNSTREAM = "kappa_example_downstream"
 
 def kappa_cli(bed, *args: str) -> subprocess.CompletedProcess:
     """`kappa ...` as its own process with the test kappa home's settings (it finds the running Airflow there)."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("KAPPA_", "AIRFLOW"))}, **bed.env()}
+    env = {**users_env("AIRFLOW"), **bed.env()}
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
                           timeout=RUN_TIMEOUT + 60, env=env)
 

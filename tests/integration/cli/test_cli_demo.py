@@ -23,6 +23,7 @@ from orchestrator.core.files import read_json
 from orchestrator.observe.lagplot import is_png
 from tests.pipelines import patient_pipelines_file
 from tests.waiting import wait_until
+from tests.shell import users_env
 
 KAPPA = [sys.executable, "-m", "orchestrator.cli"]
 DEMO_TIMEOUT = 1500  # seconds; on an idle 2-core machine it takes a few minutes at most
@@ -31,7 +32,7 @@ TINY = ["--records", "1000", "--keys", "100", "--rate", "5"]  # interrupted whil
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    env = users_env()
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -33,6 +33,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from tests.waiting import wait_until
 from tests.pipelines import standardize_pipeline
+from tests.shell import users_env
 from orchestrator.core.tables import read_table
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,7 @@ class Bed:
 
     def kappa(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """One `kappa` process on this home, settings by flag only (no KAPPA_* from the environment)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+        env = users_env()
         return subprocess.run([*KAPPA, "--home", str(self.home), "--pipelines-file", str(self.pipelines_file),
                                "--bootstrap-servers", self.bootstrap, *args],
                               capture_output=True, text=True, timeout=timeout, env=env)

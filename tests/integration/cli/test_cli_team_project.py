@@ -23,6 +23,7 @@ import pytest
 
 from orchestrator.dev import datagen
 from tests.wheel import build_wheel
+from tests.shell import users_env
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +88,7 @@ def served(project: Path) -> dict[str, str]:
 def test_kappa_init_then_deploy_promote_new_rules_and_roll_back_to_the_rules_v1_was_deployed_with(venv, tmp_path):
     kappa = str(venv / "bin" / "kappa")
     # a team's shell: none of this suite's own settings (KAPPA_*, its pytest's PYTEST_ADDOPTS and worker variables)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAPPA_", "PYTHONPATH", "PYTEST_"))}
+    env = users_env("PYTHONPATH", "PYTEST_")
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     project = tmp_path / "team-project"
     run([kappa, "init", str(project)], env=env)

@@ -14,11 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.shell import users_env
+
 KAPPA = [sys.executable, "-m", "orchestrator.cli"]
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    return users_env()
 
 
 def kappa(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -11,7 +11,6 @@ asserted: the ratio is printed, the structure checked.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -27,6 +26,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.observe.estimate import compare
 from tests.teardown import kill_jobs
+from tests.shell import users_env
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ RECORDS, KEYS = 20_000, 2_000
 
 
 def _kappa(home, bootstrap, pipelines, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    env = users_env()
     env["KAPPA_PIPELINES"] = str(pipelines)
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", "--home", str(home), "--bootstrap-servers",
                            bootstrap, *args], capture_output=True, text=True, timeout=300, env=env)

@@ -36,6 +36,7 @@ from orchestrator.lifecycle.reconcile import reconcile
 from tests.conftest import SCRAM_USER
 from tests.pipelines import standardize_pipeline
 from tests.teardown import kill_jobs
+from tests.shell import users_env
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +75,7 @@ def _processes_holding(secret: bytes) -> list[str]:
 
 
 def _kappa(config: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    env = users_env()
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", "--config", str(config), *args],
                           capture_output=True, text=True, timeout=300, env=env)
 
