@@ -23,6 +23,7 @@ import pytest
 
 from tests.pipelines import patient_pipelines_file
 from tests.waiting import wait_until
+from tests.shell import users_env
 
 #: The walk's own bound (the suite's is 900 s): it took 450 s alone on the machine, 600-700 s in the suite
 #: beside other Spark jobs (a live micro-batch there takes 10-40 s), and more in a slow hour; it fails past
@@ -92,7 +93,17 @@ def trigger_from_the_form(page, url: str, dag_id: str | None, reason: str, rules
         assert screenshot.stat().st_size > 10_000
     submit = page.get_by_test_id("trigger-dag-submit")
     assert submit.is_enabled()
-    submit.click()
+    with page.expect_response(lambda r: r.request.method == "POST" and r.url.split("?")[0].endswith("/dagRuns"),
+                              timeout=60_000) as posted:
+        submit.click()
+    assert posted.value.ok, f"the trigger form's POST answered {posted.value.status}: {posted.value.text()[:500]}"
+
+
+def leave_the_ui(page) -> None:
+    """Leave the Airflow UI for a blank page while the walk waits on REST and the registry: an open Airflow page
+    refreshes itself every few seconds, and Chromium's renderer with the api-server serving it took about a third
+    of a core through the walk, beside its two live jobs and the other worker's tests on two cores."""
+    page.goto("about:blank")
 
 
 def served_version(home: Path) -> int | None:
@@ -199,7 +210,7 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
     from orchestrator.core.pipelines import load_pipelines
 
     home = tmp_path / "up"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAPPA_", "AIRFLOW"))}
+    env = users_env("AIRFLOW")
     env["KAPPA_AIRFLOW_POKE_SECONDS"] = "3"   # the sensors' waits are the walk's length
     from jobs.lib.sink.batches import HOLD_FILE, HOLD_HOOK
     holds = Holds(tmp_path / "held")
@@ -254,6 +265,7 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 holds.keep.set()                 # v2's backfill: held before its commit until the floor is seen
                 trigger_from_the_form(page, url, None, "new title rules, from kappa up", "v2 (titles)",
                                       screenshot=artifacts_dir / "kappa_up_reprocess_form.png")
+                leave_the_ui(page)
 
                 # 2. while v2's backfill is read and not committed, its lag is shown as a floor, not as the lag;
                 # then the run succeeds with v2 ready and NOT promoted: promote skipped, the note says what next
@@ -268,6 +280,7 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                 page.goto(f"{client.ui_run_url('kappa_reprocess', rid)}/tasks/wait_ready")
                 page.get_by_text(floor).first.wait_for(timeout=90_000)   # the sensor's log, on its page
                 page.screenshot(path=str(artifacts_dir / "kappa_up_wait_ready_floor.png"), full_page=True)
+                leave_the_ui(page)
                 holds.keep.clear()
                 run = wait_run(client, "kappa_reprocess")
                 assert run["conf"]["rules_version"] == "v2" and run["conf"]["auto_promote"] is False
@@ -321,6 +334,7 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
                     (artifacts_dir / "kappa_promote_form.html").write_text(html)
                     raise AssertionError(html[max(0, i - 1500):i + 1500])
                 trigger_from_the_form(page, url, None, "reviewed the v2 report, from kappa up")
+                leave_the_ui(page)
                 run = wait_run(client, "kappa_promote")
                 assert served_version(home) == 2
                 with kappa_of(home, bootstrap) as k:
@@ -366,6 +380,7 @@ def test_kappa_up_then_reprocess_promote_and_roll_back_in_the_ui(tmp_path, artif
 
                 # 5. kappa_rollback: v1 restarts from its checkpoint; the note shows its progress; rejects kept
                 trigger_from_the_form(page, url, "kappa_rollback", "v2 titles look wrong, from kappa up")
+                leave_the_ui(page)
                 rb = wait_until(lambda: (client.list_runs("kappa_rollback")["dag_runs"] or [None])[0],
                                 "the rollback run", 60, poll=1)
                 first_lines = set()
