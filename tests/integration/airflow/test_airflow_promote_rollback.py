@@ -24,8 +24,6 @@ import time
 
 import psutil
 import pytest
-
-from tests.shell import users_env
 from airflow_helpers import RUN_TIMEOUT
 
 from orchestrator.airflow import client as trigger
@@ -36,6 +34,7 @@ from orchestrator.lifecycle.deploy import deploy
 from orchestrator.lifecycle.promote import promote
 from orchestrator.serving import read_pointer
 from orchestrator.core.tables import read_table
+from tests.shell import users_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 

@@ -56,7 +56,8 @@ class Bed:
     pipelines_file: Path
 
     def kappa(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        """One `kappa` process on this home, settings by flag only (no KAPPA_* from the environment)."""
+        """One `kappa` process on this home, settings by flag only (no KAPPA_* from the environment but the jobs'
+        JIT: `tests.shell.users_env`)."""
         env = users_env()
         return subprocess.run([*KAPPA, "--home", str(self.home), "--pipelines-file", str(self.pipelines_file),
                                "--bootstrap-servers", self.bootstrap, *args],

@@ -87,7 +87,8 @@ def served(project: Path) -> dict[str, str]:
 
 def test_kappa_init_then_deploy_promote_new_rules_and_roll_back_to_the_rules_v1_was_deployed_with(venv, tmp_path):
     kappa = str(venv / "bin" / "kappa")
-    # a team's shell: none of this suite's own settings (KAPPA_*, its pytest's PYTEST_ADDOPTS and worker variables)
+    # a team's shell: none of this suite's own settings (KAPPA_* but the jobs' JIT, its pytest's PYTEST_ADDOPTS and
+    # worker variables)
     env = users_env("PYTHONPATH", "PYTEST_")
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     project = tmp_path / "team-project"
