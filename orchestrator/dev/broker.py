@@ -72,12 +72,12 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-#: The embedded broker's JIT: C1 only. It serves a demo, `kappa up`, the benchmarks and the tests, whose loads
-#: are short, and C2's compile threads cost more CPU than they saved there (2026-12-01, alternated twice on 2
-#: cores): start to ready 6.2-6.5 CPU-s with the full JIT, 3.2 with C1 (4.7 -> 3.6 s); idle, 2.6 -> 1.9
-#: CPU-s a minute; 400,000 changelog records produced into it, 4.7-7.0 -> 3.0-3.2 CPU-s of the broker. The
-#: suite starts a few dozen brokers, which took 12% of its CPU.
-BROKER_JIT = "-XX:TieredStopAtLevel=1"
+#: The JIT of the Kafka JVMs kappa starts (the embedded broker, Kafka's tools): C1 only. The broker serves a
+#: demo, `kappa up`, the benchmarks and the tests, whose loads are short, and C2's compile threads cost more
+#: CPU than they saved there (2026-12-01, alternated twice on 2 cores): start to ready 6.2-6.5 CPU-s with the
+#: full JIT, 3.2 with C1 (4.7 -> 3.6 s); idle, 2.6 -> 1.9 CPU-s a minute; 400,000 changelog records produced
+#: into it, 4.7-7.0 -> 3.0-3.2 CPU-s of the broker. Brokers took 12% of the test suite's CPU.
+KAFKA_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def _java() -> str:
@@ -121,7 +121,7 @@ def kafka_tool(main_class: str, args: list[str], *, timeout: float = 120.0, secr
             f.write("".join(f"{a}\n" for a in args))
         args = [f"@{argfile}"]
     try:
-        jit = [] if jvm_jit else ["-XX:TieredStopAtLevel=1"]
+        jit = [] if jvm_jit else [KAFKA_JIT]
         done = subprocess.run([_java(), *jit, "-Xmx512m", "-Dlog4j2.level=error", "-cp", cp, main_class, *args],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -277,7 +277,7 @@ class EmbeddedBroker:
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [_java(), f"-Xmx{self.heap}", "-Xms256m", "-XX:+UseG1GC", BROKER_JIT, "-Djava.awt.headless=true",
+                [_java(), f"-Xmx{self.heap}", "-Xms256m", "-XX:+UseG1GC", KAFKA_JIT, "-Djava.awt.headless=true",
                  f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
                  f"-Dkafka.logs.dir={self.data_dir / 'logs'}",
                  "-cp", str(jars / "*"), "kafka.Kafka", str(config)],
