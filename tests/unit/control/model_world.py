@@ -131,8 +131,10 @@ class World:
     """One pipeline, its registry, its kappa home, its fake broker and jobs; `step` runs a verb and checks."""
 
     def __init__(self, home: Path, url: str, pipeline: str, *, actor: str = "model", busy_timeout: float = 30.0,
-                 shared_outage: bool = False, auto_rollback: bool = False, grace_period_seconds: float = 0.0):
+                 shared_outage: bool = False, auto_rollback: bool = False, grace_period_seconds: float = 0.0,
+                 start_delay: float = 0.0):
         self.home, self.url, self.pipeline, self.actor = home, url, pipeline, actor
+        self.start_delay = start_delay        # seconds a job takes to start (a loaded machine's)
         self.spec = make_spec(name=pipeline, alias=f"{pipeline}_live", catchup_samples=2,
                               grace_period_seconds=grace_period_seconds, keep_versions=2, key_count_tolerance=1.0,
                               max_reject_rate=1.0, auto_rollback=auto_rollback)
@@ -180,7 +182,8 @@ class World:
         def job_command(v, **_):
             paths = v.paths
             return ([sys.executable, str(MODEL_JOB), "--table", str(paths.table), "--checkpoint",
-                     str(paths.checkpoint), "--template", str(self.template), "--", sys.executable, str(FAKE_JOB),
+                     str(paths.checkpoint), "--template", str(self.template), "--start-delay", str(self.start_delay),
+                     "--", sys.executable, str(FAKE_JOB),
                      "--run-dir", str(paths.run_dir), "--behaviour", self.next_behaviour], "local")
 
         def group_offsets(k, group_id, topics, timeout=10.0):  # the group's offsets add nothing here
@@ -303,12 +306,12 @@ class World:
 
     # -- verbs ---------------------------------------------------------------------------------------
     def verb(self, name: str, *, actor: str | None = None, v: int | None = None, flag: bool = False,
-             plan: Any = None) -> Callable[[Kappa], Any]:
-        """The public call of one verb, as a function of the Kappa it runs with."""
+             plan: Any = None, deadline: float = 1.0) -> Callable[[Kappa], Any]:
+        """The public call of one verb, as a function of the Kappa it runs with (`deadline`: of a ready's wait)."""
         p, who, why = self.pipeline, actor or self.actor, f"model: {name}"
         return {
             "deploy": lambda k: deploy(k, k.pipeline(p), actor=who, reason=why, queue=flag),
-            "ready": lambda k: wait_ready(k.version(p, v), deadline_seconds=1.0, poll_seconds=0.05, actor=who),
+            "ready": lambda k: wait_ready(k.version(p, v), deadline_seconds=deadline, poll_seconds=0.05, actor=who),
             "promote": lambda k: promote(k.version(p, v), actor=who, reason=f"{why} --force" if flag else why, force=flag),
             "rollback": lambda k: finish_rollback(k, prepare_rollback(k, k.pipeline(p), v, actor=who, reason=why), actor=who,
                                                   reason=why, deadline_seconds=1.5, poll_seconds=0.05),
