@@ -229,6 +229,21 @@ def test_lag_equals_the_independently_computed_lag_and_a_restart_resumes_from_th
     assert ok, why
 
 
+def promote_on_a_live_tail(v, *, actor: str, reason: str, tries: int = 3):
+    """Promote once ready, as the reprocess DAG's promote does (`orchestrator.airflow.tasks`): on a live tail the lag
+    may rise between a wait that found the version ready and the promote's own sample (CI: 143 -> 184 records
+    across two samples, over the noise allowance of a tenth of the 400-record threshold, on a loaded machine).
+    Such a refusal, readiness alone, is waited out; any other refusal, or a third, fails the test."""
+    for attempt in range(1, tries + 1):
+        assert wait_ready(v, deadline_seconds=DEADLINE, poll_seconds=1).ready
+        try:
+            return promote(v, actor=actor, reason=reason)
+        except NotReadyError as e:
+            if e.failed_checks != ("ready",) or attempt == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
 def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     live, k = v1_serving, v1_serving.k
     live.start_producer(rate=10)
@@ -261,8 +276,7 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
 
     # v2 was held while v1 read on: ready again first (CI saw the promote refuse a v2 still working off
     # the held updates, its lag growing 262 -> 316 over its first two samples after the SIGCONT)
-    assert wait_ready(k.version(PIPELINE, 2), deadline_seconds=DEADLINE, poll_seconds=1).ready
-    res = promote(k.version(PIPELINE, 2), actor="carol", reason="merge title spellings")
+    res = promote_on_a_live_tail(k.version(PIPELINE, 2), actor="carol", reason="merge title spellings")
     assert res.flipped and res.previous_version == 1
     assert k.registry.get_version(PIPELINE, 1).state == "standby"
     quiesce(live, 2)
@@ -278,7 +292,7 @@ def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     assert ok, why
 
     live.start_producer(rate=10)
-    fwd = promote(k.version(PIPELINE, 2), actor="dave", reason="roll forward after review")
+    fwd = promote_on_a_live_tail(k.version(PIPELINE, 2), actor="dave", reason="roll forward after review")
     assert fwd.flipped and fwd.previous_version == 1
     quiesce(live, 2)
     ok, why = served_equals_expected(live, "v2")
