@@ -92,6 +92,21 @@ def live(broker, pg_url, tmp_path_factory, module_seed):
         reg.close()
 
 
+def promote_on_a_live_tail(v, *, actor: str, reason: str, tries: int = 3, **kw):
+    """Promote once ready, as the reprocess DAG's promote does (`orchestrator.airflow.tasks`): on a live tail the lag
+    may rise between a wait that found the version ready and the promote's own sample (CI: 143 -> 184 records
+    across two samples, over the noise allowance of a tenth of the 400-record threshold, on a loaded machine).
+    Such a refusal, readiness alone, is waited out; any other refusal, or a third, fails the test."""
+    for attempt in range(1, tries + 1):
+        assert wait_ready(v, deadline_seconds=DEADLINE, poll_seconds=1).ready
+        try:
+            return promote(v, actor=actor, reason=reason, **kw)
+        except NotReadyError as e:
+            if e.failed_checks != ("ready",) or attempt == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
 def ensure_serving(live: Live, version: int, rules_version: str) -> None:
     """Make `version` (rules `rules_version`) serve, deploying it if no earlier test did.
 
@@ -106,8 +121,8 @@ def ensure_serving(live: Live, version: int, rules_version: str) -> None:
         assert info.version == version
     alias = k.registry.get_alias(live.alias)
     if alias is None or alias.version != version:
-        assert wait_ready(k.version(PIPELINE, version), deadline_seconds=DEADLINE, poll_seconds=1).ready
-        promote(k.version(PIPELINE, version), actor="setup", reason=f"v{version} serves for the tests that need it")
+        promote_on_a_live_tail(k.version(PIPELINE, version), actor="setup",
+                               reason=f"v{version} serves for the tests that need it")
     assert resolve_alias(live.alias, live.settings)["version"] == version
 
 
@@ -229,21 +244,6 @@ def test_lag_equals_the_independently_computed_lag_and_a_restart_resumes_from_th
     assert ok, why
 
 
-def promote_on_a_live_tail(v, *, actor: str, reason: str, tries: int = 3):
-    """Promote once ready, as the reprocess DAG's promote does (`orchestrator.airflow.tasks`): on a live tail the lag
-    may rise between a wait that found the version ready and the promote's own sample (CI: 143 -> 184 records
-    across two samples, over the noise allowance of a tenth of the 400-record threshold, on a loaded machine).
-    Such a refusal, readiness alone, is waited out; any other refusal, or a third, fails the test."""
-    for attempt in range(1, tries + 1):
-        assert wait_ready(v, deadline_seconds=DEADLINE, poll_seconds=1).ready
-        try:
-            return promote(v, actor=actor, reason=reason)
-        except NotReadyError as e:
-            if e.failed_checks != ("ready",) or attempt == tries:
-                raise
-    raise AssertionError("unreachable")
-
-
 def test_new_rules_on_live_data_promote_rollback_and_roll_forward(v1_serving):
     live, k = v1_serving, v1_serving.k
     live.start_producer(rate=10)
@@ -359,8 +359,7 @@ def test_a_restarting_rollback_flips_only_after_a_micro_batch_commits_since_the_
     ok, why = served_equals_expected(live, "v1")
     assert ok, why
     # the story goes on from where the test before left it: v2 serving, v1 its standby, the producer stopped
-    assert wait_ready(k.version(PIPELINE, 2), deadline_seconds=DEADLINE, poll_seconds=1).ready
-    assert promote(k.version(PIPELINE, 2), actor="dave", reason="roll forward").flipped
+    assert promote_on_a_live_tail(k.version(PIPELINE, 2), actor="dave", reason="roll forward").flipped
 
 
 def test_promote_refused_for_a_failed_job_and_for_unknown_lag_then_retire(v2_serving):
@@ -553,9 +552,8 @@ def _watched_promote(live: Live, reason: str, **watch) -> None:
         "auto_rollback": True, "watch_max_lag_seconds": 5.0, "watch_lag_samples": 3, "checks": (LONG_TITLES,), **watch})
     if k.registry.get_alias(live.alias).version != 1:
         rollback(k, k.pipeline(PIPELINE), 1, actor="ops", reason="v1 serves before the next watched promote")
-    assert wait_ready(k.version(PIPELINE, 2), deadline_seconds=DEADLINE, poll_seconds=1).ready
     rolled_back = (k.registry.get_version(PIPELINE, 2).details or {}).get("watch", {}).get("state") == "rolled_back"
-    res = promote(k.version(PIPELINE, 2), actor="ops", reason=reason, force=rolled_back)
+    res = promote_on_a_live_tail(k.version(PIPELINE, 2), actor="ops", reason=reason, force=rolled_back)
     assert res.flipped and "watched (auto_rollback)" in res.message, res.message
 
 
