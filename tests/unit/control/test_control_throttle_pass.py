@@ -6,7 +6,6 @@ so a supervisor that restarts (a new `Kappa` on the same registry) continues whe
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
