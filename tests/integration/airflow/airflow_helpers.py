@@ -55,18 +55,21 @@ def pipelines_toml(topics: dict[str, str]) -> str:
 
 
 def stop_all_jobs(bed: AirflowTestBed) -> list[str]:
-    """Stop every version job of the test pipelines that still runs (kappa's lifecycle, by PID)."""
-    from orchestrator.jobctl import inspect_version, stop_version
+    """Stop every version job of the test pipelines that still runs (kappa's lifecycle, by PID): all asked
+    first, then each waited for, as `kappa up` ends its jobs (a teardown waits for the slowest, not the sum)."""
+    from orchestrator.jobctl import inspect_version
+    from orchestrator.jobctl.stop import finish_stop, request_stop
 
-    stopped = []
+    requests = []
     with bed.kappa() as k:
         for name in PIPELINES:
             for rec in k.registry.list_versions(name):
                 if inspect_version(k.version(name, rec.version)).alive:
-                    stop_version(k.version(name, rec.version), actor="tests", reason="test teardown", force=True,
-                                 graceful_timeout=20, final_state=None)
-                    stopped.append(f"{name} v{rec.version}")
-    return stopped
+                    requests.append(request_stop(k.version(name, rec.version), actor="tests", reason="test teardown",
+                                                 force=True, bound=20, final_state=None))
+        for req in requests:
+            finish_stop(req)
+    return [f"{req.pipeline} v{req.version}" for req in requests]
 
 
 def served_diff(bed: AirflowTestBed, pipeline: str, rules_version: str) -> str | None:
