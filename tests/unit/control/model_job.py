@@ -4,8 +4,9 @@
 
 A real job's first micro-batch creates its Delta table and its checkpoint; this one copies a
 small template table to T (unless T holds a table already: a restart keeps it) and creates C,
-then (after `--start-delay` seconds: a loaded machine's slow start) `exec`s the fake job, so the launched PID stays the job's PID (kappa's launch record and
-the process the tests scan for are the same process).
+then, after `--start-delay` seconds (a loaded machine's slow start), `exec`s the fake job, so the
+launched PID stays the job's PID (kappa's launch record and the process the tests scan for are
+the same process).
 """
 
 import os
