@@ -35,7 +35,7 @@ from orchestrator.core.net import free_port
 from orchestrator.core.resources import dags_folder as _dags_folder
 from orchestrator.core.secrets import mask_url
 from orchestrator.core.settings import Settings
-from orchestrator.jobctl.process import create_time, group_alive, is_ours, signal_group, wait_gone
+from orchestrator.jobctl.process import create_time, group_alive, is_ours, signal_group, wait_gone, wait_group_ended
 
 __all__ = ["AirflowStack", "DAGS_FOLDER", "KAPPA_DAG_IDS", "airflow_home", "sqlite_url", "check_db_url",
            "airflow_env", "kappa_env", "running", "migrate", "start", "stop"]
@@ -248,7 +248,9 @@ class AirflowStack(BaseModel):
         SIGTERM goes to every component's group first (in STOP_ORDER, each only while its PID is still
         the process started), then each is waited for, up to `timeout` after its own signal; a
         component still there then gets SIGKILL to its group, and what is left of a group that
-        outlived its leader goes with it (as `stop_group` does for one).
+        outlived its leader goes with it (as `stop_group` does for one). It returns once no process of
+        those groups runs (up to 5 s more each): a stop that returned while a worker was still dying left
+        it to whoever came next (CI saw one still there right after the stop).
         """
         signalled: list[tuple[str, int, float, float]] = []
         for comp in STOP_ORDER:
@@ -264,6 +266,7 @@ class AirflowStack(BaseModel):
                 wait_gone(pid, created, 5.0)
             elif group_alive(pid):
                 signal_group(pid, signal.SIGKILL)
+            wait_group_ended(pid, 5.0)
             stopped.append(comp)
         for proc in self.procs.values():
             proc.poll()  # reap our own children

@@ -16,8 +16,8 @@ import psutil
 
 from orchestrator.core.envvars import KAPPA_LAUNCH_ID
 
-__all__ = ["CREATE_TIME_TOLERANCE", "LAUNCH_ENV", "create_time", "find_launched", "is_ours", "wait_gone", "group_alive", "signal_group",
-           "stop_process", "stop_group", "end_group"]
+__all__ = ["CREATE_TIME_TOLERANCE", "LAUNCH_ENV", "create_time", "find_launched", "is_ours", "wait_gone", "group_alive", "group_running",
+           "wait_group_ended", "signal_group", "stop_process", "stop_group", "end_group"]
 
 #: Seconds two readings of one process's creation time may differ by (the kernel's clock ticks and
 #: boot-time rounding); a reused PID started later than that.
@@ -90,6 +90,29 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of the group `pgid` still runs: zombies run nothing (an orphan's is init's to reap)."""
+    if not group_alive(pgid):
+        return False
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def wait_group_ended(pgid: int, timeout: float, *, poll: float = 0.1) -> bool:
+    """Wait until no process of the group `pgid` runs (`group_running`); True if none did within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while group_running(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def signal_group(pid: int, sig: int) -> None:
