@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -130,9 +131,17 @@ def kafka_tool(main_class: str, args: list[str], *, timeout: float = 120.0, secr
         if argfile:
             os.unlink(argfile)
     if done.returncode != 0:
-        lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
-        raise BrokerError(f"Kafka's {main_class.rsplit('.', 1)[-1]} failed: {lines[-1] if lines else done.returncode}")
+        raise BrokerError(f"Kafka's {main_class.rsplit('.', 1)[-1]} failed: "
+                          f"{_last_words(done.stderr or done.stdout) or f'exit code {done.returncode}'}")
     return done.stdout
+
+
+def _last_words(output: str) -> str | None:
+    """A failed tool's last line that says something: a Java stack trace's frames (``at ...``, ``... 3 more``)
+    are left out, so a trace gives its innermost exception (CI saw "failed: at kafka.tools.StorageTool.main")."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith("at ") and not re.fullmatch(r"\.\.\. \d+ more", ln)]
+    return (said or lines or [None])[-1]
 
 
 def wait_for_broker(bootstrap: str, timeout: float = 20.0, config: dict | None = None) -> None:

@@ -133,6 +133,24 @@ def test_a_failing_tool_is_one_line_with_its_last_words(tmp_path, monkeypatch):
     assert str(e.value) == "Kafka's StorageTool failed: Error: log dir is not empty"
 
 
+def test_a_failing_tool_s_stack_trace_gives_its_innermost_exception_not_a_frame(tmp_path, monkeypatch):
+    """CI: "Kafka's StorageTool failed: at kafka.tools.StorageTool.main(StorageTool.scala)" said nothing."""
+    trace = ('Exception in thread "main" java.lang.RuntimeException: could not format\n'
+             "\tat kafka.tools.StorageTool$.formatCommand(StorageTool.scala:120)\n"
+             "Caused by: java.nio.file.AccessDeniedException: /data/meta.properties\n"
+             "\tat java.base/sun.nio.fs.UnixException.translateToIOException(UnixException.java:90)\n"
+             "\t... 3 more\n\tat kafka.tools.StorageTool.main(StorageTool.scala)\n")
+    monkeypatch.setattr("orchestrator.core.jars.require_jars", lambda name: tmp_path)
+    monkeypatch.setattr(broker_mod, "_java", lambda: "/usr/bin/java")
+    for err, said in [(trace, "Caused by: java.nio.file.AccessDeniedException: /data/meta.properties"),
+                      ("\tat kafka.tools.StorageTool.main(StorageTool.scala)\n",
+                       "at kafka.tools.StorageTool.main(StorageTool.scala)"), ("", "exit code 1")]:
+        monkeypatch.setattr(broker_mod.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", err))
+        with pytest.raises(BrokerError) as e:
+            broker_mod.kafka_tool("kafka.tools.StorageTool", ["format"])
+        assert str(e.value) == f"Kafka's StorageTool failed: {said}"
+
+
 def test_the_broker_keeps_its_ports_and_refuses_one_taken(tmp_path):
     """A formatted folder brings back its recorded ports; a port another process holds is one line."""
     import socket
