@@ -32,7 +32,7 @@ from jobs.lib.runtime.args import parse_args
 from jobs.lib.runtime.context import JobContext
 from jobs.lib.runtime.loop import run
 from jobs.lib.runtime.status import RunState, Status, summarize_error
-from jobs.lib.runtime.stream import BACKFILL_MODES, check_source_options, kafka_reader, start_stream
+from jobs.lib.runtime.stream import BACKFILL_MODES, KafkaWarmUp, check_source_options, kafka_reader, start_stream
 from jobs.lib.sink.batches import MicroBatches, Prepared
 from jobs.lib.sink.tables import KEY_ORDERS, MAX_CONFLICTS, DeltaTables, key_order_columns
 from jobs.lib.sink.upkeep import Upkeep
@@ -460,6 +460,7 @@ def start_job(ctx: JobContext, ref: str, fn: Callable[[JobInput], Any], rules: A
     if rules is not None:
         ctx.rules_hash = rules.content_hash
     key, call = _caller(ctx.spark, ctx.args, ref, fn, rules)
+    KafkaWarmUp(ctx.spark, ctx.kafka_options()).start()   # the query's first offsets request, on the other core
     # The job's function, once on the stream before the query starts: what it returns decides the sink.
     # (On a fresh JVM Spark analyses its plan slowly: a second call cost ~0.3 s of the query's start.)
     probe = call(kafka_reader(ctx.spark, ctx.kafka_options()))
