@@ -35,8 +35,9 @@ def test_kafka_options_for_a_version_and_overrides_by_either_case():
                     "fetchOffset.numRetries": "3", "fetchOffset.retryIntervalMs": "1000",
                     "kafka.default.api.timeout.ms": "40000", "kafka.request.timeout.ms": "30000",
                     "kafkaConsumer.pollTimeoutMs": "120000", "maxOffsetsPerTrigger": "500",
-                    "minPartitions": "2", "kafka.security.protocol": "SSL", "STARTINGOFFSETS": "latest",
-                    "kafka.fetch.max.bytes": "1024"}
+                    "minPartitions": "2", "kafka.max.poll.records": "10000",
+                    "kafka.max.partition.fetch.bytes": "4194304", "kafka.receive.buffer.bytes": "1048576",
+                    "kafka.security.protocol": "SSL", "STARTINGOFFSETS": "latest", "kafka.fetch.max.bytes": "1024"}
     # kappa's own: the outage time sets the client's timeouts; failOnDataLoss is kappa's check, never Spark's
     short = kafka_options("b:1", "a", overrides={"brokerOutageSeconds": 9, "failOnDataLoss": "true"})
     assert (short["kafkaConsumer.pollTimeoutMs"], short["kafka.default.api.timeout.ms"]) == ("9000", "3000")
@@ -48,6 +49,17 @@ def test_kafka_options_for_a_version_and_overrides_by_either_case():
     with pytest.raises(ConfigError, match=r"^source_options: unknown option 'readTimeoutSeconds' of Spark's Kafka "
                                           r"source; known: subscribe, .*, brokerOutageSeconds \(kappa's\) and kafka\.\* client settings$"):
         kafka_options("127.0.0.1:9092", "a", overrides={"readTimeoutSeconds": 5})
+
+
+def test_the_consumer_polls_many_records_and_a_version_s_settings_override_kappa_s():
+    """Spark's source asks a partition's log start and end after every poll: kappa's polls are 20 times the
+    client's default of 500 records (`CONSUMER_SETTINGS`); a pipeline's source_options win, in either case."""
+    opts = kafka_options("b:1", "a")
+    assert (opts["kafka.max.poll.records"], opts["kafka.max.partition.fetch.bytes"],
+            opts["kafka.receive.buffer.bytes"]) == ("10000", str(4 << 20), str(1 << 20))
+    over = kafka_options("b:1", "a", overrides={"KAFKA.MAX.POLL.RECORDS": 50, "kafka.receive.buffer.bytes": -1})
+    assert over["KAFKA.MAX.POLL.RECORDS"] == "50" and "kafka.max.poll.records" not in over
+    assert over["kafka.receive.buffer.bytes"] == "-1"
 
 
 def test_a_version_that_goes_on_past_lost_records_reads_each_partition_in_one_task():
