@@ -460,12 +460,13 @@ def start_job(ctx: JobContext, ref: str, fn: Callable[[JobInput], Any], rules: A
     if rules is not None:
         ctx.rules_hash = rules.content_hash
     key, call = _caller(ctx.spark, ctx.args, ref, fn, rules)
-    KafkaWarmUp(ctx.spark, ctx.kafka_options()).start()   # the query's first offsets request, on the other core
+    options = ctx.kafka_options()
+    KafkaWarmUp(ctx.spark, options).start()   # the query's first offsets request, on the other core
     # The job's function, once on the stream before the query starts: what it returns decides the sink.
     # (On a fresh JVM Spark analyses its plan slowly: a second call cost ~0.3 s of the query's start.)
-    probe = call(kafka_reader(ctx.spark, ctx.kafka_options()))
+    probe = call(kafka_reader(ctx.spark, options))
     if isinstance(probe, Upserts):
-        query, writer = start_query(ctx.spark, ctx.args, ref, fn, rules, ctx.kafka_options(), ctx.trigger_kwargs(),
+        query, writer = start_query(ctx.spark, ctx.args, ref, fn, rules, options, ctx.trigger_kwargs(),
                                     on_batch=ctx.record_batch, probe=probe)
         ctx.stage_timings = writer.timings
         return query
